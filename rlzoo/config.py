@@ -1,0 +1,269 @@
+"""Run configuration: pydantic models, YAML loading, ``--set a.b=c`` overrides, presets, component resolution.
+
+A component is written ``{name: <registered name>, <its parameters>...}``. Validation is two-phase: the run's
+own structure is checked by pydantic, then each component spec is looked up in the plugin registry and its
+parameters validated against that component's ``Params`` model (unknown keys are errors). All problems of a
+config are reported together, each with its dotted location.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
+from rlzoo.presets import PRESETS, expand_preset
+from rlzoo.registry import Registry, default_registry, format_validation_error
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComponentSpec(BaseModel):
+    """``name`` selects a registered component of this spec's kind; every other key is one of its parameters."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: ClassVar[str] = ""
+    name: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+def _spec(kind_name: str) -> type[ComponentSpec]:
+    return type(f"{kind_name.title().replace('_', '')}Spec", (ComponentSpec,), {"kind": kind_name})
+
+
+RatioSpec = _spec("ratio")
+AdvantageSpec = _spec("advantage")
+ClipperSpec = _spec("clipper")
+AggregationSpec = _spec("aggregation")
+KLSpec = _spec("kl")
+RouterSpec = _spec("router")
+VerifierSpec = _spec("verifier")
+TaskSpec = _spec("task")
+RolloutEngineSpec = _spec("rollout_engine")
+TrainingEngineSpec = _spec("training_engine")
+
+
+class AlgorithmConfig(Section):
+    """One policy-gradient algorithm = ratio x advantage x clipper x aggregation (x KL) (x router policy)."""
+
+    preset: str | None = None
+    ratio: RatioSpec = Field(default_factory=lambda: RatioSpec(name="token"))
+    advantage: AdvantageSpec = Field(default_factory=lambda: AdvantageSpec(name="group"))
+    clipper: ClipperSpec = Field(default_factory=lambda: ClipperSpec(name="ppo"))
+    aggregation: AggregationSpec = Field(default_factory=lambda: AggregationSpec(name="seq-mean-token-mean"))
+    kl: KLSpec = Field(default_factory=lambda: KLSpec(name="k3"))
+    kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
+    router: RouterSpec = Field(default_factory=lambda: RouterSpec(name="none"))
+    minibatches_per_rollout: int = Field(4, ge=1, description="gradient steps per rollout batch")
+    log_ratio_clamp: float = Field(20.0, gt=0, description="log-ratios are clamped to +-this before exp")
+    old_logprobs: Literal["train", "rollout"] = Field(
+        "train", description="recompute old log-probs with the training engine, or use the rollout engine's"
+    )
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str | None) -> str | None:
+        if value is not None and value not in PRESETS:
+            import difflib
+
+            close = difflib.get_close_matches(value, list(PRESETS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown preset {value!r}{hint} Valid presets: {', '.join(PRESETS)}")
+        return value
+
+
+class TinyModelConfig(Section):
+    """A model built locally from a transformers config (random init); sizes must suit vLLM (head_dim 32/64/...)."""
+
+    architecture: Literal["qwen3_moe", "qwen3"] = "qwen3_moe"
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    head_dim: int = 32
+    intermediate_size: int = 128
+    moe_intermediate_size: int = 64
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    max_position_embeddings: int = 256
+    rope_theta: float = 10000.0
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="an existing Hugging Face model folder; null builds `tiny`")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class ColdStartConfig(Section):
+    """Supervised fine-tuning on task demonstrations before RL (``rlzoo sft``)."""
+
+    enabled: bool = True
+    steps: int = Field(300, ge=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    examples: int = Field(2000, ge=1, description="demonstrations drawn from the task's train split")
+    output_dir: str | None = Field(None, description="where the cold-start model is saved (reused if present)")
+
+
+class RolloutConfig(Section):
+    engine: RolloutEngineSpec = Field(default_factory=lambda: RolloutEngineSpec(name="hf"))
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1)
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class TrainerConfig(Section):
+    engine: TrainingEngineSpec = Field(default_factory=lambda: TrainingEngineSpec(name="torch"))
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class LoopConfig(Section):
+    steps: int = Field(20, ge=0)
+    eval_every: int = Field(5, ge=1)
+    eval_prompts: int = Field(64, ge=1)
+    eval_temperature: float = Field(0.0, ge=0, description="0 = greedy decoding for held-out accuracy")
+    checkpoint_every: int = Field(5, ge=1)
+    log_every: int = Field(1, ge=1)
+
+
+class RunConfig(Section):
+    seed: int = 0
+    output_dir: str = "runs/default"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskSpec = Field(default_factory=lambda: TaskSpec(name="arithmetic"))
+    verifier: VerifierSpec | None = Field(None, description="null: the task's default verifier")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    train: LoopConfig = Field(default_factory=LoopConfig)
+
+
+# -- loading -------------------------------------------------------------------------------------------------
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError([("--set", f"{text!r} is not of the form dotted.key=value")])
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError([("--set", f"{text!r} has an empty key")])
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError([(".".join(path[: i + 1]), f"--set {text!r}: this is a value, not a section")])
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([("", f"config file not found: {path}")])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError([("", f"not valid YAML: {err}")], source=str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([("", "the top level must be a mapping of sections")], source=str(path))
+    return data
+
+
+def iter_component_specs(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, ComponentSpec]]:
+    for field_name in type(model).model_fields:
+        value = getattr(model, field_name)
+        loc = f"{prefix}.{field_name}" if prefix else field_name
+        if isinstance(value, ComponentSpec):
+            yield loc, value
+        elif isinstance(value, BaseModel):
+            yield from iter_component_specs(value, loc)
+
+
+def resolve_components(config: RunConfig, registry: Registry) -> tuple[RunConfig, list[tuple[str, str]]]:
+    """Validate every component spec against the registry; return the config with defaults filled in."""
+    problems: list[tuple[str, str]] = []
+    replacements: dict[str, ComponentSpec] = {}
+    for loc, spec in iter_component_specs(config):
+        try:
+            params = registry.validate_params(spec.kind, spec.name, spec.params, loc)
+        except UnknownComponentError as err:
+            problems.append((f"{loc}.name", str(err)))
+            continue
+        except ConfigError as err:
+            problems.extend(err.problems)
+            continue
+        except RegistryError as err:
+            problems.append((loc, str(err)))
+            continue
+        replacements[loc] = type(spec)(name=spec.name, **params.model_dump(mode="json"))
+    data = config.model_dump(mode="python")
+    for loc, spec in replacements.items():
+        node = data
+        *parents, leaf = loc.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = spec.model_dump(mode="json")
+    return RunConfig.model_validate(data), problems
+
+
+def build_config(
+    data: dict[str, Any],
+    overrides: Sequence[str] = (),
+    registry: Registry | None = None,
+    source: str | None = None,
+) -> RunConfig:
+    data = apply_overrides(data, overrides)
+    algorithm = data.get("algorithm")
+    if isinstance(algorithm, dict):
+        data["algorithm"] = expand_preset(algorithm)
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err), source=source) from None
+    config, problems = resolve_components(config, registry or default_registry())
+    if problems:
+        raise ConfigError(problems, source=source)
+    return config
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> RunConfig:
+    """Read a YAML run config, apply ``--set`` overrides and presets, and validate everything."""
+    return build_config(read_yaml(path), overrides, registry, source=str(path))
+
+
+def dump_config(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

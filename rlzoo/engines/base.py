@@ -1,0 +1,127 @@
+"""Engine interfaces: where rollouts are sampled and where the policy is trained.
+
+The loop talks to engines only through these two classes, so transformers-generate and vLLM, plain torch and
+DeepSpeed are interchangeable. Log-probs everywhere are of the model's own distribution at temperature 1
+(vLLM's ``raw_logprobs``), of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlzoo.interfaces.base import Component
+
+
+@dataclass
+class SamplingSettings:
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """One sampled response.
+
+    response_ids:      sampled token ids, including the end-of-sequence token when one was produced.
+    response_logprobs: the rollout engine's log-prob of each sampled token.
+    routing:           optional ``[len(prompt_ids) + len(response_ids) - 1, layers, top_k]`` expert indices the
+                       rollout engine used (the last sampled token is never run through the model).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    finished: bool
+    routing: torch.Tensor | None = None
+
+
+@dataclass
+class EngineContext:
+    """What every engine is started with."""
+
+    model_dir: Path
+    dtype: str = "float32"
+    seed: int = 0
+    eos_token_id: int = 0
+    pad_token_id: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutEngine(Component):
+    """Samples groups of responses and receives new weights after every optimizer step."""
+
+    kind = "rollout_engine"
+
+    def start(self, context: EngineContext) -> None:
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Generation]]:
+        """For each prompt (token ids), ``sampling.n`` generations."""
+        raise NotImplementedError
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging-Face-named weights into the engine without rebuilding it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch for log-prob computation.
+
+    input_ids:      ``[B, P+T]`` prompt then response tokens, left-aligned, padded on the right.
+    attention_mask: ``[B, P+T]``.
+    response_start: ``[B]`` index of each row's first response token.
+    response_mask:  ``[B, T]`` 1 on response tokens; column ``t`` is response token ``t`` of each row.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_start: torch.Tensor
+    response_mask: torch.Tensor
+
+
+LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+
+
+class TrainingEngine(Component):
+    """Holds the trainable policy and its optimizer."""
+
+    kind = "training_engine"
+
+    def start(self, context: EngineContext, trainer_config: Any) -> None:
+        raise NotImplementedError
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` log-probs of the response tokens, without gradient."""
+        raise NotImplementedError
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+        """Forward, ``loss_fn(logp) -> (loss, metrics)``, backward, clip, step. A non-finite loss or gradient
+        skips the update and reports ``train/nonfinite_steps = 1``."""
+        raise NotImplementedError
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The current weights under Hugging Face names (what rollout engines load)."""
+        raise NotImplementedError
+
+    def save(self, directory: Path) -> None:
+        """Write a loadable HF model folder plus optimizer state (no pickle) into ``directory``."""
+        raise NotImplementedError
+
+    def load_state(self, directory: Path) -> None:
+        raise NotImplementedError
+
+    @property
+    def model(self) -> torch.nn.Module:
+        raise NotImplementedError

@@ -1,0 +1,92 @@
+"""Plugin hook specifications.
+
+A plugin is a module (or object) registered under the ``rlzoo`` entry-point group. It implements any of the
+hooks below with ``@rlzoo.hookimpl``; each returns the component *classes* it contributes. Built-in components
+are found exactly the same way: the core ships none of the algorithm components itself.
+
+Example ``pyproject.toml`` of a plugin distribution::
+
+    [project.entry-points.rlzoo]
+    my_plugin = "my_package.plugin"
+
+and ``my_package/plugin.py``::
+
+    import rlzoo
+
+    @rlzoo.hookimpl
+    def rlzoo_clippers():
+        return [MyClipper]
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "rlzoo"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def rlzoo_ratio_estimators() -> list[type]:
+    """Return :class:`rlzoo.interfaces.RatioEstimator` subclasses."""
+
+
+@hookspec
+def rlzoo_advantage_sources() -> list[type]:
+    """Return :class:`rlzoo.interfaces.AdvantageSource` subclasses."""
+
+
+@hookspec
+def rlzoo_clippers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Clipper` subclasses."""
+
+
+@hookspec
+def rlzoo_aggregations() -> list[type]:
+    """Return :class:`rlzoo.interfaces.LossAggregation` subclasses."""
+
+
+@hookspec
+def rlzoo_kl_estimators() -> list[type]:
+    """Return :class:`rlzoo.interfaces.KLEstimator` subclasses."""
+
+
+@hookspec
+def rlzoo_router_policies() -> list[type]:
+    """Return :class:`rlzoo.interfaces.RouterPolicy` subclasses."""
+
+
+@hookspec
+def rlzoo_verifiers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Verifier` subclasses."""
+
+
+@hookspec
+def rlzoo_tasks() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Task` subclasses."""
+
+
+@hookspec
+def rlzoo_rollout_engines() -> list[type]:
+    """Return :class:`rlzoo.engines.RolloutEngine` subclasses."""
+
+
+@hookspec
+def rlzoo_training_engines() -> list[type]:
+    """Return :class:`rlzoo.engines.TrainingEngine` subclasses."""
+
+
+# hook name -> component kind it contributes
+HOOK_KINDS: dict[str, str] = {
+    "rlzoo_ratio_estimators": "ratio",
+    "rlzoo_advantage_sources": "advantage",
+    "rlzoo_clippers": "clipper",
+    "rlzoo_aggregations": "aggregation",
+    "rlzoo_kl_estimators": "kl",
+    "rlzoo_router_policies": "router",
+    "rlzoo_verifiers": "verifier",
+    "rlzoo_tasks": "task",
+    "rlzoo_rollout_engines": "rollout_engine",
+    "rlzoo_training_engines": "training_engine",
+}

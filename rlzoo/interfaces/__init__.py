@@ -1,0 +1,28 @@
+"""Public component interfaces. Each kind is one small abstract class; plugins subclass them."""
+
+from rlzoo.interfaces.advantage import AdvantageSource, RewardBatch
+from rlzoo.interfaces.aggregation import LossAggregation
+from rlzoo.interfaces.base import Component, Params
+from rlzoo.interfaces.clipper import Clipper, ClipResult
+from rlzoo.interfaces.kl import KLEstimator
+from rlzoo.interfaces.ratio import RatioEstimator
+from rlzoo.interfaces.router import RouterPolicy
+from rlzoo.interfaces.task import Sample, Task
+from rlzoo.interfaces.verifier import Verdict, Verifier
+
+__all__ = [
+    "AdvantageSource",
+    "ClipResult",
+    "Clipper",
+    "Component",
+    "KLEstimator",
+    "LossAggregation",
+    "Params",
+    "RatioEstimator",
+    "RewardBatch",
+    "RouterPolicy",
+    "Sample",
+    "Task",
+    "Verdict",
+    "Verifier",
+]

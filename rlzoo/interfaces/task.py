@@ -1,0 +1,44 @@
+"""Tasks: sources of prompts with verifiable answers (synthetic generators or users' data files)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from rlzoo.interfaces.base import Component
+
+Split = Literal["train", "eval"]
+
+
+@dataclass
+class Sample:
+    """One verifiable example.
+
+    prompt:        the text given to the policy (no chat template is applied by the core).
+    answer:        the reference answer a verifier checks against.
+    demonstration: a correct response, used by cold-start SFT; ``None`` if the task has none.
+    meta:          anything else a verifier needs (``tests`` for code, ``steps`` for process rewards, ...).
+    """
+
+    prompt: str
+    answer: str
+    demonstration: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(Component):
+    """``samples(split, count, seed)`` returns a deterministic list of :class:`Sample`.
+
+    ``train`` and ``eval`` splits must not share prompts. ``count=None`` means the whole split (finite sources)
+    or a task-defined default (generators). ``alphabet()`` lists every character prompts and responses use,
+    so a character-level tokenizer can be built locally. ``default_verifier`` names the verifier that scores it.
+    """
+
+    kind = "task"
+    default_verifier: ClassVar[str] = "exact"
+
+    def samples(self, split: Split, count: int | None, seed: int) -> list[Sample]:
+        raise NotImplementedError
+
+    def alphabet(self) -> str:
+        raise NotImplementedError

@@ -1,0 +1,131 @@
+"""The composed policy-gradient objective: ratio x clipper x aggregation (+ kl_coef * KL to a reference).
+
+    log_w   = clamp(ratio.log_ratio(logp, old_logp, mask), -c, c)
+    w       = exp(log_w)
+    L_tok   = clipper.clip(w, A).loss + kl_coef * kl.estimate(logp, ref_logp)
+    loss    = aggregation.aggregate(L_tok * weights, mask)
+
+``objective(...)`` works on plain tensors, so it can be dropped into any training loop::
+
+    objective = rlzoo.build_objective({"preset": "gspo"})
+    loss, metrics = objective(logp, old_logp, advantages, mask)
+    loss.backward()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlzoo.config import AlgorithmConfig
+from rlzoo.errors import ConfigError
+from rlzoo.interfaces import Clipper, KLEstimator, LossAggregation, RatioEstimator
+from rlzoo.presets import expand_preset
+from rlzoo.registry import Registry, default_registry, format_validation_error
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def k3(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(p || q) at samples from p: q/p - 1 - log(q/p)."""
+    log_q_over_p = other_logp - logp
+    return torch.exp(log_q_over_p) - 1.0 - log_q_over_p
+
+
+@dataclass
+class Objective:
+    ratio: RatioEstimator
+    clipper: Clipper
+    aggregation: LossAggregation
+    kl: KLEstimator
+    kl_coef: float = 0.0
+    log_ratio_clamp: float = 20.0
+
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``; ``mask`` is 1 on response tokens.
+
+        ``weights`` (optional, no gradient) multiply the per-token loss, e.g. truncated importance-sampling
+        corrections for a training-inference mismatch.
+        """
+        if not (logp.shape == old_logp.shape == advantages.shape == mask.shape):
+            raise ValueError(
+                f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
+                f"advantages {tuple(advantages.shape)}, mask {tuple(mask.shape)}"
+            )
+        mask = mask.to(logp.dtype)
+        old_logp = old_logp.detach()
+        advantages = advantages.detach()
+        log_w = self.ratio.log_ratio(logp, old_logp, mask)
+        log_w = log_w.clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
+        ratio = torch.exp(log_w)
+        clipped = self.clipper.clip(ratio, advantages)
+        per_token = clipped.loss
+        metrics: dict[str, float] = {}
+        if ref_logp is not None:
+            kl = self.kl.estimate(logp, ref_logp.detach())
+            metrics["kl/ref"] = masked_mean(kl.detach(), mask).item()
+            if self.kl_coef:
+                per_token = per_token + self.kl_coef * kl
+        if weights is not None:
+            per_token = per_token * weights.detach()
+        loss = self.aggregation.aggregate(per_token * mask, mask)
+
+        with torch.no_grad():
+            bool_mask = mask > 0
+            low = (clipped.clipped_low & bool_mask).to(logp.dtype)
+            high = (clipped.clipped_high & bool_mask).to(logp.dtype)
+            r = ratio.detach()[bool_mask]
+            metrics.update(
+                {
+                    "loss/policy": loss.item(),
+                    "clip/low_fraction": masked_mean(low, mask).item(),
+                    "clip/high_fraction": masked_mean(high, mask).item(),
+                    "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), mask).item(),
+                    "ratio/mean": r.mean().item() if r.numel() else 1.0,
+                    "ratio/min": r.min().item() if r.numel() else 1.0,
+                    "ratio/max": r.max().item() if r.numel() else 1.0,
+                    "kl/old_approx": masked_mean(k3(logp.detach(), old_logp), mask).item(),
+                }
+            )
+        return loss, metrics
+
+
+def build_objective(algorithm: AlgorithmConfig | Mapping[str, Any], registry: Registry | None = None) -> Objective:
+    """Compose the objective of an algorithm config (a model, or a plain dict such as ``{"preset": "gspo"}``)."""
+    registry = registry or default_registry()
+    if not isinstance(algorithm, AlgorithmConfig):
+        try:
+            algorithm = AlgorithmConfig.model_validate(expand_preset(dict(algorithm)))
+        except Exception as err:
+            from pydantic import ValidationError
+
+            if isinstance(err, ValidationError):
+                raise ConfigError(format_validation_error(err, "algorithm")) from None
+            raise
+
+    def make(kind: str, field: str) -> Any:
+        spec = getattr(algorithm, field)
+        return registry.create(kind, spec.name, spec.params, loc=f"algorithm.{field}")
+
+    return Objective(
+        ratio=make("ratio", "ratio"),
+        clipper=make("clipper", "clipper"),
+        aggregation=make("aggregation", "aggregation"),
+        kl=make("kl", "kl"),
+        kl_coef=algorithm.kl_coef,
+        log_ratio_clamp=algorithm.log_ratio_clamp,
+    )
