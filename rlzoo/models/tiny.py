@@ -1,0 +1,80 @@
+"""Tiny Qwen3 / Qwen3-MoE policies built from a transformers config with random weights.
+
+Sizes come from the run config; the vocabulary is the tokenizer's length; head_dim must be one vLLM supports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen3Config, Qwen3MoeConfig
+
+from rlzoo.config import TinyModelConfig
+
+VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
+
+
+def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config | Qwen3MoeConfig:
+    if cfg.head_dim not in VLLM_HEAD_DIMS:
+        raise ValueError(f"model.tiny.head_dim={cfg.head_dim} is not supported by vLLM; use one of {VLLM_HEAD_DIMS}")
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32",
+    )
+    if cfg.architecture == "qwen3":
+        return Qwen3Config(**common)
+    return Qwen3MoeConfig(
+        **common,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.num_experts_per_tok,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        output_router_logits=False,
+    )
+
+
+def build_tiny_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_model_config(cfg, tokenizer)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> Path:
+    """Write an HF folder (safetensors weights, config, tokenizer) that transformers and vLLM both load."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def load_model(directory: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory} is not a Hugging Face model folder (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
+    return model, tokenizer
