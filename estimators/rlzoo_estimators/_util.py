@@ -1,0 +1,54 @@
+"""Small tensor helpers shared by the components (private)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked(values: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """``values`` where ``mask`` is set, ``fill`` elsewhere.
+
+    Uses ``torch.where`` rather than multiplication so that non-finite values at padding (for example
+    ``-inf`` log-probs) neither leak into the result nor into its gradient.
+    """
+    return torch.where(mask > 0, values, torch.full_like(values, fill))
+
+
+def float_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The first floating dtype among ``tensors``, else torch's default float dtype."""
+    for t in tensors:
+        if t.is_floating_point():
+            return t.dtype
+    return torch.get_default_dtype()
+
+
+def group_normalise(
+    values: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    std_normalize: bool,
+    unbiased_std: bool,
+    eps: float,
+) -> torch.Tensor:
+    """``(v - mean_g v) / (std_g v + eps)`` (or ``v - mean_g v`` without std), per group of equal ``group_ids``.
+
+    Computed in float64. A group of one member, or whose values are all equal, gets exactly 0 (also with
+    ``eps = 0``, where the division would otherwise be 0/0).
+    """
+    v = values.to(torch.float64).reshape(-1)
+    if v.numel() == 0:
+        return v
+    _, inverse = torch.unique(group_ids.reshape(-1).cpu(), return_inverse=True)
+    inverse = inverse.to(v.device)
+    counts = torch.bincount(inverse).to(torch.float64)
+    sums = torch.zeros_like(counts).index_add_(0, inverse, v)
+    highs = torch.full_like(counts, -torch.inf).scatter_reduce_(0, inverse, v, reduce="amax")
+    lows = torch.full_like(counts, torch.inf).scatter_reduce_(0, inverse, v, reduce="amin")
+    centred = v - (sums / counts)[inverse]
+    if std_normalize:
+        sq = torch.zeros_like(counts).index_add_(0, inverse, centred * centred)
+        dof = counts - 1.0 if unbiased_std else counts
+        std = torch.sqrt(sq / dof.clamp(min=1.0))
+        centred = centred / (std[inverse] + eps)
+    constant = (counts[inverse] < 2) | (highs[inverse] == lows[inverse])
+    return torch.where(constant, torch.zeros_like(centred), centred)

@@ -1,0 +1,1 @@
+"""Advantage sources: group (GRPO / Dr.GRPO), rloo, process (per-step rewards)."""

@@ -1,0 +1,39 @@
+"""Group-normalised outcome advantage (GRPO; Dr.GRPO with ``std_normalize: false``).
+
+    A_i = (r_i - mean_{j in g(i)} r_j) / (std_{j in g(i)} r_j + eps)      (std_normalize = true)
+    A_i =  r_i - mean_{j in g(i)} r_j                                      (std_normalize = false)
+
+g(i) is the group of responses sampled from the same prompt. The std is the unbiased (N-1) one by default
+(verl) or the biased (N) one (TRL). A group of one response gets A = 0. A_i is broadcast to every token of y_i.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
+from rlzoo_estimators._util import float_dtype, group_normalise, masked
+
+
+class GroupAdvantage(AdvantageSource):
+    """Group-normalised outcome reward (GRPO; Dr.GRPO without std).
+
+    ``A_i = (r_i - mean_g r) / (std_g r + eps)`` over the responses of the same prompt, broadcast over tokens.
+    """
+
+    name = "group"
+
+    class Params(Params):
+        std_normalize: bool = Field(True, description="divide by the group std (false gives Dr.GRPO)")
+        unbiased_std: bool = Field(True, description="unbiased (N-1) std as in verl; false: biased (N) as in TRL")
+        eps: float = Field(1e-6, ge=0.0, description="added to the std before dividing")
+
+    def compute(self, batch: RewardBatch) -> torch.Tensor:
+        p = self.params
+        adv = group_normalise(
+            batch.rewards, batch.group_index, std_normalize=p.std_normalize, unbiased_std=p.unbiased_std, eps=p.eps
+        )
+        dtype = float_dtype(batch.rewards, batch.mask)
+        per_token = adv.to(dtype).unsqueeze(-1).expand(batch.mask.shape)
+        return masked(per_token, batch.mask)

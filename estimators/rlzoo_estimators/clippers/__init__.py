@@ -1,0 +1,1 @@
+"""Clippers: ppo, dual-clip, none."""

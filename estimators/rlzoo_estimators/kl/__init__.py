@@ -1,0 +1,1 @@
+"""KL estimators: k1, k2, k3."""

@@ -1,0 +1,24 @@
+"""k2 KL estimator (Schulman 2020): half the squared log-ratio.
+
+    k2 = 0.5 * (log(p/q))^2 = 0.5 * (logp - ref_logp)^2
+
+Biased but low-variance and never negative; its gradient is that of the reverse KL at samples from p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlzoo.interfaces import KLEstimator
+
+
+class K2(KLEstimator):
+    """k2 = 0.5 * (logp - ref_logp)^2 (biased, low variance, non-negative).
+
+    No parameters.
+    """
+
+    name = "k2"
+
+    def estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (logp - ref_logp).square()

@@ -1,0 +1,25 @@
+"""k3 KL estimator (Schulman 2020; GRPO's KL term).
+
+    k3 = q/p - 1 - log(q/p) = exp(ref_logp - logp) - 1 - (ref_logp - logp)
+
+Unbiased for KL(p || q) at samples from p, low-variance and never negative.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlzoo.interfaces import KLEstimator
+
+
+class K3(KLEstimator):
+    """k3 = exp(ref - logp) - 1 - (ref - logp) (unbiased, low variance, non-negative; GRPO).
+
+    No parameters.
+    """
+
+    name = "k3"
+
+    def estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+        log_q_over_p = ref_logp - logp
+        return torch.expm1(log_q_over_p) - log_q_over_p

@@ -1,0 +1,1 @@
+"""Ratio estimators: token, sequence (GSPO), sequence-token (GSPO-token)."""

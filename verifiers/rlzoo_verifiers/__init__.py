@@ -1,0 +1,13 @@
+"""First-party rlzoo verifiers: ``exact``, ``math``, ``regex``, ``process`` and ``code``.
+
+Registered through the ``rlzoo`` entry-point group (see :mod:`rlzoo_verifiers.plugin`); this package imports
+only rlzoo's public API. Importing it stays cheap: ``math-verify`` (sympy) loads on the first ``math`` check.
+"""
+
+from rlzoo_verifiers.code import CodeVerifier
+from rlzoo_verifiers.exact import ExactVerifier
+from rlzoo_verifiers.math import MathVerifier
+from rlzoo_verifiers.process import ProcessVerifier
+from rlzoo_verifiers.regex import RegexVerifier
+
+__all__ = ["CodeVerifier", "ExactVerifier", "MathVerifier", "ProcessVerifier", "RegexVerifier"]
