@@ -63,7 +63,7 @@ class AlgorithmConfig(Section):
     aggregation: AggregationSpec = Field(default_factory=lambda: AggregationSpec(name="seq-mean-token-mean"))
     kl: KLSpec = Field(default_factory=lambda: KLSpec(name="k3"))
     kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
-    router: RouterSpec = Field(default_factory=lambda: RouterSpec(name="none"))
+    router: RouterSpec | None = Field(None, description="MoE router policy (routing replay); null = none")
     minibatches_per_rollout: int = Field(4, ge=1, description="gradient steps per rollout batch")
     log_ratio_clamp: float = Field(20.0, gt=0, description="log-ratios are clamped to +-this before exp")
     old_logprobs: Literal["train", "rollout"] = Field(
@@ -140,6 +140,7 @@ class LoopConfig(Section):
     eval_prompts: int = Field(64, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy decoding for held-out accuracy")
     checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="older checkpoints are deleted")
     log_every: int = Field(1, ge=1)
 
 

@@ -28,14 +28,15 @@ from rlzoo.registry import Registry, default_registry, format_validation_error
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    keep = mask > 0
+    # where(), not a product: a non-finite value at a padded position must not turn the mean into NaN
+    return torch.where(keep, values, torch.zeros_like(values)).sum() / keep.sum().clamp(min=1)
 
 
-def k3(logp: torch.Tensor, other_logp: torch.Tensor) -> torch.Tensor:
-    """k3 estimate of KL(p || q) at samples from p: q/p - 1 - log(q/p)."""
-    log_q_over_p = other_logp - logp
-    return torch.exp(log_q_over_p) - 1.0 - log_q_over_p
+def k3_from_samples_of_old(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(old || new) at tokens sampled from the old policy: r - 1 - log r, r = new/old."""
+    log_r = logp - old_logp
+    return torch.exp(log_r) - 1.0 - log_r
 
 
 @dataclass
@@ -67,8 +68,14 @@ class Objective:
                 f"advantages {tuple(advantages.shape)}, mask {tuple(mask.shape)}"
             )
         mask = mask.to(logp.dtype)
-        old_logp = old_logp.detach()
-        advantages = advantages.detach()
+        keep = mask > 0
+        # padded positions may hold anything (-inf, NaN); zero them so neither values nor gradients see them
+        zero = torch.zeros_like(logp)
+        logp = torch.where(keep, logp, zero)
+        old_logp = torch.where(keep, old_logp.detach(), zero)
+        advantages = torch.where(keep, advantages.detach(), zero)
+        if ref_logp is not None:
+            ref_logp = torch.where(keep, ref_logp.detach(), zero)
         log_w = self.ratio.log_ratio(logp, old_logp, mask)
         log_w = log_w.clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
         ratio = torch.exp(log_w)
@@ -76,19 +83,18 @@ class Objective:
         per_token = clipped.loss
         metrics: dict[str, float] = {}
         if ref_logp is not None:
-            kl = self.kl.estimate(logp, ref_logp.detach())
+            kl = self.kl.estimate(logp, ref_logp)
             metrics["kl/ref"] = masked_mean(kl.detach(), mask).item()
             if self.kl_coef:
                 per_token = per_token + self.kl_coef * kl
         if weights is not None:
             per_token = per_token * weights.detach()
-        loss = self.aggregation.aggregate(per_token * mask, mask)
+        loss = self.aggregation.aggregate(torch.where(keep, per_token, zero), mask)
 
         with torch.no_grad():
-            bool_mask = mask > 0
-            low = (clipped.clipped_low & bool_mask).to(logp.dtype)
-            high = (clipped.clipped_high & bool_mask).to(logp.dtype)
-            r = ratio.detach()[bool_mask]
+            low = (clipped.clipped_low & keep).to(logp.dtype)
+            high = (clipped.clipped_high & keep).to(logp.dtype)
+            r = ratio.detach()[keep]
             metrics.update(
                 {
                     "loss/policy": loss.item(),
@@ -98,7 +104,7 @@ class Objective:
                     "ratio/mean": r.mean().item() if r.numel() else 1.0,
                     "ratio/min": r.min().item() if r.numel() else 1.0,
                     "ratio/max": r.max().item() if r.numel() else 1.0,
-                    "kl/old_approx": masked_mean(k3(logp.detach(), old_logp), mask).item(),
+                    "kl/old_approx": masked_mean(k3_from_samples_of_old(logp.detach(), old_logp), mask).item(),
                 }
             )
         return loss, metrics
