@@ -194,7 +194,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError([("", f"config file not found: {path}")])
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError([("", f"cannot read config file: {err}")], source=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError([("", f"not valid YAML: {err}")], source=str(path)) from None
     if data is None:

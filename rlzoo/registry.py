@@ -82,11 +82,15 @@ class Registry:
 
     def add_plugin(self, plugin: Any, *, name: str, distribution: str) -> None:
         """Register a plugin object and collect the components its hooks return."""
-        self._pm.register(plugin, name=name)
+        registered = False
         try:
+            # pluggy's key is internal; entry-point names are only unique within one distribution
+            self._pm.register(plugin, name=f"{distribution}:{name}")
+            registered = True
             found = list(self._collect(plugin, name))
-        except Exception as exc:
-            self._pm.unregister(plugin)
+        except Exception as exc:  # also a hookimpl pluggy rejects, or the same module registered twice
+            if registered:
+                self._pm.unregister(plugin)
             self.load_errors.append(
                 PluginLoadError(name, distribution, f"{type(exc).__name__}: {exc}", traceback.format_exc())
             )

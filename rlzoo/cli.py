@@ -1,0 +1,137 @@
+"""The ``rlzoo`` command line. User errors print as one clear message and exit 1, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rlzoo.errors import RlzooError
+
+
+def _registry():
+    from rlzoo.registry import default_registry
+
+    registry = default_registry()
+    for error in registry.load_errors:
+        print(f"warning: {error}", file=sys.stderr)
+    return registry
+
+
+def cmd_plugins_list(args: argparse.Namespace) -> int:
+    registry = _registry()
+    rows = [
+        {"kind": i.kind, "name": i.name, "distribution": i.distribution, "plugin": i.plugin, "summary": i.summary}
+        for i in registry.components()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    widths = [max([len(r[k]) for r in rows] + [len(k)]) for k in ("kind", "name", "distribution")]
+    print(f"{'kind':<{widths[0]}}  {'name':<{widths[1]}}  {'distribution':<{widths[2]}}  summary")
+    for r in rows:
+        print(f"{r['kind']:<{widths[0]}}  {r['name']:<{widths[1]}}  {r['distribution']:<{widths[2]}}  {r['summary']}")
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    from rlzoo.config import load_config
+
+    return load_config(args.config, args.set or [], _registry())
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from rlzoo.config import dump_config
+
+    print(dump_config(_load(args)), end="")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlzoo.run import train
+
+    run_dir = train(_load(args), resume=Path(args.resume) if args.resume else None, registry=_registry())
+    _print_summary(run_dir)
+    return 0
+
+
+def _print_summary(run_dir: Path) -> None:
+    from rlzoo.metrics import read_metrics
+
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    if evals:
+        first, last = evals[0], evals[-1]
+        print(
+            f"held-out accuracy: {first['eval/accuracy']:.3f} (step {first['step']}) -> "
+            f"{last['eval/accuracy']:.3f} (step {last['step']}); run folder: {run_dir}"
+        )
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from rlzoo.run import initial_model_dir, make_task
+
+    config = _load(args)
+    registry = _registry()
+    directory = initial_model_dir(config, make_task(config, registry), registry)
+    report = directory / "cold_start.json"
+    print(report.read_text() if report.is_file() else f"model: {directory}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from rlzoo.plot import plot_run
+
+    for path in plot_run(Path(args.run_dir)):
+        print(path)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="rlzoo", description=__doc__)
+    root.add_argument("-v", "--verbose", action="store_true", help="log more, and show tracebacks")
+    sub = root.add_subparsers(dest="command", required=True)
+
+    plugins = sub.add_parser("plugins", help="inspect installed components").add_subparsers(dest="action", required=True)
+    listing = plugins.add_parser("list", help="every registered component")
+    listing.add_argument("--json", action="store_true", help="print a JSON list")
+    listing.set_defaults(func=cmd_plugins_list)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("config", help="YAML run config")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
+        return p
+
+    config = sub.add_parser("config", help="config tools").add_subparsers(dest="action", required=True)
+    with_config(config.add_parser("check", help="validate a config and print it resolved")).set_defaults(func=cmd_config_check)
+
+    train = with_config(sub.add_parser("train", help="run RL post-training"))
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    train.set_defaults(func=cmd_train)
+
+    with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")).set_defaults(func=cmd_sft)
+
+    plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
+    plot.add_argument("run_dir")
+    plot.set_defaults(func=cmd_plot)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except RlzooError as err:
+        if args.verbose:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

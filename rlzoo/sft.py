@@ -1,0 +1,103 @@
+"""Cold start: supervised fine-tuning of the policy on task demonstrations before RL.
+
+Loss: mean token cross-entropy of ``demonstration + <eos>`` given the prompt (prompt tokens are not trained).
+The result is an HF model folder with ``cold_start.json`` recording its held-out accuracy; a folder built from
+the same settings is reused instead of trained again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from rlzoo.checkpoint import atomic_directory
+from rlzoo.config import RunConfig
+from rlzoo.engines.tokens import make_token_batch, response_logprobs
+from rlzoo.errors import RlzooError
+from rlzoo.interfaces import Task
+from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+
+log = logging.getLogger("rlzoo.sft")
+
+
+def cold_start_dir(config: RunConfig) -> Path:
+    if config.cold_start.output_dir:
+        return Path(config.cold_start.output_dir)
+    return Path(config.output_dir) / "cold_start"
+
+
+def _fingerprint(config: RunConfig) -> str:
+    relevant = {
+        "seed": config.seed,
+        "task": config.task.model_dump(mode="json"),
+        "tiny": config.model.tiny.model_dump(mode="json"),
+        "cold_start": config.cold_start.model_dump(mode="json", exclude={"output_dir"}),
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_cold_start(config: RunConfig, task: Task, evaluate_fn: Any = None, progress: bool = True) -> Path:
+    """Return a cold-start model folder for this config, training it first unless an identical one exists."""
+    directory = cold_start_dir(config)
+    fingerprint = _fingerprint(config)
+    report = directory / "cold_start.json"
+    if report.is_file():
+        previous = json.loads(report.read_text())
+        if previous.get("fingerprint") == fingerprint:
+            log.info("reusing cold-start model %s (held-out accuracy %.3f)", directory, previous.get("eval_accuracy", float("nan")))
+            return directory
+        raise RlzooError(
+            f"{directory} holds a cold-start model built from other settings; delete it or set cold_start.output_dir"
+        )
+    train_cold_start(config, task, directory, fingerprint, evaluate_fn, progress)
+    return directory
+
+
+def train_cold_start(
+    config: RunConfig, task: Task, directory: Path, fingerprint: str, evaluate_fn: Any = None, progress: bool = True
+) -> dict[str, Any]:
+    cs = config.cold_start
+    torch.manual_seed(config.seed)
+    demos = [s for s in task.samples("train", cs.examples, config.seed) if s.demonstration is not None]
+    if not demos:
+        raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
+    tokenizer = build_char_tokenizer(task.alphabet())
+    model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cs.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cs.lr, total_steps=max(cs.steps, 1), pct_start=0.1)
+    rng = random.Random(config.seed)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    start = time.perf_counter()
+    bar = tqdm(range(cs.steps), desc="cold start (SFT)", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        chosen = rng.sample(demos, k=min(cs.batch_size, len(demos)))
+        batch = make_token_batch(
+            [encode(s.prompt) for s in chosen],
+            [encode(s.demonstration) + [tokenizer.eos_token_id] for s in chosen],
+            tokenizer.pad_token_id,
+        )
+        logp = response_logprobs(model, batch)
+        loss = -(logp.sum() / batch.response_mask.sum())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    elapsed = time.perf_counter() - start
+    result: dict[str, Any] = {"fingerprint": fingerprint, "steps": cs.steps, "seconds": round(elapsed, 1), "final_loss": loss.item() if cs.steps else None}
+    with atomic_directory(directory) as tmp:
+        save_model(model, tokenizer, tmp)
+        if evaluate_fn is not None:
+            result.update({k.replace("eval/", "eval_"): v for k, v in evaluate_fn(tmp).items()})
+        (tmp / "cold_start.json").write_text(json.dumps(result, indent=2))
+    log.info("cold start done in %.0f s: %s", elapsed, result)
+    return result

@@ -1,0 +1,141 @@
+"""The ``rlzoo`` command line: plugin listing, config checking, errors as messages (never tracebacks)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlzoo.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+ALGORITHM_KINDS = ("ratio", "advantage", "clipper", "aggregation", "kl")
+
+BAD_RATIO = "algorithm:\n  ratio: {name: sequense}\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_plugins_list_json(capsys):
+    assert main(["plugins", "list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(out)
+    assert isinstance(rows, list) and rows
+    for row in rows:
+        assert {"kind", "name", "distribution", "summary"} <= set(row)
+        assert all(isinstance(row[k], str) and row[k] for k in ("kind", "name", "distribution", "summary")), row
+    per_kind = Counter(row["kind"] for row in rows)
+    for kind in ALGORITHM_KINDS:
+        assert per_kind[kind] >= 3, (kind, per_kind)
+        # the core ships no algorithm component itself: every one comes from a plugin distribution
+        assert all(row["distribution"] != "rlzoo" for row in rows if row["kind"] == kind), kind
+    names = {(row["kind"], row["name"]): row["distribution"] for row in rows}
+    assert names[("ratio", "sequence")] == "rlzoo-estimators"
+    assert names[("clipper", "ppo")] == "rlzoo-estimators"
+    assert len(names) == len(rows)  # no (kind, name) twice
+    assert "warning" not in err
+
+
+def test_plugins_list_table(capsys):
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    header, *lines = out.splitlines()
+    assert header.split()[:3] == ["kind", "name", "distribution"]
+    assert any(line.split()[:3] == ["clipper", "ppo", "rlzoo-estimators"] for line in lines)
+
+
+def test_config_check_unknown_component(tmp_path, capsys):
+    path = write(tmp_path, BAD_RATIO)
+    assert main(["config", "check", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "algorithm.ratio.name" in err
+    assert "did you mean 'sequence'?" in err
+    for name in ("token", "sequence", "sequence-token"):
+        assert name in err
+    assert "Traceback" not in err
+
+
+def test_config_check_valid_prints_resolved_yaml(tmp_path, capsys):
+    path = write(tmp_path, "algorithm:\n  preset: dapo\n  clipper: {eps_high: 0.3}\ntrain: {steps: 2}\n")
+    assert main(["config", "check", str(path), "--set", "seed=5", "--set", "algorithm.kl_coef=0.01"]) == 0
+    out, err = capsys.readouterr()
+    resolved = yaml.safe_load(out)
+    assert resolved["seed"] == 5
+    assert resolved["train"]["steps"] == 2
+    assert resolved["algorithm"]["clipper"] == {"name": "ppo", "eps_low": 0.2, "eps_high": 0.3}
+    assert resolved["algorithm"]["aggregation"]["name"] == "token-mean"
+    assert resolved["algorithm"]["kl_coef"] == 0.01
+    assert "std_normalize" in resolved["algorithm"]["advantage"]  # component defaults filled in
+    # what it prints is itself a config that checks
+    again = write(tmp_path, out, "resolved.yaml")
+    capsys.readouterr()
+    assert main(["config", "check", str(again)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == resolved
+
+
+def test_config_check_example(capsys):
+    assert main(["config", "check", str(REPO / "examples" / "gspo_tiny_moe.yaml")]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["algorithm"]["ratio"]["name"] == "sequence"
+
+
+@pytest.mark.parametrize(
+    "content, args, expected",
+    [
+        (None, [], "not found"),
+        ("a: [b\n", [], "not valid YAML"),
+        ("seed: 1\n", ["--set", "seed"], "not of the form"),
+        ("seed: 1\n", ["--set", "seed.x=1"], "not a section"),
+        ("algorithm: {clipper: {name: ppo, eps_hgh: 0.3}}\n", [], "algorithm.clipper.eps_hgh"),
+        ("algorithm: {preset: gspoo}\n", [], "did you mean 'gspo'?"),
+    ],
+)
+def test_config_check_errors_are_messages(tmp_path, capsys, content, args, expected):
+    path = tmp_path / "run.yaml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["config", "check", str(path), *args]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("error: ")
+    assert expected in err
+    assert "Traceback" not in err
+
+
+def test_verbose_reraises_for_debugging(tmp_path):
+    from rlzoo.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        main(["-v", "config", "check", str(write(tmp_path, BAD_RATIO))])
+
+
+def _rlzoo_command() -> list[str]:
+    script = Path(sys.executable).with_name("rlzoo")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("rlzoo")
+    return [found] if found else [sys.executable, "-m", "rlzoo.cli"]
+
+
+def test_subprocess_config_check_error_has_no_traceback(tmp_path):
+    bad = write(tmp_path, BAD_RATIO)
+    proc = subprocess.run(
+        [*_rlzoo_command(), "config", "check", str(bad)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert "did you mean 'sequence'?" in proc.stderr
+    assert "sequence-token" in proc.stderr and "token" in proc.stderr
+    assert proc.stderr.startswith("error: invalid config")

@@ -1,0 +1,184 @@
+"""A third party's plugin, pip-installed into a fresh virtual environment, is found and usable by name.
+
+The venv sees the system site-packages (rlzoo and its first-party plugins, installed there) and gets one more
+distribution, ``rlzoo-myplug``, built from a throwaway source tree. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(300)
+
+PLUGIN_SOURCE = '''
+"""A third-party rlzoo plugin used by the tests: one clipper."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+import rlzoo
+from rlzoo.interfaces import Clipper, ClipResult, Params
+
+
+class HalfClip(Clipper):
+    """Half clip: loss = -scale * rho * A (a test plugin's clipper)."""
+
+    name = "{name}"
+
+    class Params(Params):
+        scale: float = Field(0.5, gt=0)
+
+    def clip(self, ratio: torch.Tensor, advantages: torch.Tensor) -> ClipResult:
+        never = torch.zeros_like(ratio, dtype=torch.bool)
+        return ClipResult(loss=-self.params.scale * ratio * advantages, clipped_low=never, clipped_high=never)
+
+
+@rlzoo.hookimpl
+def rlzoo_clippers() -> list[type]:
+    return [HalfClip]
+'''
+
+
+def make_distribution(root: Path, dist: str, package: str, entry_point: str, clipper_name: str) -> Path:
+    source = root / dist
+    (source / package).mkdir(parents=True)
+    (source / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools>=68"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{dist}"
+            version = "0.0.1"
+            dependencies = ["rlzoo"]
+
+            [project.entry-points.rlzoo]
+            {entry_point} = "{package}.plugin"
+
+            [tool.setuptools.packages.find]
+            include = ["{package}*"]
+            """
+        )
+    )
+    (source / package / "__init__.py").write_text("")
+    (source / package / "plugin.py").write_text(PLUGIN_SOURCE.replace("{name}", clipper_name))
+    return source
+
+
+def run(args: list, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
+
+
+def pip_install(python: Path, *args) -> None:
+    proc = run([python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q", *args])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A venv over the system site-packages with ``rlzoo-myplug`` installed; returns its python."""
+    root = tmp_path_factory.mktemp("thirdparty")
+    env_dir = root / "venv"
+    # no pip of its own: the system pip is visible through --system-site-packages and installs into the venv
+    proc = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", env_dir])
+    assert proc.returncode == 0, proc.stderr
+    python = env_dir / "bin" / "python"
+    source = make_distribution(root / "src", "rlzoo-myplug", "rlzoo_myplug", "myplug", "half-clip")
+    pip_install(python, source)
+    return python
+
+
+def rlzoo_cli(python: Path, *args, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return run([python, "-m", "rlzoo.cli", *args], env=env, cwd=cwd)
+
+
+def test_installed_plugin_is_listed_with_its_distribution(venv, tmp_path):
+    proc = rlzoo_cli(venv, "plugins", "list", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
+    rows = json.loads(proc.stdout)
+    mine = [r for r in rows if r["name"] == "half-clip"]
+    assert mine == [
+        {
+            "kind": "clipper",
+            "name": "half-clip",
+            "distribution": "rlzoo-myplug",
+            "plugin": "myplug",
+            "summary": "Half clip: loss = -scale * rho * A (a test plugin's clipper).",
+        }
+    ]
+    # the first-party components are still there beside it
+    assert {("clipper", "ppo"), ("ratio", "sequence")} <= {(r["kind"], r["name"]) for r in rows}
+
+
+SNIPPET = """
+import contextlib, io, json, sys
+
+import torch
+
+import rlzoo
+from rlzoo.cli import main
+
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = main(["config", "check", sys.argv[1]])
+objective = rlzoo.build_objective(
+    {"ratio": {"name": "token"}, "clipper": {"name": "half-clip", "scale": 0.25}, "aggregation": {"name": "token-mean"}}
+)
+logp = torch.zeros(2, 2, requires_grad=True)
+advantages = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+loss, metrics = objective(logp, logp.detach(), advantages, torch.ones(2, 2))
+loss.backward()
+print(json.dumps({
+    "rc": rc,
+    "resolved": out.getvalue(),
+    "clipper": type(objective.clipper).__module__,
+    "loss": loss.item(),
+    "grad": logp.grad.tolist(),
+}))
+"""
+
+
+def test_installed_plugin_is_usable_by_name(venv, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("algorithm:\n  preset: gspo\n  clipper: {name: half-clip, scale: 0.25}\n")
+    proc = run([venv, "-c", SNIPPET, config], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # `rlzoo config check` accepts the third-party name and resolves it (the preset's ppo params dropped)
+    assert result["rc"] == 0, proc.stderr
+    resolved = yaml.safe_load(result["resolved"])
+    assert resolved["algorithm"]["clipper"] == {"name": "half-clip", "scale": 0.25}
+    assert resolved["algorithm"]["ratio"]["name"] == "sequence"
+    # build_objective composes it: ratio 1 everywhere, loss = -0.25 * mean(A) = -0.25 * 1.25
+    assert result["clipper"] == "rlzoo_myplug.plugin"
+    assert result["loss"] == pytest.approx(-0.3125)
+    assert sum(result["grad"], []) == pytest.approx([-0.0625, -0.125, -0.1875, 0.0625])
+
+
+def test_second_distribution_claiming_a_taken_name_is_an_error_naming_both(venv, tmp_path):
+    # a second third-party distribution registering the built-in clipper name `ppo`; installed on the side
+    # (--target + PYTHONPATH) so the shared venv stays clean for the other tests
+    source = make_distribution(tmp_path / "src", "rlzoo-dupplug", "rlzoo_dupplug", "dupplug", "ppo")
+    site = tmp_path / "site"
+    pip_install(venv, "--target", site, source)
+    assert any(p.name.startswith("rlzoo_dupplug-") and p.suffix == ".dist-info" for p in site.iterdir())
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = rlzoo_cli(venv, "plugins", "list", "--json", env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert "'ppo'" in proc.stderr
+    assert "rlzoo-estimators" in proc.stderr and "rlzoo-dupplug" in proc.stderr
