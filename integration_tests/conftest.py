@@ -1,0 +1,56 @@
+"""Shared set-up for end-to-end runs: tiny models, a short cold start built once per session."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlzoo.config import build_config, read_yaml
+from rlzoo.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
+
+# small enough for CI: a 2-layer MoE, a few SFT steps, a few RL steps with 4 prompts x 4 responses
+FAST = [
+    "cold_start.steps=40",
+    "cold_start.batch_size=16",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "train.steps=3",
+    "train.eval_every=2",
+    "train.eval_prompts=16",
+    "train.checkpoint_every=2",
+]
+
+
+@pytest.fixture(scope="session")
+def cold_start_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cold_start")
+
+
+def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic"):
+    cold = cold_start_root / task
+    return build_config(
+        read_yaml(EXAMPLE),
+        [*FAST, f"output_dir={run_dir}", f"cold_start.output_dir={cold}", *overrides],
+    )
+
+
+def assert_finite_metrics(run_dir: Path, steps: int) -> list[dict]:
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train_rows] == list(range(steps))
+    for row in train_rows:
+        for key in ("reward/mean", "clip/fraction", "ratio/mean", "time/rollout", "time/train", "loss/policy"):
+            assert key in row, (key, row)
+            assert math.isfinite(row[key]), (key, row)
+    assert rows[-1].get("final") == 1.0 and "eval/accuracy" in rows[-1]
+    return rows
+
+
+def metrics_without_times(rows: list[dict]) -> list[dict]:
+    return [json.loads(json.dumps({k: v for k, v in r.items() if not k.startswith("time/")})) for r in rows]

