@@ -15,8 +15,10 @@ def _registry():
     from rlzoo.registry import default_registry
 
     registry = default_registry()
-    for error in registry.load_errors:
-        print(f"warning: {error}", file=sys.stderr)
+    if not getattr(registry, "_warned", False):
+        for error in registry.load_errors:
+            print(f"warning: {error}", file=sys.stderr)
+        registry._warned = True
     return registry
 
 
@@ -88,6 +90,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """transformers draws a progress bar for every tiny save/load; ours are the ones worth watching."""
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="rlzoo", description=__doc__)
     root.add_argument("-v", "--verbose", action="store_true", help="log more, and show tracebacks")
@@ -121,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        _quiet_libraries()
     try:
         return args.func(args)
     except RlzooError as err:

@@ -139,9 +139,9 @@ class LoopConfig(Section):
     eval_every: int = Field(5, ge=1)
     eval_prompts: int = Field(64, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy decoding for held-out accuracy")
+    eval_samples_per_prompt: int = Field(1, ge=1, description="responses per held-out prompt (use >1 when sampling)")
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1, description="older checkpoints are deleted")
-    log_every: int = Field(1, ge=1)
 
 
 class RunConfig(Section):
@@ -245,6 +245,21 @@ def resolve_components(config: RunConfig, registry: Registry) -> tuple[RunConfig
     return RunConfig.model_validate(data), problems
 
 
+def fill_default_names(data: dict[str, Any], model: type[BaseModel] = None, loc: str = "") -> dict[str, Any]:
+    """A component spec given without ``name`` (e.g. ``--set task.digits=3``) keeps the default component."""
+    model = model or RunConfig
+    for field_name, field in model.model_fields.items():
+        value = data.get(field_name)
+        if not isinstance(value, dict):
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, ComponentSpec) and "name" not in value:
+            data[field_name] = {"name": default.name, **value}
+        elif isinstance(default, BaseModel):
+            fill_default_names(value, type(default))
+    return data
+
+
 def build_config(
     data: dict[str, Any],
     overrides: Sequence[str] = (),
@@ -255,6 +270,7 @@ def build_config(
     algorithm = data.get("algorithm")
     if isinstance(algorithm, dict):
         data["algorithm"] = expand_preset(algorithm)
+    fill_default_names(data)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as err:

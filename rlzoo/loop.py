@@ -135,17 +135,19 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
 
 
 def evaluate(samples: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
-    """Held-out accuracy: one response per prompt at ``train.eval_temperature`` (0 = greedy)."""
+    """Held-out accuracy: share of correct responses, ``train.eval_samples_per_prompt`` per prompt, sampled at
+    ``train.eval_temperature`` (0 = greedy) with a fixed seed, so every evaluation sees the same random stream."""
     sampling = SamplingSettings(
-        n=1,
+        n=config.train.eval_samples_per_prompt,
         max_new_tokens=config.rollout.max_new_tokens,
         temperature=config.train.eval_temperature,
         top_p=1.0,
         seed=step_seed(config.seed, 0, 3),
     )
     groups = c.rollout.generate([encode(c.tokenizer, s.prompt) for s in samples], sampling)
-    responses = [c.tokenizer.decode(g[0].response_ids, skip_special_tokens=True) for g in groups]
-    scores = score(c.verifier, list(samples), responses)
+    responses = [c.tokenizer.decode(g.response_ids, skip_special_tokens=True) for group in groups for g in group]
+    repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
+    scores = score(c.verifier, repeated, responses)
     rewards = torch.tensor([v.reward for v in scores.verdicts])
     return {
         "eval/accuracy": (rewards >= 1.0).float().mean().item(),

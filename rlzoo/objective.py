@@ -2,8 +2,8 @@
 
     log_w   = clamp(ratio.log_ratio(logp, old_logp, mask), -c, c)
     w       = exp(log_w)
-    L_tok   = clipper.clip(w, A).loss + kl_coef * kl.estimate(logp, ref_logp)
-    loss    = aggregation.aggregate(L_tok * weights, mask)
+    L_tok   = clipper.clip(w, A).loss * weights
+    loss    = aggregation.aggregate(L_tok, mask) + kl_coef * aggregation.aggregate(kl.estimate(logp, ref_logp), mask)
 
 ``objective(...)`` works on plain tensors, so it can be dropped into any training loop::
 
@@ -82,14 +82,22 @@ class Objective:
         clipped = self.clipper.clip(ratio, advantages)
         per_token = clipped.loss
         metrics: dict[str, float] = {}
+        if self.kl_coef > 0 and ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp (the reference policy's log-probs of the same tokens)")
+        if weights is not None:
+            per_token = per_token * weights.detach()
+        policy_loss = self.aggregation.aggregate(torch.where(keep, per_token, zero), mask)
         if ref_logp is not None:
             kl = self.kl.estimate(logp, ref_logp)
             metrics["kl/ref"] = masked_mean(kl.detach(), mask).item()
             if self.kl_coef:
-                per_token = per_token + self.kl_coef * kl
-        if weights is not None:
-            per_token = per_token * weights.detach()
-        loss = self.aggregation.aggregate(torch.where(keep, per_token, zero), mask)
+                kl_loss = self.aggregation.aggregate(torch.where(keep, kl, zero), mask)
+                metrics["loss/kl"] = kl_loss.item()
+                loss = policy_loss + self.kl_coef * kl_loss
+            else:
+                loss = policy_loss
+        else:
+            loss = policy_loss
 
         with torch.no_grad():
             low = (clipped.clipped_low & keep).to(logp.dtype)
@@ -97,7 +105,8 @@ class Objective:
             r = ratio.detach()[keep]
             metrics.update(
                 {
-                    "loss/policy": loss.item(),
+                    "loss/policy": policy_loss.item(),
+                    "loss/total": loss.item(),
                     "clip/low_fraction": masked_mean(low, mask).item(),
                     "clip/high_fraction": masked_mean(high, mask).item(),
                     "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), mask).item(),

@@ -9,8 +9,8 @@ import copy
 from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # DeepSeekMath (Shao et al. 2024), as in verl's GRPO defaults: token ratio, symmetric clip 0.2,
-    # group-normalised advantage, per-sequence mean of token means, k3 KL to the reference.
+    # DeepSeekMath (Shao et al. 2024): token ratio, symmetric clip 0.2, group-normalised advantage,
+    # per-sequence mean of token means, k3 KL to the reference with beta 0.04.
     "grpo": {
         "ratio": {"name": "token"},
         "advantage": {"name": "group", "std_normalize": True},
@@ -77,15 +77,22 @@ def merge_component(base: Any, override: Any) -> Any:
     return copy.deepcopy(override)
 
 
+# Without a preset, the user's fields are merged over these, so `clipper: {eps_high: 0.3}` tunes the default ppo.
+DEFAULT_COMPONENTS: dict[str, Any] = {
+    "ratio": {"name": "token"},
+    "advantage": {"name": "group"},
+    "clipper": {"name": "ppo"},
+    "aggregation": {"name": "seq-mean-token-mean"},
+    "kl": {"name": "k3"},
+}
+
+
 def expand_preset(algorithm: dict[str, Any]) -> dict[str, Any]:
-    """Return the algorithm section with its ``preset`` (if any) expanded under the user's own fields."""
+    """Return the algorithm section with its ``preset`` (or the defaults) expanded under the user's own fields."""
     preset_name = algorithm.get("preset")
-    if preset_name is None:
-        return dict(algorithm)
-    if preset_name not in PRESETS:
-        # left for validation to report with the valid choices
-        return dict(algorithm)
-    merged: dict[str, Any] = copy.deepcopy(PRESETS[preset_name])
+    # an unknown preset is left for validation to report with the valid choices; expand the defaults meanwhile
+    base = PRESETS.get(preset_name, DEFAULT_COMPONENTS) if preset_name is not None else DEFAULT_COMPONENTS
+    merged: dict[str, Any] = copy.deepcopy(base)
     for key, value in algorithm.items():
         merged[key] = merge_component(merged[key], value) if key in merged else value
     return merged

@@ -155,7 +155,7 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
     eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
     logger = MetricsLogger(run_dir, keep_below_step=completed)
     steps = config.train.steps
-    bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not progress, dynamic_ncols=True, mininterval=1.0)
     try:
         for step in bar:
             metrics = {}
@@ -163,7 +163,7 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
                 metrics.update(loop.evaluate(eval_set, parts, config))
             metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), parts, config))
             logger.log(step, metrics)
-            bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
+            bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
             if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
                 save_checkpoint(run_dir, step + 1, parts, config.train.keep_checkpoints)
         if completed <= steps:

@@ -264,10 +264,17 @@ def test_unknown_component_name_is_an_error_with_suggestion():
     assert "token" in message and "sequence-token" in message
 
 
-def test_component_spec_without_name_is_an_error():
+def test_component_spec_without_name_tunes_the_default_component():
+    config = build_config({"algorithm": {"clipper": {"eps_high": 0.3}}, "task": {"digits": 3}})
+    assert config.algorithm.clipper.name == "ppo"
+    assert config.algorithm.clipper.params == {"eps_low": 0.2, "eps_high": 0.3}
+    assert config.task.name == "arithmetic" and config.task.params["digits"] == 3
+
+
+def test_component_spec_without_name_still_validates_its_params():
     with pytest.raises(ConfigError) as info:
-        build_config({"algorithm": {"clipper": {"eps_high": 0.3}}})
-    assert "algorithm.clipper.name" in problems_of(info)
+        build_config({"algorithm": {"clipper": {"eps_hgh": 0.3}}})
+    assert "algorithm.clipper.eps_hgh" in problems_of(info)
 
 
 def test_resolved_config_fills_component_defaults():

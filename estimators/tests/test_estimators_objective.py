@@ -148,14 +148,20 @@ def test_every_preset_builds_and_reports_metrics(preset):
     @given(any_inputs())
     def check(inputs):
         logp, old, adv, mask, ref = inputs
-        loss, metrics, grad = loss_and_grad(objective, logp, old, adv, mask)
-        assert math.isfinite(loss.item()) and torch.isfinite(grad).all()
-        assert set(REQUIRED_METRICS) <= set(metrics) and "kl/ref" not in metrics
+        loss_ref, metrics_ref, _ = loss_and_grad(objective, logp, old, adv, mask, ref_logp=ref)
+        if objective.kl_coef > 0:
+            with pytest.raises(ValueError, match="ref_logp"):  # a KL term never silently disappears
+                loss_and_grad(objective, logp, old, adv, mask)
+            loss, metrics, grad = loss_ref, metrics_ref, None
+        else:
+            loss, metrics, grad = loss_and_grad(objective, logp, old, adv, mask)
+            assert "kl/ref" not in metrics
+        assert math.isfinite(loss.item()) and (grad is None or torch.isfinite(grad).all())
+        assert set(REQUIRED_METRICS) <= set(metrics)
         assert all(math.isfinite(v) for v in metrics.values())
         assert 0.0 <= metrics["clip/fraction"] <= 1.0
         assert metrics["clip/fraction"] == pytest.approx(metrics["clip/low_fraction"] + metrics["clip/high_fraction"])
         assert metrics["ratio/min"] <= metrics["ratio/mean"] + 1e-12 <= metrics["ratio/max"] + 2e-12
-        loss_ref, metrics_ref, _ = loss_and_grad(objective, logp, old, adv, mask, ref_logp=ref)
         assert math.isfinite(loss_ref.item()) and math.isfinite(metrics_ref["kl/ref"])
         assert metrics_ref["kl/ref"] >= 0.0  # k3 is non-negative
         if objective.kl_coef == 0:
