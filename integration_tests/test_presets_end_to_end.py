@@ -34,3 +34,28 @@ def test_process_advantages_on_the_chain_task(tmp_path, cold_start_root):
     rows = assert_finite_metrics(run_dir, config.train.steps)
     # step rewards reach the tokens: some response has a non-zero per-token advantage
     assert any(r["advantage/abs_mean"] > 0 for r in rows if "advantage/abs_mean" in r)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_old_logprobs_with_tis_log_the_mismatch(tmp_path, cold_start_root, level):
+    # a bf16 rollout engine against fp32 training: a real, measurable train-inference mismatch
+    config = make_config(
+        tmp_path / level,
+        cold_start_root,
+        "algorithm.preset=gspo",
+        "algorithm.old_logprobs=rollout",
+        f"algorithm.correction={{name: tis, level: {level}, action: truncate, threshold: 2.0}}",
+        "model.dtype=bfloat16",
+    )
+    run_dir = train(config, progress=False)
+    rows = [r for r in assert_finite_metrics(run_dir, config.train.steps) if "reward/mean" in r]
+    assert all(r["mismatch/abs_logp_diff"] > 1e-4 for r in rows)  # bf16 vs fp32: not the fp32 ~1e-7
+    assert all(r["mismatch/kl"] >= 0 for r in rows)
+    assert all(0 < r["mismatch/weight_mean"] <= 2.0 for r in rows)
+    assert all(r["mismatch/weight_mean"] != 1.0 for r in rows)
+
+
+def test_fp32_engines_agree_on_old_logprobs(tmp_path, cold_start_root):
+    config = make_config(tmp_path / "fp32", cold_start_root, "algorithm.preset=gspo")
+    rows = [r for r in assert_finite_metrics(train(config, progress=False), config.train.steps) if "reward/mean" in r]
+    assert all(r["mismatch/abs_logp_diff"] < 1e-4 for r in rows)

@@ -46,6 +46,7 @@ AdvantageSpec = _spec("advantage")
 ClipperSpec = _spec("clipper")
 AggregationSpec = _spec("aggregation")
 KLSpec = _spec("kl")
+CorrectionSpec = _spec("correction")
 RouterSpec = _spec("router")
 VerifierSpec = _spec("verifier")
 TaskSpec = _spec("task")
@@ -63,6 +64,10 @@ class AlgorithmConfig(Section):
     aggregation: AggregationSpec = Field(default_factory=lambda: AggregationSpec(name="seq-mean-token-mean"))
     kl: KLSpec = Field(default_factory=lambda: KLSpec(name="k3"))
     kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
+    correction: CorrectionSpec = Field(
+        default_factory=lambda: CorrectionSpec(name="none"),
+        description="train-inference mismatch correction (e.g. truncated importance sampling)",
+    )
     router: RouterSpec | None = Field(None, description="MoE router policy (routing replay); null = none")
     minibatches_per_rollout: int = Field(4, ge=1, description="gradient steps per rollout batch")
     log_ratio_clamp: float = Field(20.0, gt=0, description="log-ratios are clamped to +-this before exp")

@@ -53,6 +53,11 @@ def rlzoo_kl_estimators() -> list[type]:
 
 
 @hookspec
+def rlzoo_corrections() -> list[type]:
+    """Return :class:`rlzoo.interfaces.MismatchCorrection` subclasses (train-inference mismatch)."""
+
+
+@hookspec
 def rlzoo_router_policies() -> list[type]:
     """Return :class:`rlzoo.interfaces.RouterPolicy` subclasses."""
 
@@ -84,6 +89,7 @@ HOOK_KINDS: dict[str, str] = {
     "rlzoo_clippers": "clipper",
     "rlzoo_aggregations": "aggregation",
     "rlzoo_kl_estimators": "kl",
+    "rlzoo_corrections": "correction",
     "rlzoo_router_policies": "router",
     "rlzoo_verifiers": "verifier",
     "rlzoo_tasks": "task",

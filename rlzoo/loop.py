@@ -6,6 +6,7 @@
         rewards    <- verifier scores every response                                (time/verify)
         advantages <- advantage source, per token                                   (time/advantage)
         old logp   <- training engine on the rollout batch, or the rollout engine's (time/old_logprobs)
+        weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         repeat `minibatches_per_rollout` times:                                     (time/train)
             loss   <- objective(logp, old logp, advantages, mask [, reference logp])
             training engine takes one optimizer step
@@ -26,9 +27,9 @@ import torch
 from rlzoo.config import RunConfig
 from rlzoo.engines import RolloutEngine, SamplingSettings, TrainingEngine
 from rlzoo.engines.tokens import make_token_batch, select_rows
-from rlzoo.interfaces import AdvantageSource, RewardBatch, Sample, Verifier
+from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, Sample, Verifier
 from rlzoo.metrics import Timer, mean_of
-from rlzoo.objective import Objective, masked_mean
+from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
 from rlzoo.scoring import char_ends_of_tokens, score, step_token_ends
 
 
@@ -39,6 +40,7 @@ class Components:
     verifier: Verifier
     rollout: RolloutEngine
     trainer: TrainingEngine
+    correction: MismatchCorrection
     tokenizer: Any
     reference: TrainingEngine | None = None
 
@@ -92,6 +94,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         train_logp = c.trainer.logprobs(batch)
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
         ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
+        correction = c.correction.weights(train_logp, rollout_logp, mask)
 
     update_metrics = []
     with timer("train"):
@@ -107,6 +110,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
                     advantages[rows],
                     mask[rows],
                     ref_logp=ref_logp[rows] if ref_logp is not None else None,
+                    weights=correction[rows],
                 )
 
             update_metrics.append(c.trainer.train_step(select_rows(batch, rows), loss_fn))
@@ -128,6 +132,8 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
             "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
             "verifier/errors": float(scores.errors),
             "mismatch/abs_logp_diff": masked_mean((train_logp - rollout_logp).abs(), mask).item(),
+            "mismatch/kl": masked_mean(k3_from_samples_of_old(train_logp, rollout_logp), mask).item(),
+            "mismatch/weight_mean": masked_mean(correction, mask).item(),
             **timer.metrics(),
         }
     )

@@ -84,6 +84,7 @@ DEFAULT_COMPONENTS: dict[str, Any] = {
     "clipper": {"name": "ppo"},
     "aggregation": {"name": "seq-mean-token-mean"},
     "kl": {"name": "k3"},
+    "correction": {"name": "none"},
 }
 
 

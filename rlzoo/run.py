@@ -63,7 +63,10 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
         rollout = registry.create("rollout_engine", "hf")
         tokenizer = _tokenizer(model_dir)
         rollout.start(_context(config, model_dir, tokenizer))
-        parts = loop.Components(None, None, verifier, rollout, None, tokenizer)  # type: ignore[arg-type]
+        # evaluation needs only the verifier, the rollout engine and the tokenizer
+        parts = loop.Components(
+            objective=None, advantage=None, verifier=verifier, rollout=rollout, trainer=None, correction=None, tokenizer=tokenizer
+        )  # type: ignore[arg-type]
         return loop.evaluate(eval_set, parts, config)
 
     return ensure_cold_start(config, task, evaluate_fn, progress)
@@ -135,6 +138,7 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
         objective=build_objective(algo, registry),
         advantage=create(registry, "advantage", algo.advantage),
         verifier=verifier,
+        correction=create(registry, "correction", algo.correction),
         rollout=create(registry, "rollout_engine", config.rollout.engine),
         trainer=create(registry, "training_engine", config.trainer.engine),
         tokenizer=tokenizer,

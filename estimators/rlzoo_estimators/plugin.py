@@ -12,6 +12,8 @@ from rlzoo_estimators.aggregations.token_mean import TokenMean
 from rlzoo_estimators.clippers.dual_clip import DualClipper
 from rlzoo_estimators.clippers.none import NoClipper
 from rlzoo_estimators.clippers.ppo import PPOClipper
+from rlzoo_estimators.corrections.none import NoCorrection
+from rlzoo_estimators.corrections.tis import TruncatedIS
 from rlzoo_estimators.kl.k1 import K1
 from rlzoo_estimators.kl.k2 import K2
 from rlzoo_estimators.kl.k3 import K3
@@ -43,3 +45,8 @@ def rlzoo_aggregations() -> list[type]:
 @rlzoo.hookimpl
 def rlzoo_kl_estimators() -> list[type]:
     return [K1, K2, K3]
+
+
+@rlzoo.hookimpl
+def rlzoo_corrections() -> list[type]:
+    return [NoCorrection, TruncatedIS]

@@ -19,6 +19,7 @@ EXPECTED = {
     "clipper": ["dual-clip", "none", "ppo"],
     "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"],
     "kl": ["k1", "k2", "k3"],
+    "correction": ["none", "tis"],
 }
 
 

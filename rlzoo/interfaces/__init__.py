@@ -4,6 +4,7 @@ from rlzoo.interfaces.advantage import AdvantageSource, RewardBatch
 from rlzoo.interfaces.aggregation import LossAggregation
 from rlzoo.interfaces.base import Component, Params
 from rlzoo.interfaces.clipper import Clipper, ClipResult
+from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.ratio import RatioEstimator
 from rlzoo.interfaces.router import RouterPolicy
@@ -17,6 +18,7 @@ __all__ = [
     "Component",
     "KLEstimator",
     "LossAggregation",
+    "MismatchCorrection",
     "Params",
     "RatioEstimator",
     "RewardBatch",

@@ -1,0 +1,16 @@
+"""No train-inference correction: every weight is 1."""
+
+from __future__ import annotations
+
+import torch
+
+from rlzoo.interfaces import MismatchCorrection
+
+
+class NoCorrection(MismatchCorrection):
+    """No correction: w = 1 (trust the rollout engine's samples as the old policy's)."""
+
+    name = "none"
+
+    def weights(self, old_train: torch.Tensor, old_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(old_train)
