@@ -91,7 +91,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _quiet_libraries() -> None:
-    """transformers draws a progress bar for every tiny save/load; ours are the ones worth watching."""
+    """transformers draws a progress bar for every tiny save/load and vLLM logs every weight sync; ours are
+    the progress bars worth watching."""
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import transformers
 
