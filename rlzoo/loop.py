@@ -6,10 +6,11 @@
         rewards    <- verifier scores every response                                (time/verify)
         advantages <- advantage source, per token                                   (time/advantage)
         old logp   <- training engine on the rollout batch, or the rollout engine's (time/old_logprobs)
+                      (MoE: the experts of this pass, or R3 the rollout's, are kept for replay)
         weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         repeat `minibatches_per_rollout` times:                                     (time/train)
             loss   <- objective(logp, old logp, advantages, mask [, reference logp])
-            training engine takes one optimizer step
+            training engine takes one optimizer step (MoE: replaying the kept experts, R2/R3)
         rollout engine <- the new weights                                           (time/sync)
 
 Every piece is injected (see ``rlzoo.run``); this module knows no concrete component.
@@ -27,8 +28,9 @@ import torch
 from rlzoo.config import RunConfig
 from rlzoo.engines import RolloutEngine, SamplingSettings, TrainingEngine
 from rlzoo.engines.tokens import make_token_batch, select_rows
-from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, Sample, Verifier
+from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, RouterPolicy, Sample, Verifier
 from rlzoo.metrics import Timer, mean_of
+from rlzoo.replay import StepRouting, routing_source
 from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
 from rlzoo.scoring import char_ends_of_tokens, score, step_token_ends
 
@@ -43,6 +45,8 @@ class Components:
     correction: MismatchCorrection
     tokenizer: Any
     reference: TrainingEngine | None = None
+    router: RouterPolicy | None = None
+    moe: bool = False
 
 
 def step_seed(seed: int, step: int, stream: int) -> int:
@@ -90,8 +94,12 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
             ]
         advantages = c.advantage.compute(RewardBatch(rewards, group_index, mask, step_rewards, step_ends))
 
+    routing = StepRouting(c.trainer, routing_source(c.router)) if c.moe else None
     with timer("old_logprobs"):
-        train_logp = c.trainer.logprobs(batch)
+        if routing is not None:  # MoE: record (or, R3, replay) the experts of the old-log-prob pass
+            train_logp = routing.old_logprobs(batch, generations, rollout_logp)
+        else:
+            train_logp = c.trainer.logprobs(batch)
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
         ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
         correction = c.correction.weights(train_logp, rollout_logp, mask)
@@ -99,7 +107,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     update_metrics = []
     with timer("train"):
         order = torch.randperm(len(generations), generator=torch.Generator().manual_seed(step_seed(config.seed, step, 2)))
-        for rows in torch.tensor_split(order, algo.minibatches_per_rollout):
+        for rows in torch.tensor_split(order, algo.minibatches_per_rollout):  # off-policy minibatches
             if len(rows) == 0:
                 continue
 
@@ -113,7 +121,10 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
                     weights=correction[rows],
                 )
 
-            update_metrics.append(c.trainer.train_step(select_rows(batch, rows), loss_fn))
+            if routing is not None:  # MoE: replay the reference experts (R2/R3) and measure flips
+                update_metrics.append(routing.train_step(batch, rows, loss_fn))
+            else:
+                update_metrics.append(c.trainer.train_step(select_rows(batch, rows), loss_fn))
 
     with timer("sync"):
         c.rollout.sync_weights(c.trainer.named_weights())
@@ -134,6 +145,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
             "mismatch/abs_logp_diff": masked_mean((train_logp - rollout_logp).abs(), mask).item(),
             "mismatch/kl": masked_mean(k3_from_samples_of_old(train_logp, rollout_logp), mask).item(),
             "mismatch/weight_mean": masked_mean(correction, mask).item(),
+            **(routing.metrics if routing is not None else {}),
             **timer.metrics(),
         }
     )

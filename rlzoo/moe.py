@@ -307,7 +307,7 @@ class _Calls:
         self.shape = shape
 
     def put(self, layer: int, indices: torch.Tensor) -> None:
-        if self.active is not None:  # outside a root forward = checkpoint recomputation: same values, keep the first
+        if self.active is not None:  # None outside a root forward: checkpoint recomputation, already recorded
             self.active[layer] = indices.detach().to(index_dtype(self.num_experts))
 
     def end(self) -> Routing | None:
@@ -432,11 +432,13 @@ def _detect_gate(info: RouterInfo, logits: torch.Tensor, scores: torch.Tensor, i
     """The gate function that reproduces this router's own scores from its logits and indices."""
     with torch.no_grad():
         logits2d = logits.reshape(-1, logits.shape[-1])
+        # in bf16 two gate functions can round to the same scores on one batch: try the model's own first
         norm = getattr(info.module, "norm_topk_prob", None)
+        preferred = "softmax-topk" if norm is False else "topk-softmax" if "GptOss" in type(info.module).__name__ else None
         order = list(GATE_FUNCTIONS)
-        if norm is False:
-            order.remove("softmax-topk")
-            order.insert(0, "softmax-topk")
+        if preferred is not None:
+            order.remove(preferred)
+            order.insert(0, preferred)
         candidates = {kind: _gate(kind, logits2d, indices.long(), scores.dtype) for kind in order}
         for kind in order:
             if torch.equal(candidates[kind], scores.reshape(candidates[kind].shape)):
@@ -487,6 +489,11 @@ class RoutingReplay:
             )
         self.routing = routing
         self._cursor = 0
+
+    @property
+    def gate_functions(self) -> dict[int, str]:
+        """Layer -> the gate function detected for its router (filled on each router's first call)."""
+        return dict(self._gates)
 
     @property
     def fresh(self) -> Routing:

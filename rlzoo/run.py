@@ -88,6 +88,28 @@ def _context(config: RunConfig, model_dir: Path, tokenizer) -> EngineContext:
     )
 
 
+def _attach_router_policy(parts: loop.Components, algo, registry: Registry) -> None:
+    from rlzoo.replay import StepRouting, routing_source
+
+    parts.moe = StepRouting.applies_to(parts.trainer)
+    parts.router = create(registry, "router", algo.router) if algo.router is not None else None
+    source = routing_source(parts.router)
+    if source != "none" and not parts.moe:
+        raise RlzooError(f"algorithm.router {algo.router.name!r} needs a mixture-of-experts model; this model has no MoE router")
+    # the rollout's experts are recorded for every MoE run the engine can record them for (diagnostics), and R3 needs them
+    if parts.moe and hasattr(parts.rollout, "set_record_routing"):
+        parts.rollout.set_record_routing(True)
+    elif source == "rollout":
+        raise RlzooError(
+            f"algorithm.router {algo.router.name!r} needs a rollout engine that records routing; "
+            f"{config_name(parts.rollout)} does not (use rollout.engine: {{name: hf}})"
+        )
+
+
+def config_name(component) -> str:
+    return getattr(component, "name", type(component).__name__)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     pointer = Path(run_dir) / "checkpoints" / "latest"
     if not pointer.is_file():
@@ -145,6 +167,7 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
     )
     parts.trainer.start(_context(config, model_dir, tokenizer), config.trainer)
     parts.rollout.start(_context(config, model_dir, tokenizer))
+    _attach_router_policy(parts, algo, registry)
     if algo.kl_coef > 0:
         parts.reference = create(registry, "training_engine", config.trainer.engine)
         parts.reference.start(_context(config, start_model, tokenizer), config.trainer)

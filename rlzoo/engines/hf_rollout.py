@@ -1,4 +1,12 @@
-"""Rollouts with transformers ``generate`` on a private copy of the policy, synced after each optimizer step."""
+"""Rollouts with transformers ``generate`` on a private copy of the policy, synced after each optimizer step.
+
+With ``record_routing: true`` (MoE models) each :class:`Generation` also carries the experts the rollout used,
+for Rollout Routing Replay (R3): hooks from :mod:`rlzoo.moe` record every forward of ``generate`` — the prefill
+routes the (left-padded) prompt, each decode step routes the newest token — and the columns are joined into the
+training engine's positions: ``[len(prompt) + len(response) - 1, layers, top_k]`` (left padding removed). The last
+sampled token is never fed through the model, so it has no routing; ``rlzoo.moe.routing_for_batch`` marks its
+position (and the padding) to be routed afresh at replay time, which changes no response log-prob.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +27,9 @@ class HFRolloutEngine(RolloutEngine):
 
     class Params(Params):
         batch_size: int = Field(256, ge=1, description="sequences generated per generate() call")
+        record_routing: bool = Field(
+            False, description="MoE: record the experts used while sampling into Generation.routing (for R3)"
+        )
 
     def start(self, context: EngineContext) -> None:
         from rlzoo.models import load_model
@@ -27,6 +38,15 @@ class HFRolloutEngine(RolloutEngine):
         self.model, _ = load_model(context.model_dir, context.dtype)
         self.model.eval()
         self.model.requires_grad_(False)
+
+    @property
+    def records_routing(self) -> bool:
+        return getattr(self, "_record_routing", self.params.record_routing)
+
+    def set_record_routing(self, enabled: bool = True) -> None:
+        """Turn routing capture on or off regardless of the config (the loop: when the router policy's source is
+        ``"rollout"``). Raises ``rlzoo.moe.RoutingError`` on the next generate() if the model has no MoE router."""
+        self._record_routing = enabled
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Generation]]:
@@ -52,26 +72,61 @@ class HFRolloutEngine(RolloutEngine):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
         kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        result = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            max_new_tokens=sampling.max_new_tokens,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            return_dict_in_generate=True,
-            output_logits=True,  # raw logits, before temperature / top-p: log-probs at temperature 1
-            **kwargs,
-        )
+        recorder = None
+        if self.records_routing:
+            from rlzoo.moe import RoutingRecorder
+
+            recorder = RoutingRecorder(self.model).attach()
+        try:
+            result = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                return_dict_in_generate=True,
+                output_logits=True,  # raw logits, before temperature / top-p: log-probs at temperature 1
+                **kwargs,
+            )
+        finally:
+            if recorder is not None:
+                recorder.detach()
         new_tokens = result.sequences[:, width:]
         logits = torch.stack(result.logits, dim=1).float()  # [B, steps, V]
         logp = torch.log_softmax(logits, dim=-1).gather(2, new_tokens.unsqueeze(-1)).squeeze(-1)
+        routing = self._routing_columns(recorder, len(prompts), width) if recorder is not None else None
         generations = []
         for row, prompt in enumerate(prompts):
             tokens = new_tokens[row].tolist()
             finished = eos in tokens
             length = tokens.index(eos) + 1 if finished else len(tokens)
-            generations.append(Generation(list(prompt), tokens[:length], logp[row, :length].tolist(), finished))
+            generation = Generation(list(prompt), tokens[:length], logp[row, :length].tolist(), finished)
+            if routing is not None:
+                # prompt columns without the left padding, then response tokens 0 .. length-2 (decode inputs);
+                # the last sampled token was never run through the model
+                generation.routing = torch.cat(
+                    [routing[row, width - len(prompt) : width], routing[row, width : width + length - 1]]
+                ).cpu()
+                if generation.routing.shape[0] != len(prompt) + length - 1:
+                    raise RuntimeError(
+                        f"recorded {routing.shape[1] - width} decode steps, need {length - 1} for this response"
+                    )
+            generations.append(generation)
         return generations
+
+    @staticmethod
+    def _routing_columns(recorder, rows: int, width: int) -> torch.Tensor:
+        """``[rows, width + decode steps, layers, top_k]``: every forward of generate() joined along positions."""
+        calls = recorder.calls
+        if not calls or any(call.batch_size != rows for call in calls):
+            raise RuntimeError(
+                f"routing capture saw forwards over {[c.shape[:2] for c in calls]} for {rows} rows; "
+                "expected a prefill then one forward per decode step"
+            )
+        routing = torch.cat([call.indices for call in calls], dim=1)
+        if routing.shape[1] < width:
+            raise RuntimeError(f"routing capture covered {routing.shape[1]} positions, the prompts take {width}")
+        return routing
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_checkpoint_weights(self.model, named_tensors)

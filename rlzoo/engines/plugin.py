@@ -21,6 +21,7 @@ def rlzoo_rollout_engines() -> list[type]:
 
 @hookimpl
 def rlzoo_training_engines() -> list[type]:
+    from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine  # imports deepspeed only in start()
     from rlzoo.engines.torch_trainer import TorchTrainingEngine
 
-    return [TorchTrainingEngine]
+    return [TorchTrainingEngine, DeepSpeedTrainingEngine]

@@ -20,7 +20,9 @@ class RouterPolicy(Component):
 
     Under replay the chosen experts are fixed, but the gate weights are the current router's softmax gathered
     at the replayed indices (renormalised as the model does), so the router still gets gradient. The core's
-    MoE hooks (``rlzoo.moe``) do the mechanics; a policy only decides the source and may post-process it.
+    MoE hooks (``rlzoo.moe``: ``record_routing``, ``replay_routing``, ``routing_for_batch``, ``flip_rate``) do the
+    mechanics; a policy only decides the source and may post-process it. The first-party policies ``none``,
+    ``replay-old`` and ``replay-rollout`` ship in the ``rlzoo-routing`` distribution; see docs/routing-replay.md.
     """
 
     kind = "router"
