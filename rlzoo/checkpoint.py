@@ -1,7 +1,8 @@
 """Crash-safe checkpoint files: atomic writes, and optimizer / RNG state without pickle.
 
 Everything is written into a temporary sibling and renamed into place, so a checkpoint either exists whole or
-not at all. Tensors go to safetensors, everything else to JSON: loading never unpickles data.
+not at all (also with several processes: see :func:`atomic_directory`). Tensors go to safetensors, everything
+else to JSON: loading never unpickles data.
 """
 
 from __future__ import annotations
@@ -19,24 +20,36 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlzoo.distributed import SINGLE, Dist
+
 
 @contextmanager
-def atomic_directory(final: Path) -> Iterator[Path]:
-    """Yield a temporary directory that is renamed to ``final`` only if the block completes."""
+def atomic_directory(final: Path, dist: Dist = SINGLE) -> Iterator[Path]:
+    """Yield a temporary directory that is renamed to ``final`` only if the block completes.
+
+    With several processes (``dist``) every rank enters the block with the same directory, created by rank 0;
+    rank 0 renames it once every rank has left the block (a barrier), so each rank can write its own files into it.
+    """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp: Path | None = None
+    if dist.is_main:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = Path(dist.broadcast(str(tmp) if tmp is not None else None))
     try:
         yield tmp
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                with open(path, "rb") as handle:
-                    os.fsync(handle.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        dist.barrier()  # every rank has written its part
+        if dist.is_main:
+            for path in tmp.rglob("*"):
+                if path.is_file():
+                    with open(path, "rb") as handle:
+                        os.fsync(handle.fileno())
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.run import train
 
     run_dir = train(_load(args), resume=Path(args.resume) if args.resume else None, registry=_registry())
-    _print_summary(run_dir)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun / deepspeed every rank gets here; rank 0 reports
+        _print_summary(run_dir)
     return 0
 
 

@@ -14,6 +14,13 @@
         rollout engine <- the new weights                                           (time/sync)
 
 Every piece is injected (see ``rlzoo.run``); this module knows no concrete component.
+
+Several processes (``dist``, :mod:`rlzoo.distributed`): rank 0 alone samples, scores and computes advantages,
+then broadcasts the batch; every rank computes the old (and reference) log-probs of its share of the rows and
+the shares are gathered, so all ranks hold the same full tensors. In an update each rank runs the forward and
+backward of its share of the minibatch; the loss is computed on the gathered log-probs of the whole minibatch
+(this rank's rows keep their gradient), so every aggregation sees the global batch, and it is multiplied by the
+world size because the training engine averages gradients over ranks. Metrics are the whole minibatch's.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from typing import Any
 import torch
 
 from rlzoo.config import RunConfig
-from rlzoo.engines import RolloutEngine, SamplingSettings, TrainingEngine
+from rlzoo.distributed import SINGLE, Dist
+from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import make_token_batch, select_rows
 from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, RouterPolicy, Sample, Verifier
 from rlzoo.metrics import Timer, mean_of
@@ -54,8 +62,20 @@ def step_seed(seed: int, step: int, stream: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
 
 
-def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
-    algo, timer = config.algorithm, Timer()
+@dataclass
+class RolloutBatch:
+    """What rank 0 samples and scores for one step, broadcast to every rank."""
+
+    generations: list[Generation]
+    batch: TokenBatch
+    rollout_logp: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    metrics: dict[str, float]
+
+
+def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+    """Sample ``group_size`` responses per prompt, score them, compute advantages (rank 0 in a multi-process run)."""
     sampling = SamplingSettings(
         n=config.rollout.group_size,
         max_new_tokens=config.rollout.max_new_tokens,
@@ -94,25 +114,53 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
             ]
         advantages = c.advantage.compute(RewardBatch(rewards, group_index, mask, step_rewards, step_ends))
 
-    routing = StepRouting(c.trainer, routing_source(c.router)) if c.moe else None
+    lengths = mask.sum(dim=1)
+    metrics = {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "reward/correct_fraction": (rewards >= 1.0).float().mean().item(),
+        "advantage/abs_mean": masked_mean(advantages.abs(), mask).item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
+        "verifier/errors": float(scores.errors),
+    }
+    return RolloutBatch(generations, batch, rollout_logp, rewards, advantages, metrics)
+
+
+def rl_step(
+    step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, dist: Dist = SINGLE
+) -> dict[str, float]:
+    """One RL step; with several processes every rank calls it (rank 0 with the rollout engine)."""
+    algo, timer = config.algorithm, Timer()
+    collected = collect(step, prompts, c, config, timer) if dist.is_main else None
+    collected = dist.broadcast(collected)
+    generations, batch = collected.generations, collected.batch
+    mask, rollout_logp, advantages = batch.response_mask, collected.rollout_logp, collected.advantages
+    count = len(generations)
+    local_batch = select_rows(batch, dist.share(torch.arange(count))) if dist.active else batch
+
+    routing = StepRouting(c.trainer, routing_source(c.router), dist) if c.moe else None
     with timer("old_logprobs"):
         if routing is not None:  # MoE: record (or, R3, replay) the experts of the old-log-prob pass
             train_logp = routing.old_logprobs(batch, generations, rollout_logp)
         else:
-            train_logp = c.trainer.logprobs(batch)
+            train_logp = dist.gather_rows(c.trainer.logprobs(local_batch), count)
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
-        ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
+        ref_logp = dist.gather_rows(c.reference.logprobs(local_batch), count) if c.reference is not None else None
         correction = c.correction.weights(train_logp, rollout_logp, mask)
 
     update_metrics = []
     with timer("train"):
-        order = torch.randperm(len(generations), generator=torch.Generator().manual_seed(step_seed(config.seed, step, 2)))
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(step_seed(config.seed, step, 2)))
         for rows in torch.tensor_split(order, algo.minibatches_per_rollout):  # off-policy minibatches
             if len(rows) == 0:
                 continue
 
             def loss_fn(logp: torch.Tensor, rows: torch.Tensor = rows) -> tuple[torch.Tensor, dict[str, float]]:
-                return c.objective(
+                # this rank's rows of the minibatch -> all its rows (only this rank's carry gradient)
+                logp = dist.gather_rows_differentiable(logp, len(rows))
+                loss, metrics = c.objective(
                     logp,
                     old_logp[rows],
                     advantages[rows],
@@ -120,28 +168,24 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
                     ref_logp=ref_logp[rows] if ref_logp is not None else None,
                     weights=correction[rows],
                 )
+                # the engine averages the ranks' gradients; each rank's holds only its rows' part of the sum
+                return (loss * dist.world if dist.active else loss), metrics
 
             if routing is not None:  # MoE: replay the reference experts (R2/R3) and measure flips
                 update_metrics.append(routing.train_step(batch, rows, loss_fn))
             else:
-                update_metrics.append(c.trainer.train_step(select_rows(batch, rows), loss_fn))
+                update_metrics.append(c.trainer.train_step(select_rows(batch, dist.share(rows)), loss_fn))
 
     with timer("sync"):
-        c.rollout.sync_weights(c.trainer.named_weights())
+        weights = c.trainer.named_weights()  # a collective under ZeRO-3 / expert parallelism: every rank calls it
+        if dist.is_main:
+            c.rollout.sync_weights(weights)
 
-    lengths = mask.sum(dim=1)
     metrics = mean_of(update_metrics)
     metrics["train/nonfinite_steps"] = float(sum(m.get("train/nonfinite_steps", 0.0) for m in update_metrics))
     metrics.update(
         {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "reward/correct_fraction": (rewards >= 1.0).float().mean().item(),
-            "advantage/abs_mean": masked_mean(advantages.abs(), mask).item(),
-            "response/length_mean": lengths.mean().item(),
-            "response/length_max": lengths.max().item(),
-            "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
-            "verifier/errors": float(scores.errors),
+            **collected.metrics,
             "mismatch/abs_logp_diff": masked_mean((train_logp - rollout_logp).abs(), mask).item(),
             "mismatch/kl": masked_mean(k3_from_samples_of_old(train_logp, rollout_logp), mask).item(),
             "mismatch/weight_mean": masked_mean(correction, mask).item(),
@@ -149,7 +193,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
             **timer.metrics(),
         }
     )
-    return metrics
+    return dist.mean_metrics(metrics)  # rank-local values (e.g. train/aux_loss) averaged; time/* are rank 0's
 
 
 def evaluate(samples: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:

@@ -88,3 +88,13 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+class NullMetricsLogger:
+    """What the ranks other than 0 of a multi-process run log to: nothing."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -16,6 +16,11 @@ rollout vs training experts on the old weights, without replay; ``moe/rollout_tr
 the same on the replayed old pass (R3: 0); ``mismatch/abs_logp_diff_no_replay`` — the training engine's old
 log-probs with fresh routing against the rollout's, next to ``mismatch/abs_logp_diff`` (with the policy's
 routing); ``moe/replay_bytes`` — memory of the replayed indices.
+
+Several processes (:mod:`rlzoo.distributed`): each rank runs the old-log-prob pass on its share of the rows
+(``Dist.share``) and the recorded routings are gathered, so every rank holds the whole batch's old and reference
+routing; an update pass replays the rows of the rank's share of the minibatch (sliced from the reference exactly
+like the minibatch), and the experts it used are gathered again so the flip rates are the whole minibatch's.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import torch
 
+from rlzoo.distributed import SINGLE, Dist
 from rlzoo.engines import Generation, LossFn, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import select_rows
 from rlzoo.errors import RlzooError
@@ -35,10 +41,11 @@ from rlzoo.objective import masked_mean
 class StepRouting:
     """The routing bookkeeping of one rollout batch for an MoE policy (build one per step)."""
 
-    def __init__(self, trainer: TrainingEngine, source: str) -> None:
+    def __init__(self, trainer: TrainingEngine, source: str, dist: Dist = SINGLE) -> None:
         self.trainer = trainer
         self.model = trainer.model
         self.source = source
+        self.dist = dist
         self.reference: Routing | None = None
         self.metrics: dict[str, float] = {}
 
@@ -49,8 +56,12 @@ class StepRouting:
     def old_logprobs(
         self, batch: TokenBatch, generations: list[Generation], rollout_logp: torch.Tensor
     ) -> torch.Tensor:
+        count = batch.input_ids.shape[0]
+        local = self.dist.share(torch.arange(count))
+        local_batch = select_rows(batch, local) if self.dist.active else batch
         with record_routing(self.model) as old_routing:
-            fresh_logp = self.trainer.logprobs(batch)
+            fresh_logp = self.trainer.logprobs(local_batch)
+        fresh_logp, old_routing = self.dist.gather_rows(fresh_logp, count), self._gather(old_routing)
         rollout_routing = None
         if all(g.routing is not None for g in generations):
             rollout_routing = routing_for_batch([g.routing for g in generations], batch, self.model)
@@ -59,10 +70,12 @@ class StepRouting:
             if rollout_routing is None:
                 raise RlzooError(
                     "router policy replay-rollout needs the rollout engine's routing; this rollout engine did not "
-                    "record it (supported: rollout.engine {name: hf})"
+                    "record it (supported: rollout.engine {name: hf} or {name: vllm})"
                 )
-            with replay_routing(self.model, rollout_routing), record_routing(self.model) as used:
-                logp = self.trainer.logprobs(batch)
+            replayed = rollout_routing.select(local) if self.dist.active else rollout_routing
+            with replay_routing(self.model, replayed), record_routing(self.model) as used:
+                logp = self.trainer.logprobs(local_batch)
+            logp, used = self.dist.gather_rows(logp, count), self._gather(used)
             self.metrics["moe/rollout_train_disagreement_replayed"] = flip_rate(rollout_routing, used, batch.attention_mask)
             self.metrics["mismatch/abs_logp_diff_no_replay"] = masked_mean(
                 (fresh_logp - rollout_logp).abs(), batch.response_mask
@@ -74,17 +87,27 @@ class StepRouting:
 
     def train_step(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn) -> dict[str, float]:
         assert self.reference is not None, "old_logprobs() comes first"
-        minibatch = select_rows(batch, rows)
+        local = self.dist.share(rows)  # this rank's rows of the minibatch (all of them in one process)
+        minibatch = select_rows(batch, local)
         reference = self.reference.select(rows)
+        local_reference = self.reference.select(local) if self.dist.active else reference
         with ExitStack() as stack:
-            replay = stack.enter_context(replay_routing(self.model, reference)) if self.source != "none" else None
+            replay = stack.enter_context(replay_routing(self.model, local_reference)) if self.source != "none" else None
             used = stack.enter_context(record_routing(self.model))
             metrics = self.trainer.train_step(minibatch, loss_fn)
-        metrics["moe/flip_rate"] = flip_rate(reference, used, minibatch.attention_mask)
+        attention = batch.attention_mask[rows] if self.dist.active else minibatch.attention_mask
+        metrics["moe/flip_rate"] = flip_rate(reference, self._gather(used), attention)
         if replay is not None:
-            metrics["moe/fresh_flip_rate"] = flip_rate(reference, replay.fresh, minibatch.attention_mask)
+            metrics["moe/fresh_flip_rate"] = flip_rate(reference, self._gather(replay.fresh), attention)
             metrics["moe/replay_bytes"] = float(self.reference.nbytes)
         return metrics
+
+    def _gather(self, routing: Routing) -> Routing:
+        """Every rank's routing of its share, concatenated in rank order (the routing itself in one process)."""
+        if not self.dist.active:
+            return routing
+        device = routing.indices.device
+        return Routing.cat(self.dist.all_gather_object(routing.to("cpu"))).to(device)
 
 
 def routing_source(policy: Any) -> str:

@@ -7,6 +7,12 @@ Run folder::
     cold_start/            the cold-start model (unless model.path or cold_start.output_dir say otherwise)
     checkpoints/step_N/    model/ (HF folder, safetensors), optimizer.safetensors + .json, rng.*, state.json
     checkpoints/latest     name of the newest complete checkpoint
+
+Several processes (``torchrun --nproc_per_node N -m rlzoo.cli train CONFIG``; docs/distributed.md): every rank
+runs :func:`train` and trains its share of each minibatch with a data-parallel training engine (``deepspeed``).
+Rank 0 alone builds the cold start (the others wait, then load it), owns the rollout engine (samples, scores,
+evaluates), logs ``metrics.jsonl`` and the progress bar, and writes the checkpoint's shared files (tokenizer, RNG,
+``state.json``, ``latest``); every rank writes its own engine state into the same checkpoint folder.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from rlzoo import loop
+from rlzoo import distributed, loop
 from rlzoo.checkpoint import atomic_directory, atomic_write_text, rng_state, set_rng_state
 from rlzoo.config import RunConfig, dump_config
 from rlzoo.engines import EngineContext
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
-from rlzoo.metrics import MetricsLogger
+from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.objective import build_objective
 from rlzoo.registry import Registry, default_registry
 from rlzoo.sft import ensure_cold_start
@@ -102,7 +108,7 @@ def _attach_router_policy(parts: loop.Components, algo, registry: Registry) -> N
     elif source == "rollout":
         raise RlzooError(
             f"algorithm.router {algo.router.name!r} needs a rollout engine that records routing; "
-            f"{config_name(parts.rollout)} does not (use rollout.engine: {{name: hf}})"
+            f"{config_name(parts.rollout)} does not (use rollout.engine: {{name: hf}} or {{name: vllm}})"
         )
 
 
@@ -118,25 +124,58 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
-def save_checkpoint(run_dir: Path, completed_steps: int, parts: loop.Components, keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, completed_steps: int, parts: loop.Components, keep: int, dist: distributed.Dist = distributed.SINGLE
+) -> Path:
+    """Write ``checkpoints/step_N`` atomically; a collective with several processes (every rank calls it)."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{completed_steps:06d}"
-    with atomic_directory(final) as tmp:
+    with atomic_directory(final, dist) as tmp:
         parts.trainer.save(tmp)
-        parts.tokenizer.save_pretrained(tmp / "model")
-        tensors, meta = rng_state()
-        save_file(tensors, str(tmp / "rng.safetensors"))
-        (tmp / "rng.json").write_text(json.dumps(meta))
-        (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
-    atomic_write_text(root / "latest", final.name)
-    for old in sorted(root.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if dist.is_main:
+            parts.tokenizer.save_pretrained(tmp / "model")
+            tensors, meta = rng_state()
+            save_file(tensors, str(tmp / "rng.safetensors"))
+            (tmp / "rng.json").write_text(json.dumps(meta))
+            (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
+    if dist.is_main:
+        atomic_write_text(root / "latest", final.name)
+        for old in sorted(root.glob("step_*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def check_data_parallel(config: RunConfig, world: int, prompts: int | None = None) -> None:
+    """Every rank needs at least one row of every minibatch."""
+    if world <= 1:
+        return
+    prompts = config.rollout.prompts_per_step if prompts is None else prompts
+    rows = prompts * config.rollout.group_size
+    minibatches = config.algorithm.minibatches_per_rollout
+    if rows // minibatches < world:
+        raise RlzooError(
+            f"{world} processes need at least {world} rows in every minibatch, but a step's {rows} rows "
+            f"(rollout.prompts_per_step x rollout.group_size) in {minibatches} minibatches "
+            f"(algorithm.minibatches_per_rollout) leave {rows // minibatches}: raise the batch, lower "
+            f"minibatches_per_rollout, or run fewer processes"
+        )
+
+
+def _check_trainer_world(trainer, world: int) -> None:
+    engine_world = getattr(trainer, "world_size", 1)
+    if engine_world != world:
+        raise RlzooError(
+            f"trainer.engine {config_name(trainer)!r} trains in {engine_world} process(es) but the run was started "
+            f"with {world}: multi-process runs need a data-parallel training engine (trainer.engine: "
+            f"{{name: deepspeed}})"
+        )
+
+
 def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
-    """Run (or resume) RL post-training; returns the run folder."""
+    """Run (or resume) RL post-training; returns the run folder. Under a launcher every rank calls this."""
     registry = registry or default_registry()
+    dist = distributed.setup(config.trainer.engine.params.get("backend", "auto"))
+    check_data_parallel(config, dist.world)
     run_dir = Path(resume) if resume is not None else Path(config.output_dir)
     if resume is not None:
         config = config.model_copy(update={"output_dir": str(run_dir)})
@@ -145,13 +184,18 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
 
     task = make_task(config, registry)
     verifier = verifier_for(config, task, registry)
-    start_model = initial_model_dir(config, task, registry, progress)
+    if dist.is_main:
+        start_model = initial_model_dir(config, task, registry, progress)
+    dist.barrier()  # the others wait while rank 0 builds the cold start, then find and reuse it
+    if not dist.is_main:
+        start_model = initial_model_dir(config, task, registry, progress=False)
     checkpoint = latest_checkpoint(run_dir) if resume is not None else None
     if resume is not None and checkpoint is None:
         raise RlzooError(f"--resume {run_dir}: no complete checkpoint found in {run_dir / 'checkpoints'}")
     if resume is None and latest_checkpoint(run_dir) is not None:
         raise RlzooError(f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir")
-    atomic_write_text(run_dir / "config.yaml", dump_config(config))
+    if dist.is_main:
+        atomic_write_text(run_dir / "config.yaml", dump_config(config))
 
     model_dir = checkpoint / "model" if checkpoint else start_model
     tokenizer = _tokenizer(model_dir)
@@ -161,12 +205,15 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
         advantage=create(registry, "advantage", algo.advantage),
         verifier=verifier,
         correction=create(registry, "correction", algo.correction),
-        rollout=create(registry, "rollout_engine", config.rollout.engine),
+        rollout=create(registry, "rollout_engine", config.rollout.engine),  # started on rank 0 only
         trainer=create(registry, "training_engine", config.trainer.engine),
         tokenizer=tokenizer,
     )
     parts.trainer.start(_context(config, model_dir, tokenizer), config.trainer)
-    parts.rollout.start(_context(config, model_dir, tokenizer))
+    if dist.active:
+        _check_trainer_world(parts.trainer, dist.world)
+    if dist.is_main:
+        parts.rollout.start(_context(config, model_dir, tokenizer))
     _attach_router_policy(parts, algo, registry)
     if algo.kl_coef > 0:
         parts.reference = create(registry, "training_engine", config.trainer.engine)
@@ -174,29 +221,33 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
 
     completed = 0
     if checkpoint is not None:
-        parts.trainer.load_state(checkpoint)
+        parts.trainer.load_state(checkpoint)  # a collective: every rank loads its own engine state
         set_rng_state(load_file(str(checkpoint / "rng.safetensors")), json.loads((checkpoint / "rng.json").read_text()))
         completed = json.loads((checkpoint / "state.json").read_text())["completed_steps"]
 
     train_set = task.samples("train", None, config.seed)
     eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
-    logger = MetricsLogger(run_dir, keep_below_step=completed)
+    check_data_parallel(config, dist.world, min(config.rollout.prompts_per_step, len(train_set)))
+    logger = MetricsLogger(run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
     steps = config.train.steps
-    bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    show = progress and dist.is_main
+    bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not show, dynamic_ncols=True, mininterval=1.0)
     try:
         for step in bar:
             metrics = {}
-            if step % config.train.eval_every == 0:
+            if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
                 metrics.update(loop.evaluate(eval_set, parts, config))
-            metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), parts, config))
+            metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), parts, config, dist))
             logger.log(step, metrics)
             bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
             if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
-                save_checkpoint(run_dir, step + 1, parts, config.train.keep_checkpoints)
-        if completed <= steps:
+                save_checkpoint(run_dir, step + 1, parts, config.train.keep_checkpoints, dist)
+        if completed <= steps and dist.is_main:
             final = loop.evaluate(eval_set, parts, config)
             logger.log(steps, {**final, "final": 1.0})
     finally:
         logger.close()
-        parts.rollout.close()
+        if dist.is_main:
+            parts.rollout.close()
+    distributed.teardown(dist)
     return run_dir

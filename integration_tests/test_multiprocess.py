@@ -1,0 +1,196 @@
+"""``rlzoo train`` in 2 processes (``torchrun``, gloo on CPU) logs the same metrics as in 1 process.
+
+The main example config, shrunk (4 prompts x 4 responses, 2 minibatches, 4 steps, 1-digit sums so that most
+steps have non-zero rewards and gradients), with the DeepSpeed training engine. Rank 0 samples with the same
+seeds, so the rollout metrics must be identical; the training metrics may differ by float rounding only (each
+rank's forward covers its half of a minibatch, and the gradients are summed across ranks).
+
+Measured on the 2-core CPU machine, largest |1 process - 2 processes| over all steps:
+
+=========================  =============  ================  ==================
+metric                     ZeRO-2 (GSPO)  DS-MoE ep_size 2  ZeRO-2, token-mean
+=========================  =============  ================  ==================
+reward/*, response/*, eval 0              0                 0
+loss/policy, loss/total    1.5e-8         7.5e-9            7.5e-9
+ratio/min, max, mean       2.4e-7         4.8e-7            2.4e-7
+clip/*, moe/*flip_rate     0              0                 0
+train/grad_norm            8.9e-8         2.1e-7            1.5e-6
+mismatch/*, kl/*           2.8e-8         6.0e-8            3.5e-8
+train/aux_loss (relative)  1.2e-2         1.2e-2            1.2e-2
+=========================  =============  ================  ==================
+
+``train/aux_loss`` is the router load-balancing loss of each rank's own rows, averaged over ranks, which is not
+the loss of the whole minibatch (it is not linear in the tokens); hence its own tolerance. Discrete metrics
+(clip fractions, flip rates) would move by a whole token if a value sat within ~1e-7 of a threshold; none did.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EXAMPLE, FAST, metrics_without_times
+
+from rlzoo.config import apply_overrides, read_yaml
+from rlzoo.metrics import read_metrics
+
+pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8)")
+
+STEPS = 4
+TRAIN_TOL = 1e-4  # absolute, for every training metric (losses, ratios, clip fractions, KL, grad norm, mismatch)
+MOE_TOL = 1e-2  # flip rates: a router tie within float rounding would flip a few of ~500 slots (measured: 0)
+AUX_RTOL = 5e-2  # train/aux_loss: a mean of per-rank losses (measured 1.1e-2 relative)
+EXACT = ("reward/", "response/", "advantage/", "verifier/", "eval/", "train/nonfinite_steps", "final", "step")
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT = 300
+
+ZERO2 = "trainer.engine={name: deepspeed, zero_stage: 2}"
+EP2 = "trainer.engine={name: deepspeed, zero_stage: 2, moe: deepspeed, ep_size: 2}"
+RUNS = {
+    # name: (overrides of both runs, extra overrides of the 1-process run)
+    "zero2": ([ZERO2], []),
+    "moe-ep2": ([EP2], ["trainer.engine.ep_size=1"]),
+    "zero2-token-mean": ([ZERO2, "algorithm.aggregation={name: token-mean}"], []),
+}
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory, cold_start_root) -> Path:
+    data = apply_overrides(
+        read_yaml(EXAMPLE),
+        [
+            *FAST,
+            "task.digits=1",
+            "cold_start.steps=100",
+            f"cold_start.output_dir={cold_start_root / 'arithmetic-1digit'}",
+            f"train.steps={STEPS}",
+            "algorithm.minibatches_per_rollout=2",
+        ],
+    )
+    path = tmp_path_factory.mktemp("multiprocess") / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(processes: int, config: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    if processes == 1:
+        command = [sys.executable, "-m", "rlzoo.cli", "train", str(config), *args]
+    else:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+            "--master_port", str(_free_port()), "-m", "rlzoo.cli", "train", str(config), *args,
+        ]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [d for c in map(int, children) for d in (c, *_descendants(c))]
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and its workers (torchrun starts each worker in a session of its own)."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+
+
+def finish(proc: subprocess.Popen) -> None:
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise
+    assert proc.returncode == 0, err[-6000:]
+
+
+_done: dict[tuple[str, int], Path] = {}
+
+
+@pytest.fixture(scope="module")
+def run(config_file, tmp_path_factory):
+    """``run(name, processes)``: the run folder of that configuration, trained once per module."""
+
+    def get(name: str, processes: int) -> Path:
+        if (name, processes) not in _done:
+            run_dir = tmp_path_factory.mktemp(f"{name}-{processes}p")
+            common, single = RUNS[name]
+            overrides = [*common, *(single if processes == 1 else []), f"output_dir={run_dir}"]
+            finish(launch(processes, config_file, *[a for o in overrides for a in ("--set", o)]))
+            _done[name, processes] = run_dir
+        return _done[name, processes]
+
+    return get
+
+
+def assert_same_metrics(one: Path, two: Path) -> None:
+    rows1, rows2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["step"] for r in rows1] == [r["step"] for r in rows2] == list(range(STEPS + 1))
+    for a, b in zip(rows1, rows2):
+        assert sorted(a) == sorted(b), (a["step"], set(a) ^ set(b))
+        for key, expected in a.items():
+            got = b[key]
+            where = f"step {a['step']} {key}: 1 process {expected!r}, 2 processes {got!r}"
+            if key.startswith("time/"):
+                continue
+            if key.startswith(EXACT):
+                assert got == expected, where
+            elif key == "train/aux_loss":
+                assert got == pytest.approx(expected, rel=AUX_RTOL), where
+            elif isinstance(expected, float) and math.isnan(expected):
+                assert math.isnan(got), where
+            else:
+                assert abs(got - expected) <= (MOE_TOL if key.startswith("moe/") else TRAIN_TOL), where
+    train = [r for r in rows1 if "reward/mean" in r]
+    assert any(r["reward/mean"] > 0 for r in train) and any(r["train/grad_norm"] > 0 for r in train), train
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_two_processes_log_the_metrics_of_one(name, run):
+    assert_same_metrics(run(name, 1), run(name, 2))
+
+
+def test_a_killed_two_process_run_resumes_exactly(config_file, run, tmp_path):
+    reference = run("zero2", 2)
+    killed_dir = tmp_path / "killed"
+    victim = launch(2, config_file, "--set", ZERO2, "--set", f"output_dir={killed_dir}")
+    latest = killed_dir / "checkpoints" / "latest"
+    deadline = time.time() + TIMEOUT
+    try:
+        while not (latest.is_file() and latest.read_text().strip() == "step_000002"):
+            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
+            assert time.time() < deadline
+            time.sleep(0.02)
+    finally:
+        kill_tree(victim)
+    assert victim.returncode == -signal.SIGKILL
+    checkpoint = killed_dir / "checkpoints" / "step_000002"
+    assert sorted(p.name for p in (checkpoint / "optimizer").iterdir()) == ["rank00000", "rank00001"]
+    assert len([r for r in read_metrics(killed_dir / "metrics.jsonl") if "reward/mean" in r]) < STEPS
+
+    finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
+    expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
+    actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))
+    assert [r["step"] for r in actual] == list(range(STEPS + 1))
+    assert actual == expected
