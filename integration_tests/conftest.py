@@ -14,8 +14,11 @@ from rlzoo.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
 
-# small enough for CI: a 2-layer MoE, a few SFT steps, a few RL steps with 4 prompts x 4 responses
+# small enough for CI: a 2-layer MoE, a few SFT steps, a few RL steps with 4 prompts x 4 responses, on the
+# in-process engines (tests of vLLM and DeepSpeed select them explicitly)
 FAST = [
+    "rollout.engine={name: hf}",
+    "trainer.engine={name: torch}",
     "cold_start.steps=40",
     "cold_start.batch_size=16",
     "rollout.prompts_per_step=4",

@@ -161,6 +161,14 @@ def check_data_parallel(config: RunConfig, world: int, prompts: int | None = Non
         )
 
 
+def _check_rollout_world(config: RunConfig, world: int) -> None:
+    if world > 1 and config.rollout.engine.name == "vllm":
+        raise RlzooError(
+            "rollout.engine vllm is not supported under a multi-process launcher yet (vLLM would set up its own "
+            "process group inside rank 0); use rollout.engine: {name: hf} for multi-process runs"
+        )
+
+
 def _check_trainer_world(trainer, world: int) -> None:
     engine_world = getattr(trainer, "world_size", 1)
     if engine_world != world:
@@ -176,6 +184,7 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
     registry = registry or default_registry()
     dist = distributed.setup(config.trainer.engine.params.get("backend", "auto"))
     check_data_parallel(config, dist.world)
+    _check_rollout_world(config, dist.world)
     run_dir = Path(resume) if resume is not None else Path(config.output_dir)
     if resume is not None:
         config = config.model_copy(update={"output_dir": str(run_dir)})
