@@ -24,6 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["rollout", "verify", "old_logprobs", "train", "sync"]
+# whole specs, so a config's parameters for another engine never leak into this one
+ENGINES = {
+    "hf": "{name: hf}",
+    "vllm": "{name: vllm, kv_cache_memory_bytes: 67108864}",
+    "torch": "{name: torch}",
+    "deepspeed": "{name: deepspeed, zero_stage: 2, moe: deepspeed}",
+}
 COMBINATIONS = [
     ("hf", "torch", []),
     ("vllm", "torch", []),
@@ -42,8 +49,8 @@ def run_one(config: str, rollout: str, trainer: str, steps: int, cold_start: Pat
         sys.executable, "-m", "rlzoo.cli", "train", config,
         "--set", f"output_dir={out}",
         "--set", f"cold_start.output_dir={cold_start}",
-        "--set", f"rollout.engine.name={rollout}",
-        "--set", f"trainer.engine.name={trainer}",
+        "--set", f"rollout.engine={ENGINES[rollout]}",
+        "--set", f"trainer.engine={ENGINES[trainer]}",
         "--set", f"train.steps={steps}",
         "--set", f"train.eval_every={steps + 1}",
         "--set", f"train.checkpoint_every={steps}",
@@ -51,7 +58,9 @@ def run_one(config: str, rollout: str, trainer: str, steps: int, cold_start: Pat
     ]
     for item in extra:
         args += ["--set", item]
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    done = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    if done.returncode != 0:
+        raise SystemExit(f"{rollout}+{trainer} failed:\n{done.stderr[-3000:]}")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward/mean"' in line]
 
 
