@@ -35,11 +35,12 @@ def cold_start_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cold_start")
 
 
-def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic"):
+def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic", registry=None):
     cold = cold_start_root / task
     return build_config(
         read_yaml(EXAMPLE),
         [*FAST, f"output_dir={run_dir}", f"cold_start.output_dir={cold}", *overrides],
+        registry,
     )
 
 

@@ -8,7 +8,10 @@ import importlib.util
 import pytest
 from conftest import assert_finite_metrics, make_config
 
+from rlzoo import hookimpl
+from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.presets import PRESETS
+from rlzoo.registry import default_registry
 from rlzoo.run import train
 
 TRAINERS = {
@@ -59,3 +62,35 @@ def test_replay_on_a_dense_model_is_a_clear_error(tmp_path, cold_start_root):
     )
     with pytest.raises(RlzooError, match="mixture-of-experts"):
         train(config, progress=False)
+
+
+class ReplaySecondHalf(RouterPolicy):
+    """Routing Replay of the old pass's experts in the second half of the MoE layers only (a third party's policy)."""
+
+    name = "replay-second-half"
+
+    def update_routing(self, recorded: RecordedRouting):
+        layers = recorded.old.layers
+        return recorded.old.only_layers(layers[len(layers) // 2 :])
+
+
+class SecondHalfPlugin:
+    @hookimpl
+    def rlzoo_router_policies(self):
+        return [ReplaySecondHalf]
+
+
+@pytest.mark.parametrize("trainer", [pytest.param(t, marks=needs_deepspeed) if t != "torch" else t for t in TRAINERS])
+def test_a_plugin_policy_replays_only_some_layers(trainer, tmp_path, cold_start_root):
+    registry = default_registry()
+    registry.add_plugin(SecondHalfPlugin(), name="second-half", distribution="test-plugin")
+    config = make_config(
+        tmp_path, cold_start_root, "trainer.lr=1e-2", "algorithm.minibatches_per_rollout=4", "train.steps=4",
+        "algorithm.router.name=replay-second-half", *TRAINERS[trainer], registry=registry,
+    )
+    run_dir = train(config, registry=registry, progress=False)
+    rows = [r for r in assert_finite_metrics(run_dir, config.train.steps) if "reward/mean" in r]
+    assert all(r["moe/flip_rate/layer_1"] == 0.0 for r in rows)  # replayed
+    assert any(r["moe/flip_rate/layer_0"] > 0.0 for r in rows)  # routed afresh: its experts flip
+    assert all(0.0 < r["moe/flip_rate"] < r["moe/flip_rate/layer_0"] for r in rows if r["moe/flip_rate/layer_0"] > 0)
+    assert any(r["moe/fresh_flip_rate"] > 0 for r in rows)

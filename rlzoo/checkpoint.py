@@ -104,3 +104,46 @@ def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Non
     torch.set_rng_state(tensors["torch"])
     version, internal, gauss = meta["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+# -- a run's checkpoints -----------------------------------------------------------------------------------------
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete ``checkpoints/step_N`` of a run folder (``None`` when there is none)."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None
+
+
+def save_checkpoint(
+    run_dir: Path, completed_steps: int, trainer: Any, tokenizer: Any, keep: int, dist: Dist = SINGLE
+) -> Path:
+    """Write ``checkpoints/step_N`` atomically, then point ``latest`` at it and drop all but the ``keep`` newest.
+
+    A collective with several processes (every rank calls it): each rank writes its own engine state
+    (``trainer.save``), rank 0 the tokenizer, the RNG state and ``state.json``."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{completed_steps:06d}"
+    with atomic_directory(final, dist) as tmp:
+        trainer.save(tmp)
+        if dist.is_main:
+            tokenizer.save_pretrained(tmp / "model")
+            tensors, meta = rng_state()
+            save_file(tensors, str(tmp / "rng.safetensors"))
+            (tmp / "rng.json").write_text(json.dumps(meta))
+            (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
+    if dist.is_main:
+        atomic_write_text(root / "latest", final.name)
+        for old in sorted(root.glob("step_*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(checkpoint: Path, trainer: Any) -> int:
+    """Restore the engine state (a collective: every rank loads its own) and the RNG; returns completed steps."""
+    trainer.load_state(checkpoint)
+    set_rng_state(load_file(str(checkpoint / "rng.safetensors")), json.loads((checkpoint / "rng.json").read_text()))
+    return json.loads((checkpoint / "state.json").read_text())["completed_steps"]

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 #: how long a rank waits at a collective (rank 0 may be building the cold start or evaluating meanwhile)
 TIMEOUT_ENV = "RLZOO_DIST_TIMEOUT_S"
@@ -103,6 +106,10 @@ class Dist:
         box = [obj if self.is_main else None]
         dist.broadcast_object_list(box, src=0, device=torch.device(self.device))
         return box[0]
+
+    def from_main(self, make: Callable[[], T]) -> T:
+        """``make()`` evaluated on rank 0 alone; its result on every rank (``make()`` itself in one process)."""
+        return self.broadcast(make() if self.is_main else None)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not self.active:

@@ -55,6 +55,7 @@ __all__ = [
     "RoutingRecorder",
     "RoutingReplay",
     "find_routers",
+    "flip_counts",
     "flip_rate",
     "index_dtype",
     "record_routing",
@@ -217,6 +218,14 @@ class Routing:
         return Routing(self.indices[rows], self.layers, self.num_experts, valid)
 
     __getitem__ = select
+
+    def only_layers(self, layers: Sequence[int]) -> Routing:
+        """The routing of a subset of the MoE layers (decoder-layer indices); replaying it leaves the others free."""
+        missing = [layer for layer in layers if layer not in self.layers]
+        if missing:
+            raise ValueError(f"layers {missing} are not in this routing (layers {self.layers})")
+        columns = [self.layers.index(layer) for layer in layers]
+        return Routing(self.indices[:, :, columns], layers, self.num_experts, self.valid)
 
     def to(self, device: torch.device | str) -> Routing:
         valid = None if self.valid is None else self.valid.to(device)
@@ -454,7 +463,8 @@ def _detect_gate(info: RouterInfo, logits: torch.Tensor, scores: torch.Tensor, i
 
 
 class RoutingReplay:
-    """While attached, every router of ``model`` returns the experts of ``routing`` (see :func:`replay_routing`).
+    """While attached, every router of ``model`` in ``routing.layers`` returns the experts of ``routing`` (see
+    :func:`replay_routing`); routers of other layers route afresh.
 
     Forward passes consume rows of ``routing`` in order: a forward over ``B`` rows takes the next ``B`` rows
     (all of them when ``B`` equals the routing's batch size), wrapping around at the end, so an engine that splits
@@ -480,7 +490,7 @@ class RoutingReplay:
     def set(self, routing: Routing) -> None:
         """Replay ``routing`` from the next forward on (its row cursor restarts at 0)."""
         layers = tuple(r.layer for r in self.routers)
-        if routing.layers != layers:
+        if not routing.layers or not set(routing.layers) <= set(layers):
             raise RoutingError(f"routing covers layers {routing.layers}, the model's routers are in layers {layers}")
         if routing.top_k != self.routers[0].top_k or routing.num_experts != self.routers[0].num_experts:
             raise RoutingError(
@@ -529,6 +539,9 @@ class RoutingReplay:
         logits, scores, fresh = _check_output(info, output)
         if self._current is None:
             raise RoutingError(f"router {info.name} ran outside a forward pass of the model given to replay_routing")
+        if info.layer not in self._current:  # a layer the routing leaves free routes afresh
+            self._fresh.put(info.layer, fresh)
+            return output
         recorded, valid = self._current[info.layer]
         if recorded.shape[0] != fresh.shape[0]:
             raise RoutingError(
@@ -600,6 +613,12 @@ def flip_rate(a: Routing, b: Routing, token_mask: torch.Tensor | None = None) ->
     non-zero and both routings carry a record; 0.0 when no slot is counted. Routings of different width are
     compared over their common columns.
     """
+    differ, total = flip_counts(a, b, token_mask)
+    return differ / total if total else 0.0
+
+
+def flip_counts(a: Routing, b: Routing, token_mask: torch.Tensor | None = None) -> tuple[int, int]:
+    """``(slots that differ, slots counted)`` behind :func:`flip_rate` (counts add up across layers and passes)."""
     if a.layers != b.layers or a.top_k != b.top_k or a.batch_size != b.batch_size:
         raise ValueError(f"routings do not match: {a!r} vs {b!r}")
     width = min(a.seq_len, b.seq_len)
@@ -609,14 +628,12 @@ def flip_rate(a: Routing, b: Routing, token_mask: torch.Tensor | None = None) ->
         mask = mask & (token_mask[:, :width].to(device) != 0)
     ia = a.indices[:, :width][mask]
     ib = b.indices[:, :width].to(device)[mask]
-    if ia.shape[0] == 0:
-        return 0.0
     differ = 0
     for start in range(0, ia.shape[0], 16384):  # [M, L, k, k] comparisons, chunked over tokens
         x = ia[start : start + 16384].long()
         y = ib[start : start + 16384].long()
         differ += int((~(x.unsqueeze(-1) == y.unsqueeze(-2)).any(-1)).sum())
-    return differ / ia.numel()
+    return differ, ia.numel()
 
 
 # -- rollout routings (R3) ---------------------------------------------------------------------------------------

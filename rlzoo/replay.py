@@ -1,106 +1,124 @@
-"""Routing Replay inside one RL step: which routing each forward of the training engine replays, and the
-MoE diagnostics logged for every MoE run whatever the router policy.
+"""Routing Replay inside one RL step: the router policy's record/replay around an MoE learner's forward passes,
+and the MoE diagnostics logged for every MoE run whatever the policy.
 
-Per rollout batch (``source`` is the router policy's: ``none``, ``old`` = R2, ``rollout`` = R3):
+Per rollout batch:
 
-    old-log-prob pass:  record the old policy's experts ("old routing")
-                        R3: replay the rollout engine's experts instead (log-probs under the rollout's routing)
-    reference routing:  none/old -> the old routing;  rollout -> the rollout engine's routing
-    each update pass:   replay the reference rows of the minibatch (not for ``none``), and record the experts
-                        the pass actually used
+    old-log-prob pass:  the policy's ``old_pass_routing`` (R3: the rollout engine's experts) is replayed, or the
+                        pass routes afresh; the experts it used become ``RecordedRouting.old``
+    each update pass:   the policy's ``update_routing`` (a routing over all MoE layers, some, or none) is
+                        replayed for the minibatch's rows; the experts the pass used are recorded
 
 Metrics: ``moe/flip_rate`` — share of (token, layer, k) slots whose expert in the update pass differs from the
-reference (0 under replay by construction, > 0 without it once weights move); ``moe/fresh_flip_rate`` — what
-the current router would have chosen instead (the drift replay removed); ``moe/rollout_train_disagreement`` —
-rollout vs training experts on the old weights, without replay; ``moe/rollout_train_disagreement_replayed`` —
-the same on the replayed old pass (R3: 0); ``mismatch/abs_logp_diff_no_replay`` — the training engine's old
-log-probs with fresh routing against the rollout's, next to ``mismatch/abs_logp_diff`` (with the policy's
-routing); ``moe/replay_bytes`` — memory of the replayed indices.
+reference (per layer: the replayed routing where the policy replays that layer, else the old pass's experts;
+0 under replay by construction, > 0 without it once the weights move); ``moe/flip_rate/layer_N`` — the same per
+MoE layer; ``moe/fresh_flip_rate`` — what the current router would have chosen instead in the replayed layers
+(the drift replay removed); ``moe/rollout_train_disagreement`` — rollout vs training experts on the old weights,
+routing afresh; ``moe/rollout_train_disagreement_replayed`` — the same on a replayed old pass (R3: 0);
+``mismatch/abs_logp_diff_no_replay`` — the old log-probs with fresh routing against the rollout's, next to
+``mismatch/abs_logp_diff`` (with the policy's routing); ``moe/replay_bytes`` — memory of the replayed indices.
 
-Several processes (:mod:`rlzoo.distributed`): each rank runs the old-log-prob pass on its share of the rows
-(``Dist.share``) and the recorded routings are gathered, so every rank holds the whole batch's old and reference
-routing; an update pass replays the rows of the rank's share of the minibatch (sliced from the reference exactly
-like the minibatch), and the experts it used are gathered again so the flip rates are the whole minibatch's.
+Several processes: each rank runs its share of the rows (``Dist.share``) and the recorded routings are
+gathered, so every rank holds the whole batch's routings; an update pass replays the rows of the rank's share of
+the minibatch, and the experts it used are gathered again so the flip rates are the whole minibatch's.
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack
-from typing import Any
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 
 from rlzoo.distributed import SINGLE, Dist
-from rlzoo.engines import Generation, LossFn, TokenBatch, TrainingEngine
-from rlzoo.engines.tokens import select_rows
+from rlzoo.engines import LossFn, TokenBatch, TrainingEngine
 from rlzoo.errors import RlzooError
-from rlzoo.moe import Routing, find_routers, flip_rate, record_routing, replay_routing, routing_for_batch
+from rlzoo.interfaces import RecordedRouting, RouterPolicy
+from rlzoo.learner import Learner
+from rlzoo.moe import Routing, flip_counts, record_routing, replay_routing, routing_for_batch
 from rlzoo.objective import masked_mean
 
 
-class StepRouting:
-    """The routing bookkeeping of one rollout batch for an MoE policy (build one per step)."""
+class RoutingLearner(Learner):
+    """A learner for an MoE policy: replays what the router policy chooses and measures expert flips."""
 
-    def __init__(self, trainer: TrainingEngine, source: str, dist: Dist = SINGLE) -> None:
-        self.trainer = trainer
-        self.model = trainer.model
-        self.source = source
-        self.dist = dist
-        self.reference: Routing | None = None
+    def __init__(self, engine: TrainingEngine, policy: RouterPolicy, dist: Dist = SINGLE) -> None:
+        super().__init__(engine, dist)
+        self.policy = policy
+        self.model = engine.model
+        self.recorded = RecordedRouting(old=None, rollout=None)
+        self.replayed: Routing | None = None
         self.metrics: dict[str, float] = {}
 
-    @staticmethod
-    def applies_to(trainer: TrainingEngine) -> bool:
-        return bool(find_routers(trainer.model))
-
     def old_logprobs(
-        self, batch: TokenBatch, generations: list[Generation], rollout_logp: torch.Tensor
+        self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
     ) -> torch.Tensor:
-        count = batch.input_ids.shape[0]
-        local = self.dist.share(torch.arange(count))
-        local_batch = select_rows(batch, local) if self.dist.active else batch
-        with record_routing(self.model) as old_routing:
-            fresh_logp = self.trainer.logprobs(local_batch)
-        fresh_logp, old_routing = self.dist.gather_rows(fresh_logp, count), self._gather(old_routing)
-        rollout_routing = None
-        if all(g.routing is not None for g in generations):
-            rollout_routing = routing_for_batch([g.routing for g in generations], batch, self.model)
-            self.metrics["moe/rollout_train_disagreement"] = flip_rate(rollout_routing, old_routing, batch.attention_mask)
-        if self.source == "rollout":
-            if rollout_routing is None:
-                raise RlzooError(
-                    "router policy replay-rollout needs the rollout engine's routing; this rollout engine did not "
-                    "record it (supported: rollout.engine {name: hf} or {name: vllm})"
-                )
-            replayed = rollout_routing.select(local) if self.dist.active else rollout_routing
-            with replay_routing(self.model, replayed), record_routing(self.model) as used:
-                logp = self.trainer.logprobs(local_batch)
-            logp, used = self.dist.gather_rows(logp, count), self._gather(used)
-            self.metrics["moe/rollout_train_disagreement_replayed"] = flip_rate(rollout_routing, used, batch.attention_mask)
+        self.metrics = {}
+        rollout = None
+        if all(r is not None for r in rollout_routing):
+            rollout = routing_for_batch(rollout_routing, batch, self.model)
+        elif self.policy.needs_rollout_routing():
+            raise RlzooError(
+                f"router policy {self.policy.name!r} needs the rollout engine's routing; this rollout engine did not "
+                "record it (supported: rollout.engine {name: hf} or {name: vllm})"
+            )
+        with self._recording(batch) as fresh:
+            logp = self.logprobs(batch)
+        old = fresh.routing
+        if rollout is not None:
+            self.metrics["moe/rollout_train_disagreement"] = _rate(flip_counts(rollout, old, batch.attention_mask))
+        replay_old = self.policy.old_pass_routing(RecordedRouting(old=None, rollout=rollout))
+        if replay_old is not None:  # R3: the old log-probs under the rollout's experts
+            fresh_logp = logp
+            with self._recording(batch, replay=replay_old) as used:
+                logp = self.logprobs(batch)
+            old = used.routing
             self.metrics["mismatch/abs_logp_diff_no_replay"] = masked_mean(
                 (fresh_logp - rollout_logp).abs(), batch.response_mask
             ).item()
-            self.reference = rollout_routing
-            return logp
-        self.reference = old_routing
-        return fresh_logp
+            if rollout is not None:
+                replayed = _rate(flip_counts(rollout, old, batch.attention_mask))
+                self.metrics["moe/rollout_train_disagreement_replayed"] = replayed
+        self.recorded = RecordedRouting(old=old, rollout=rollout)
+        self.replayed = self.policy.update_routing(self.recorded)
+        return logp
 
-    def train_step(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn) -> dict[str, float]:
-        assert self.reference is not None, "old_logprobs() comes first"
-        local = self.dist.share(rows)  # this rank's rows of the minibatch (all of them in one process)
-        minibatch = select_rows(batch, local)
-        reference = self.reference.select(rows)
-        local_reference = self.reference.select(local) if self.dist.active else reference
-        with ExitStack() as stack:
-            replay = stack.enter_context(replay_routing(self.model, local_reference)) if self.source != "none" else None
-            used = stack.enter_context(record_routing(self.model))
-            metrics = self.trainer.train_step(minibatch, loss_fn)
-        attention = batch.attention_mask[rows] if self.dist.active else minibatch.attention_mask
-        metrics["moe/flip_rate"] = flip_rate(reference, self._gather(used), attention)
-        if replay is not None:
-            metrics["moe/fresh_flip_rate"] = flip_rate(reference, self._gather(replay.fresh), attention)
-            metrics["moe/replay_bytes"] = float(self.reference.nbytes)
+    def update(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn) -> dict[str, float]:
+        with self._recording(batch, rows, replay=self.replayed) as used:
+            metrics = super().update(batch, rows, loss_fn)
+        attention = batch.attention_mask[rows]
+        per_layer = {}
+        for layer in used.routing.layers:
+            reference = self.replayed if self.replayed is not None and layer in self.replayed.layers else self.recorded.old
+            per_layer[layer] = flip_counts(reference.select(rows).only_layers([layer]), used.routing.only_layers([layer]), attention)
+        metrics["moe/flip_rate"] = _rate(tuple(map(sum, zip(*per_layer.values()))))
+        metrics.update({f"moe/flip_rate/layer_{layer}": _rate(counts) for layer, counts in per_layer.items()})
+        if self.replayed is not None:
+            layers = self.replayed.layers
+            fresh = used.fresh.only_layers(layers)
+            metrics["moe/fresh_flip_rate"] = _rate(flip_counts(self.replayed.select(rows), fresh, attention))
+            metrics["moe/replay_bytes"] = float(self.replayed.nbytes)
         return metrics
+
+    def step_metrics(self) -> dict[str, float]:
+        return dict(self.metrics)
+
+    @contextmanager
+    def _recording(
+        self, batch: TokenBatch, rows: torch.Tensor | None = None, replay: Routing | None = None
+    ) -> Iterator[_Recorded]:
+        """Around one pass over ``batch[rows]`` (all rows when ``None``) split over the ranks: replay this rank's
+        share of ``replay`` if given, record the experts used; on exit ``routing`` (and ``fresh``, what the
+        router chose itself in the replayed layers) hold the whole pass's rows, gathered from every rank."""
+        mine = self.dist.share(torch.arange(batch.input_ids.shape[0]) if rows is None else rows)
+        recorded = _Recorded()
+        with ExitStack() as stack:
+            replaying = None
+            if replay is not None:
+                replaying = stack.enter_context(replay_routing(self.model, replay.select(mine)))
+            used = stack.enter_context(record_routing(self.model))
+            yield recorded
+        recorded.routing = self._gather(used)
+        recorded.fresh = self._gather(replaying.fresh) if replaying is not None else recorded.routing
 
     def _gather(self, routing: Routing) -> Routing:
         """Every rank's routing of its share, concatenated in rank order (the routing itself in one process)."""
@@ -110,5 +128,11 @@ class StepRouting:
         return Routing.cat(self.dist.all_gather_object(routing.to("cpu"))).to(device)
 
 
-def routing_source(policy: Any) -> str:
-    return getattr(policy, "source", "none") if policy is not None else "none"
+class _Recorded:
+    routing: Routing
+    fresh: Routing
+
+
+def _rate(counts: tuple[int, int]) -> float:
+    differ, total = counts
+    return differ / total if total else 0.0

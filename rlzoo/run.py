@@ -1,4 +1,5 @@
-"""Assembling a run from its config, and the driver around the loop: evaluation, checkpoints, resume.
+"""Assembling a run from its config in named set-up steps, and the driver around the loop: evaluation,
+checkpoints, resume.
 
 Run folder::
 
@@ -17,132 +18,187 @@ evaluates), logs ``metrics.jsonl`` and the progress bar, and writes the checkpoi
 
 from __future__ import annotations
 
-import json
-import logging
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from rlzoo import distributed, loop
-from rlzoo.checkpoint import atomic_directory, atomic_write_text, rng_state, set_rng_state
-from rlzoo.config import RunConfig, dump_config
-from rlzoo.engines import EngineContext
+from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlzoo.config import ComponentSpec, RunConfig, dump_config
+from rlzoo.engines import EngineContext, RolloutEngine, TrainingEngine
 from rlzoo.errors import RlzooError
-from rlzoo.interfaces import Task
+from rlzoo.interfaces import RouterPolicy, Task, Verifier
+from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
+from rlzoo.moe import find_routers
 from rlzoo.objective import build_objective
 from rlzoo.registry import Registry, default_registry
+from rlzoo.replay import RoutingLearner
 from rlzoo.sft import ensure_cold_start
 
-log = logging.getLogger("rlzoo.run")
+
+def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
+    """Run (or resume) RL post-training; returns the run folder. Under a launcher every rank calls this."""
+    return TrainingRun(config, registry or default_registry(), resume, progress).run()
 
 
-def create(registry: Registry, kind: str, spec) -> object:
-    return registry.create(kind, spec.name, spec.params)
+@dataclass
+class Start:
+    """Where the run starts from: its folder, the model to load, and the checkpoint to resume (if any)."""
+
+    run_dir: Path
+    initial_model: Path  # the cold-start (or user) model: the KL reference, and the weights of a fresh run
+    checkpoint: Path | None
+
+    @property
+    def model_dir(self) -> Path:
+        return self.checkpoint / "model" if self.checkpoint is not None else self.initial_model
 
 
-def make_task(config: RunConfig, registry: Registry) -> Task:
-    return create(registry, "task", config.task)
+class TrainingRun:
+    """``rlzoo train``: :meth:`setup` builds the run from its config in named steps, :meth:`run` trains."""
 
+    def __init__(self, config: RunConfig, registry: Registry, resume: Path | None = None, progress: bool = True) -> None:
+        self.config = config if resume is None else config.model_copy(update={"output_dir": str(resume)})
+        self.registry = registry
+        self.resume = resume
+        self.progress = progress
 
-def verifier_for(config: RunConfig, task: Task, registry: Registry):
-    if config.verifier is not None:
-        return create(registry, "verifier", config.verifier)
-    return registry.create("verifier", task.default_verifier)
+    def setup(self) -> None:
+        self.dist = self._setup_processes()
+        self.task, self.verifier = self._setup_task()
+        self.start = self._setup_start()
+        self.tokenizer = load_tokenizer(self.start.model_dir)
+        self.trainer = self._setup_trainer()
+        self.rollout = self._setup_rollout()
+        self.components = self._setup_components()
+        self.completed_steps = self._restore()
 
+    def _setup_processes(self) -> distributed.Dist:
+        dist = distributed.setup(self.config.trainer.engine.params.get("backend", "auto"))
+        check_data_parallel(self.config, dist.world)
+        rollout_cls = self.registry.get("rollout_engine", self.config.rollout.engine.name).cls
+        if dist.active and not rollout_cls.runs_under_launcher:
+            raise RlzooError(
+                f"rollout.engine {rollout_cls.name} cannot run under a multi-process launcher; use rollout.engine: "
+                "{name: hf} for multi-process runs"
+            )
+        torch.manual_seed(self.config.seed)
+        return dist
 
-def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path:
-    if config.model.path:
-        path = Path(config.model.path)
-        if not (path / "config.json").is_file():
-            raise RlzooError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
-        return path
-    if not config.cold_start.enabled:
-        raise RlzooError("model.path is null and cold_start.enabled is false: there is no model to train")
-    verifier = verifier_for(config, task, registry)
-    eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
+    def _setup_task(self) -> tuple[Task, Verifier]:
+        task = create(self.registry, "task", self.config.task)
+        return task, verifier_for(self.config, task, self.registry)
 
-    def evaluate_fn(model_dir: Path) -> dict[str, float]:
-        rollout = registry.create("rollout_engine", "hf")
-        tokenizer = _tokenizer(model_dir)
-        rollout.start(_context(config, model_dir, tokenizer))
-        # evaluation needs only the verifier, the rollout engine and the tokenizer
-        parts = loop.Components(
-            objective=None, advantage=None, verifier=verifier, rollout=rollout, trainer=None, correction=None, tokenizer=tokenizer
-        )  # type: ignore[arg-type]
-        return loop.evaluate(eval_set, parts, config)
+    def _setup_start(self) -> Start:
+        run_dir = Path(self.config.output_dir)
+        checkpoint = latest_checkpoint(run_dir)
+        if self.resume is not None and checkpoint is None:
+            raise RlzooError(f"--resume {run_dir}: no complete checkpoint found in {run_dir / 'checkpoints'}")
+        if self.resume is None and checkpoint is not None:
+            raise RlzooError(f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:
+            initial = initial_model_dir(self.config, self.task, self.registry, self.progress)
+            atomic_write_text(run_dir / "config.yaml", dump_config(self.config))
+        self.dist.barrier()  # the others wait while rank 0 builds the cold start, then find and reuse it
+        if not self.dist.is_main:
+            initial = initial_model_dir(self.config, self.task, self.registry, progress=False)
+        return Start(run_dir, initial, checkpoint)
 
-    return ensure_cold_start(config, task, evaluate_fn, progress)
+    def _setup_trainer(self) -> TrainingEngine:
+        trainer = create(self.registry, "training_engine", self.config.trainer.engine)
+        trainer.start(engine_context(self.config, self.start.model_dir, self.tokenizer), self.config.trainer)
+        if trainer.world_size != self.dist.world:
+            raise RlzooError(
+                f"trainer.engine {trainer.name!r} trains in {trainer.world_size} process(es) but the run was started "
+                f"with {self.dist.world}: multi-process runs need a data-parallel training engine (trainer.engine: "
+                "{name: deepspeed})"
+            )
+        return trainer
 
+    def _setup_rollout(self) -> RolloutEngine:
+        rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
+        if self.dist.is_main:  # the other ranks hold an engine that is never started
+            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer))
+        return rollout
 
-def _tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def _context(config: RunConfig, model_dir: Path, tokenizer) -> EngineContext:
-    return EngineContext(
-        model_dir=Path(model_dir),
-        dtype=config.model.dtype,
-        seed=config.seed,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def _attach_router_policy(parts: loop.Components, algo, registry: Registry) -> None:
-    from rlzoo.replay import StepRouting, routing_source
-
-    parts.moe = StepRouting.applies_to(parts.trainer)
-    parts.router = create(registry, "router", algo.router) if algo.router is not None else None
-    source = routing_source(parts.router)
-    if source != "none" and not parts.moe:
-        raise RlzooError(f"algorithm.router {algo.router.name!r} needs a mixture-of-experts model; this model has no MoE router")
-    # the rollout's experts are recorded for every MoE run the engine can record them for (diagnostics), and R3 needs them
-    if parts.moe and hasattr(parts.rollout, "set_record_routing"):
-        parts.rollout.set_record_routing(True)
-    elif source == "rollout":
-        raise RlzooError(
-            f"algorithm.router {algo.router.name!r} needs a rollout engine that records routing; "
-            f"{config_name(parts.rollout)} does not (use rollout.engine: {{name: hf}} or {{name: vllm}})"
+    def _setup_components(self) -> loop.Components:
+        algo = self.config.algorithm
+        return loop.Components(
+            objective=build_objective(algo, self.registry),
+            advantage=create(self.registry, "advantage", algo.advantage),
+            verifier=self.verifier,
+            correction=create(self.registry, "correction", algo.correction),
+            rollout=self.rollout,
+            learner=self._setup_learner(),
+            tokenizer=self.tokenizer,
+            reference=self._setup_reference() if algo.kl_coef > 0 else None,
+            dist=self.dist,
         )
 
+    def _setup_learner(self) -> Learner:
+        """A dense policy trains through a plain learner; an MoE policy through the router policy's replay."""
+        spec = self.config.algorithm.router
+        policy: RouterPolicy = create(self.registry, "router", spec) if spec is not None else RouterPolicy()
+        if not find_routers(self.trainer.model):
+            if spec is not None and spec.name != "none":
+                raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
+            return Learner(self.trainer, self.dist)
+        if self.rollout.can_record_routing:  # for the rollout-vs-training diagnostics of every MoE run, and R3
+            if self.dist.is_main:
+                self.rollout.set_record_routing(True)
+        elif policy.needs_rollout_routing():
+            raise RlzooError(
+                f"algorithm.router {policy.name!r} needs a rollout engine that records routing; {self.rollout.name!r} "
+                "does not (use rollout.engine: {name: hf} or {name: vllm})"
+            )
+        return RoutingLearner(self.trainer, policy, self.dist)
 
-def config_name(component) -> str:
-    return getattr(component, "name", type(component).__name__)
+    def _setup_reference(self) -> Learner:
+        """The frozen initial policy for the KL term, in the same kind of engine."""
+        reference = create(self.registry, "training_engine", self.config.trainer.engine)
+        reference.start(engine_context(self.config, self.start.initial_model, self.tokenizer), self.config.trainer)
+        return Learner(reference, self.dist)
 
+    def _restore(self) -> int:
+        if self.start.checkpoint is None:
+            return 0
+        return load_checkpoint(self.start.checkpoint, self.trainer)
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / "state.json").is_file() else None
+    def run(self) -> Path:
+        self.setup()
+        config, dist, c = self.config, self.dist, self.components
+        train_set = self.task.samples("train", None, config.seed)
+        check_data_parallel(config, dist.world, min(config.rollout.prompts_per_step, len(train_set)))
+        eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
+        steps, completed = config.train.steps, self.completed_steps
+        logger = MetricsLogger(self.start.run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
+        bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not (self.progress and dist.is_main), dynamic_ncols=True, mininterval=1.0)
+        try:
+            for step in bar:
+                metrics = {}
+                if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
+                    metrics.update(self.evaluate(eval_set))
+                metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), c, config))
+                logger.log(step, metrics)
+                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
+                if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
+                    save_checkpoint(self.start.run_dir, step + 1, self.trainer, self.tokenizer, config.train.keep_checkpoints, dist)
+            if completed <= steps and dist.is_main:
+                logger.log(steps, {**self.evaluate(eval_set), "final": 1.0})
+        finally:
+            logger.close()
+            if dist.is_main:
+                self.rollout.close()
+        distributed.teardown(dist)
+        return self.start.run_dir
 
-
-def save_checkpoint(
-    run_dir: Path, completed_steps: int, parts: loop.Components, keep: int, dist: distributed.Dist = distributed.SINGLE
-) -> Path:
-    """Write ``checkpoints/step_N`` atomically; a collective with several processes (every rank calls it)."""
-    root = Path(run_dir) / "checkpoints"
-    final = root / f"step_{completed_steps:06d}"
-    with atomic_directory(final, dist) as tmp:
-        parts.trainer.save(tmp)
-        if dist.is_main:
-            parts.tokenizer.save_pretrained(tmp / "model")
-            tensors, meta = rng_state()
-            save_file(tensors, str(tmp / "rng.safetensors"))
-            (tmp / "rng.json").write_text(json.dumps(meta))
-            (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
-    if dist.is_main:
-        atomic_write_text(root / "latest", final.name)
-        for old in sorted(root.glob("step_*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    def evaluate(self, eval_set: list[Any]) -> dict[str, float]:
+        return loop.evaluate(eval_set, self.rollout, self.verifier, self.tokenizer, self.config)
 
 
 def check_data_parallel(config: RunConfig, world: int, prompts: int | None = None) -> None:
@@ -161,102 +217,55 @@ def check_data_parallel(config: RunConfig, world: int, prompts: int | None = Non
         )
 
 
-def _check_rollout_world(config: RunConfig, world: int) -> None:
-    if world > 1 and config.rollout.engine.name == "vllm":
-        raise RlzooError(
-            "rollout.engine vllm is not supported under a multi-process launcher yet (vLLM would set up its own "
-            "process group inside rank 0); use rollout.engine: {name: hf} for multi-process runs"
-        )
+# -- building blocks (also used by `rlzoo sft`) --------------------------------------------------------------------
 
 
-def _check_trainer_world(trainer, world: int) -> None:
-    engine_world = getattr(trainer, "world_size", 1)
-    if engine_world != world:
-        raise RlzooError(
-            f"trainer.engine {config_name(trainer)!r} trains in {engine_world} process(es) but the run was started "
-            f"with {world}: multi-process runs need a data-parallel training engine (trainer.engine: "
-            f"{{name: deepspeed}})"
-        )
+def create(registry: Registry, kind: str, spec: ComponentSpec) -> Any:
+    return registry.create(kind, spec.name, spec.params)
 
 
-def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
-    """Run (or resume) RL post-training; returns the run folder. Under a launcher every rank calls this."""
-    registry = registry or default_registry()
-    dist = distributed.setup(config.trainer.engine.params.get("backend", "auto"))
-    check_data_parallel(config, dist.world)
-    _check_rollout_world(config, dist.world)
-    run_dir = Path(resume) if resume is not None else Path(config.output_dir)
-    if resume is not None:
-        config = config.model_copy(update={"output_dir": str(run_dir)})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)
+def make_task(config: RunConfig, registry: Registry) -> Task:
+    return create(registry, "task", config.task)
 
-    task = make_task(config, registry)
+
+def verifier_for(config: RunConfig, task: Task, registry: Registry) -> Verifier:
+    if config.verifier is not None:
+        return create(registry, "verifier", config.verifier)
+    return registry.create("verifier", task.default_verifier)
+
+
+def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path:
+    """The model RL starts from: ``model.path``, or the cold start (built and evaluated unless already there)."""
+    if config.model.path:
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise RlzooError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
+        return path
+    if not config.cold_start.enabled:
+        raise RlzooError("model.path is null and cold_start.enabled is false: there is no model to train")
     verifier = verifier_for(config, task, registry)
-    if dist.is_main:
-        start_model = initial_model_dir(config, task, registry, progress)
-    dist.barrier()  # the others wait while rank 0 builds the cold start, then find and reuse it
-    if not dist.is_main:
-        start_model = initial_model_dir(config, task, registry, progress=False)
-    checkpoint = latest_checkpoint(run_dir) if resume is not None else None
-    if resume is not None and checkpoint is None:
-        raise RlzooError(f"--resume {run_dir}: no complete checkpoint found in {run_dir / 'checkpoints'}")
-    if resume is None and latest_checkpoint(run_dir) is not None:
-        raise RlzooError(f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir")
-    if dist.is_main:
-        atomic_write_text(run_dir / "config.yaml", dump_config(config))
-
-    model_dir = checkpoint / "model" if checkpoint else start_model
-    tokenizer = _tokenizer(model_dir)
-    algo = config.algorithm
-    parts = loop.Components(
-        objective=build_objective(algo, registry),
-        advantage=create(registry, "advantage", algo.advantage),
-        verifier=verifier,
-        correction=create(registry, "correction", algo.correction),
-        rollout=create(registry, "rollout_engine", config.rollout.engine),  # started on rank 0 only
-        trainer=create(registry, "training_engine", config.trainer.engine),
-        tokenizer=tokenizer,
-    )
-    parts.trainer.start(_context(config, model_dir, tokenizer), config.trainer)
-    if dist.active:
-        _check_trainer_world(parts.trainer, dist.world)
-    if dist.is_main:
-        parts.rollout.start(_context(config, model_dir, tokenizer))
-    _attach_router_policy(parts, algo, registry)
-    if algo.kl_coef > 0:
-        parts.reference = create(registry, "training_engine", config.trainer.engine)
-        parts.reference.start(_context(config, start_model, tokenizer), config.trainer)
-
-    completed = 0
-    if checkpoint is not None:
-        parts.trainer.load_state(checkpoint)  # a collective: every rank loads its own engine state
-        set_rng_state(load_file(str(checkpoint / "rng.safetensors")), json.loads((checkpoint / "rng.json").read_text()))
-        completed = json.loads((checkpoint / "state.json").read_text())["completed_steps"]
-
-    train_set = task.samples("train", None, config.seed)
     eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
-    check_data_parallel(config, dist.world, min(config.rollout.prompts_per_step, len(train_set)))
-    logger = MetricsLogger(run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
-    steps = config.train.steps
-    show = progress and dist.is_main
-    bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not show, dynamic_ncols=True, mininterval=1.0)
-    try:
-        for step in bar:
-            metrics = {}
-            if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
-                metrics.update(loop.evaluate(eval_set, parts, config))
-            metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), parts, config, dist))
-            logger.log(step, metrics)
-            bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
-            if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
-                save_checkpoint(run_dir, step + 1, parts, config.train.keep_checkpoints, dist)
-        if completed <= steps and dist.is_main:
-            final = loop.evaluate(eval_set, parts, config)
-            logger.log(steps, {**final, "final": 1.0})
-    finally:
-        logger.close()
-        if dist.is_main:
-            parts.rollout.close()
-    distributed.teardown(dist)
-    return run_dir
+
+    def evaluate_fn(model_dir: Path) -> dict[str, float]:
+        rollout = registry.create("rollout_engine", "hf")
+        tokenizer = load_tokenizer(model_dir)
+        rollout.start(engine_context(config, model_dir, tokenizer))
+        return loop.evaluate(eval_set, rollout, verifier, tokenizer, config)
+
+    return ensure_cold_start(config, task, evaluate_fn, progress)
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any) -> EngineContext:
+    return EngineContext(
+        model_dir=Path(model_dir),
+        dtype=config.model.dtype,
+        seed=config.seed,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )

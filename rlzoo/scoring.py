@@ -34,15 +34,6 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str]) -> Sc
     return Scores(verdicts, errors)
 
 
-def char_ends_of_tokens(pieces: list[str]) -> list[int]:
-    """Cumulative character offset at the end of each token's text."""
-    ends, total = [], 0
-    for piece in pieces:
-        total += len(piece)
-        ends.append(total)
-    return ends
-
-
 def step_token_ends(spans: list[tuple[int, int]], token_char_ends: list[int]) -> list[int]:
     """Exclusive response-token index at which each character span ends."""
     return [min(bisect.bisect_left(token_char_ends, end) + 1, len(token_char_ends)) for _, end in spans]

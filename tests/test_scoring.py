@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.scoring import char_ends_of_tokens, score, step_token_ends
+from rlzoo.scoring import score, step_token_ends
 
 
 class Fragile(Verifier):
@@ -29,6 +29,5 @@ def test_no_errors_when_the_verifier_is_sound():
 
 
 def test_step_spans_map_to_token_ends():
-    pieces = ["8", ";", "6", ";", "1", "0", ""]  # the last token is <eos>, which decodes to nothing
-    ends = char_ends_of_tokens(pieces)
+    ends = [1, 2, 3, 4, 5, 6, 6]  # "8;6;10" one character per token, then <eos>, which decodes to nothing
     assert step_token_ends([(0, 1), (2, 3), (4, 6)], ends) == [1, 3, 6]

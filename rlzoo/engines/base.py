@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -56,9 +56,18 @@ class EngineContext:
 
 
 class RolloutEngine(Component):
-    """Samples groups of responses and receives new weights after every optimizer step."""
+    """Samples groups of responses and receives new weights after every optimizer step.
+
+    Capabilities (class attributes, read by the run's assembly; never probed):
+
+    - ``can_record_routing``: can return each generation's MoE experts (``Generation.routing``) when asked through
+      :meth:`set_record_routing`.
+    - ``runs_under_launcher``: can live inside rank 0 of a multi-process run started by torchrun/deepspeed.
+    """
 
     kind = "rollout_engine"
+    can_record_routing: ClassVar[bool] = False
+    runs_under_launcher: ClassVar[bool] = True
 
     def start(self, context: EngineContext) -> None:
         raise NotImplementedError
@@ -70,6 +79,10 @@ class RolloutEngine(Component):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging-Face-named weights into the engine without rebuilding it."""
         raise NotImplementedError
+
+    def set_record_routing(self, enabled: bool) -> None:
+        """Record (or stop recording) the experts of every generation; only engines with ``can_record_routing``."""
+        raise NotImplementedError(f"rollout engine {self.name!r} cannot record MoE routing")
 
     def close(self) -> None:
         pass
@@ -95,9 +108,19 @@ LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
 
 class TrainingEngine(Component):
-    """Holds the trainable policy and its optimizer."""
+    """Holds the trainable policy and its optimizer.
+
+    Capabilities (class attributes, read by the run's assembly; never probed):
+
+    - ``data_parallel``: trains one model across the processes of a launcher (each rank passes its share of a
+      minibatch to :meth:`train_step`; gradients are averaged over ranks). Otherwise the engine is one process.
+    - ``collective_weights``: :meth:`named_weights` is a collective (ZeRO-3, expert parallelism): every rank
+      must call it, although only rank 0's rollout engine receives the weights.
+    """
 
     kind = "training_engine"
+    data_parallel: ClassVar[bool] = False
+    collective_weights: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -124,4 +147,8 @@ class TrainingEngine(Component):
 
     @property
     def model(self) -> torch.nn.Module:
+        """The policy as a transformers model (MoE routers are found and hooked on it)."""
         raise NotImplementedError
+
+    #: processes this engine trains across, known after :meth:`start` (1 unless ``data_parallel``)
+    world_size: int = 1

@@ -128,6 +128,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     """DeepSpeed ZeRO 0-3 (torch AdamW as client optimizer), optionally with DeepSpeed-MoE expert parallelism."""
 
     name = "deepspeed"
+    data_parallel = True
+    collective_weights = True  # ZeRO-3 gathers partitioned weights, expert parallelism gathers experts
 
     class Params(ComponentParams):
         zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage 0-3")

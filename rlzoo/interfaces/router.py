@@ -1,29 +1,63 @@
-"""Router policies: which experts an MoE model uses in the policy-update forward passes."""
+"""Router policies: which experts an MoE model uses in the forward passes of one rollout batch."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rlzoo.interfaces.base import Component
+
+if TYPE_CHECKING:
+    from rlzoo.moe import Routing
 
 RoutingSource = Literal["none", "old", "rollout"]
 
 
+@dataclass(frozen=True)
+class RecordedRouting:
+    """The experts recorded for one rollout batch, aligned with the training batch's rows and positions.
+
+    ``old``:     the training engine's old-log-prob pass (``None`` while that pass is being decided).
+    ``rollout``: what the rollout engine used while sampling (``None`` when the engine does not record it).
+    Each is a ``rlzoo.moe.Routing`` of ``[rows, positions, layers, top_k]`` expert indices of the whole batch.
+    """
+
+    old: Routing | None
+    rollout: Routing | None
+
+
 class RouterPolicy(Component):
-    """Chooses the expert routing replayed in every update forward pass of one rollout batch.
+    """Decides, per forward pass of a rollout batch, which recorded experts each MoE layer replays.
 
-    ``source`` says where the replayed top-k expert indices come from:
+    The loop asks twice per rollout batch:
 
-    - ``"none"``: no replay, each forward pass routes afresh with the current router.
-    - ``"old"``: the training engine's old-log-prob pass (Routing Replay, R2).
-    - ``"rollout"``: the rollout engine's sampling pass (Rollout Routing Replay, R3).
+    - :meth:`old_pass_routing` before the old-log-prob pass (``recorded.old`` is ``None`` then);
+    - :meth:`update_routing` once that pass is recorded; the answer is replayed in every update pass (the loop
+      selects each minibatch's rows).
 
-    Under replay the chosen experts are fixed, but the gate weights are the current router's softmax gathered
-    at the replayed indices (renormalised as the model does), so the router still gets gradient. The core's
-    MoE hooks (``rlzoo.moe``: ``record_routing``, ``replay_routing``, ``routing_for_batch``, ``flip_rate``) do the
-    mechanics; a policy only decides the source and may post-process it. The first-party policies ``none``,
-    ``replay-old`` and ``replay-rollout`` ship in the ``rlzoo-routing`` distribution; see docs/routing-replay.md.
+    Each answer is a ``rlzoo.moe.Routing`` or ``None``. A routing over a subset of the model's MoE layers
+    (``Routing.only_layers``) replays those layers and lets the others route afresh; ``None`` routes every
+    layer afresh. Under replay the chosen experts are fixed but the gate weights are the current router's
+    softmax at those experts (renormalised as the model does), so the router still gets gradient. The core
+    (``rlzoo.moe``) does the mechanics and logs ``moe/flip_rate`` and ``moe/flip_rate/layer_N`` against the
+    old pass's experts whatever the policy.
+
+    A policy written before these methods existed declares only ``source`` (``"none"``, ``"old"`` = R2,
+    ``"rollout"`` = R3); the default methods below follow it, so such a policy keeps working unchanged.
+    The first-party policies (``none``, ``replay-old``, ``replay-rollout``) ship in ``rlzoo-routing``.
     """
 
     kind = "router"
     source: ClassVar[RoutingSource] = "none"
+
+    def needs_rollout_routing(self) -> bool:
+        """Whether the policy uses the rollout engine's experts (the run then requires an engine that records)."""
+        return self.source == "rollout"
+
+    def old_pass_routing(self, recorded: RecordedRouting) -> Routing | None:
+        """Experts to replay in the old-log-prob pass (``recorded.old`` is ``None``); ``None`` routes afresh."""
+        return recorded.rollout if self.source == "rollout" else None
+
+    def update_routing(self, recorded: RecordedRouting) -> Routing | None:
+        """Experts every update pass replays, for the whole batch; ``None`` routes afresh."""
+        return {"none": None, "old": recorded.old, "rollout": recorded.rollout}[self.source]

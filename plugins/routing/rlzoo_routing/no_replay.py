@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from rlzoo.interfaces import RouterPolicy
+from rlzoo.interfaces import RecordedRouting, RouterPolicy
 
 
 class NoReplay(RouterPolicy):
-    """No routing replay: every update forward pass routes afresh with the current router.
+    """No routing replay: every forward pass routes afresh with the current router.
 
     The experts chosen for a token may change after each gradient step (an expert "flip"), so the policy whose
     log-probs enter the ratio is not exactly the one that produced ``old`` (GSPO paper: ~10% flips per step on a
@@ -15,3 +15,9 @@ class NoReplay(RouterPolicy):
 
     name = "none"
     source = "none"
+
+    def old_pass_routing(self, recorded: RecordedRouting) -> None:
+        return None
+
+    def update_routing(self, recorded: RecordedRouting) -> None:
+        return None

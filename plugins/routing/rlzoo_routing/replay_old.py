@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from rlzoo.interfaces import RouterPolicy
+from rlzoo.interfaces import RecordedRouting, RouterPolicy
 
 
 class ReplayOld(RouterPolicy):
     """Routing Replay (R2): replay the experts of the training engine's old-log-prob pass in every update pass.
 
-    The loop records each token's top-k experts per MoE layer while computing ``old`` log-probs, then replays
-    them (the minibatch's rows) in every policy-update forward pass. The gate weights are the current router's
+    The old-log-prob pass routes afresh and its top-k experts per token and MoE layer are recorded; every
+    policy-update forward pass replays them (the minibatch's rows). The gate weights are the current router's
     softmax gathered at the replayed experts and renormalised as the model does, so the router keeps learning;
     only the choice of experts is frozen for the rollout batch. Removes expert flips between ``old`` and the
     updated policy; does not address the rollout-vs-training mismatch (see ``replay-rollout``).
+    Reference: GSPO (arXiv:2507.18071), section on MoE training.
     """
 
     name = "replay-old"
     source = "old"
+
+    def old_pass_routing(self, recorded: RecordedRouting) -> None:
+        return None
+
+    def update_routing(self, recorded: RecordedRouting):
+        return recorded.old

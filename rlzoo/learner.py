@@ -1,0 +1,73 @@
+"""The training engine as one RL step sees it: whole-batch log-probs, minibatch updates, weights pushed out.
+
+The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:`TrainingEngine` and the run's
+:class:`~rlzoo.distributed.Dist`:
+
+- :meth:`Learner.logprobs` — ``[B, T]`` log-probs of the whole batch: each rank computes its share of the rows
+  (``Dist.share``) and the shares are gathered, so every rank holds the same full tensor;
+- :meth:`Learner.update` — one optimizer step on the minibatch ``rows``: each rank runs forward and backward on its
+  share; ``loss_fn`` receives the log-probs of the *whole* minibatch (the other ranks' rows without gradient), so
+  every aggregation sees the global normaliser, and the loss is multiplied by the world size because the engine
+  averages the ranks' gradients while each rank's holds only its rows' part of the sum;
+- :meth:`Learner.push_weights` — the new weights into rank 0's rollout engine (every rank joins when gathering
+  the weights is a collective, ``TrainingEngine.collective_weights``).
+
+In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
+:class:`rlzoo.replay.RoutingLearner`, which adds the router policy's record/replay around the same calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlzoo.distributed import SINGLE, Dist
+from rlzoo.engines import LossFn, RolloutEngine, TokenBatch, TrainingEngine
+from rlzoo.engines.tokens import select_rows
+
+
+class Learner:
+    """Whole-batch log-probs and minibatch updates of one training engine, over the run's processes."""
+
+    def __init__(self, engine: TrainingEngine, dist: Dist = SINGLE) -> None:
+        self.engine = engine
+        self.dist = dist
+
+    def old_logprobs(
+        self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
+    ) -> torch.Tensor:
+        """``[B, T]`` log-probs of the behaviour policy (before any update of this rollout batch).
+
+        ``rollout_logp`` are the rollout engine's log-probs and ``rollout_routing`` each row's
+        ``Generation.routing`` (``None`` where the engine recorded none); MoE learners use them."""
+        return self.logprobs(batch)
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` log-probs of every row of ``batch`` under the current weights, without gradient."""
+        count = batch.input_ids.shape[0]
+        mine = self.dist.share(torch.arange(count))
+        return self.dist.gather_rows(self.engine.logprobs(select_rows(batch, mine)), count)
+
+    def update(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``."""
+        return self.engine.train_step(select_rows(batch, self.dist.share(rows)), self._global_loss(loss_fn, len(rows)))
+
+    def _global_loss(self, loss_fn: LossFn, count: int) -> LossFn:
+        if not self.dist.active:
+            return loss_fn
+
+        def global_loss(local_logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = loss_fn(self.dist.gather_rows_differentiable(local_logp, count))
+            return loss * self.dist.world, metrics
+
+        return global_loss
+
+    def push_weights(self, rollout: RolloutEngine) -> None:
+        """Send the current weights to the rollout engine (which lives on rank 0)."""
+        if self.engine.collective_weights or self.dist.is_main:
+            weights = self.engine.named_weights()
+            if self.dist.is_main:
+                rollout.sync_weights(weights)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Diagnostics of the rollout batch just trained on (none for a dense policy)."""
+        return {}
