@@ -54,7 +54,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for m in modes:
             rates[m].append(_round(verifiers[m], args.responses))
-    median = {m: statistics.median(r) for m in modes}
+    median = {m: statistics.median(rates[m]) for m in modes}
     print(f"code verifier throughput: {args.responses} responses x {args.rounds} rounds, workers={args.workers}, "
           f"{os.cpu_count()} CPUs, {platform.machine()}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'isolation':<10} {'responses/s (median)':>21} {'rounds':>24}")
