@@ -92,7 +92,20 @@ class KernelSandbox:
         argv += ["--ro-bind", runner, RUNNER, "--proc", "/proc", "--dev", "/dev",
                  "--perms", "0700", "--size", str(disk_mb * 1024 * 1024), "--tmpfs", WORK]
         self._argv = argv
-        self._probe()
+        self.user: int | None = None
+        """The uid bwrap runs as: ``None`` for the trainer's own; as root, ``UID`` when the interpreter is
+        readable by it, so the code is an unprivileged user outside the sandbox too, and ``RLIMIT_NPROC``,
+        from which the kernel exempts uid 0, binds."""
+        error = self._probe(None)
+        if error is not None:
+            raise RlzooError(
+                f"the code verifier's kernel sandbox (isolation: kernel, the default) cannot start here: {error}. "
+                "The kernel must allow user namespaces (sysctl user.max_user_namespaces > 0; "
+                "kernel.unprivileged_userns_clone=1 on some distributions; a container needs a seccomp/AppArmor "
+                "profile that permits them). Or " + _HOW_TO_WEAKEN
+            )
+        if os.geteuid() == 0 and self._probe(UID) is None:
+            self.user = UID
 
     def command(self, src_dir: str, seccomp_fd: int | None, interpreter_flags: list[str]) -> list[str]:
         """The command that runs the runner on the sources in ``src_dir`` (mounted read-only at ``SRC``)."""
@@ -109,25 +122,23 @@ class KernelSandbox:
         os.close(w)
         return r
 
-    def _probe(self) -> None:
+    def _probe(self, user: int | None) -> str | None:
+        """Start one empty sandbox as ``user``; bwrap's last error line if it fails."""
         fd = self.seccomp_fd()
         try:
             with tempfile.TemporaryDirectory(prefix="rlzoo-probe-") as empty:
+                os.chmod(empty, 0o755)
                 argv = self.command(empty, fd, [])[:-1] + ["-I", "-S", "-c", "pass"]
-                proc = subprocess.run(argv, env={}, capture_output=True, timeout=60,
+                proc = subprocess.run(argv, env={}, capture_output=True, timeout=60, user=user, group=user,
+                                      extra_groups=None if user is None else [],
                                       pass_fds=[fd] if fd is not None else [], stdin=subprocess.DEVNULL)
         finally:
             if fd is not None:
                 os.close(fd)
-        if proc.returncode != 0:
-            message = proc.stderr.decode(errors="replace").strip().splitlines()
-            raise RlzooError(
-                "the code verifier's kernel sandbox (isolation: kernel, the default) cannot start here: "
-                f"{message[-1] if message else f'bwrap exited with status {proc.returncode}'}. The kernel must "
-                "allow user namespaces (sysctl user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 "
-                "on some distributions; a container needs a seccomp/AppArmor profile that permits them). Or "
-                + _HOW_TO_WEAKEN
-            )
+        if proc.returncode == 0:
+            return None
+        message = proc.stderr.decode(errors="replace").strip().splitlines()
+        return message[-1] if message else f"bwrap exited with status {proc.returncode}"
 
 
 def _interpreter(python: str, site_packages: bool) -> dict:

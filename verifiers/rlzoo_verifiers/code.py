@@ -131,14 +131,14 @@ class CodeVerifier(Verifier):
     def __init__(self, params: Params | None = None) -> None:
         super().__init__(params)
         p = self.params
-        self._sandbox = (
+        self.sandbox: KernelSandbox | None = (
             KernelSandbox(p.python or sys.executable, p.site_packages, p.disk_mb, str(RUNNER))
             if p.isolation == "kernel" else None
         )
 
     def verify(self, sample: Sample, response: str) -> Verdict:
         global _warned_root
-        if self._sandbox is None and not _warned_root and os.geteuid() == 0:
+        if self.sandbox is None and not _warned_root and os.geteuid() == 0:
             _warned_root = True
             logger.warning(
                 "the code verifier runs as root with isolation: process: its protection against writes outside "
@@ -175,13 +175,15 @@ class CodeVerifier(Verifier):
             "file_mb": p.file_mb,
         }
         fds: list[int] = []
-        if self._sandbox is not None:
+        if self.sandbox is not None:
             work = WORK
             started, started_w = os.pipe()
             os.set_blocking(started, False)
-            seccomp = self._sandbox.seccomp_fd()
+            seccomp = self.sandbox.seccomp_fd()
+            if self.sandbox.user is not None:  # bwrap runs as that user: it must reach the sources
+                os.chmod(outer, 0o711)
             fds = [started_w] + ([seccomp] if seccomp is not None else [])
-            argv = self._sandbox.command(src, seccomp, flags)
+            argv = self.sandbox.command(src, seccomp, flags)
             config.update(solution=f"{SRC}/solution.py", tests=f"{SRC}/tests.py", started_fd=started_w,
                           nproc=p.max_processes)
             cwd = outer
@@ -214,6 +216,9 @@ class CodeVerifier(Verifier):
                     start_new_session=True,
                     close_fds=True,
                     pass_fds=fds,
+                    user=self.sandbox.user if self.sandbox else None,
+                    group=self.sandbox.user if self.sandbox else None,
+                    extra_groups=[] if self.sandbox and self.sandbox.user is not None else None,
                 )
                 for fd in fds:  # the child holds its copies
                     os.close(fd)
@@ -226,12 +231,12 @@ class CodeVerifier(Verifier):
                     # kills bwrap (and with it the whole PID namespace) or the process group of the child
                     _kill_group(proc.pid)
                     proc.wait()
-            if self._sandbox is not None:  # every process of the sandbox holds the pipe: wait until all are gone
+            if self.sandbox is not None:  # every process of the sandbox holds the pipe: wait until all are gone
                 came_up = _read_until_closed(started, time.monotonic() + _REAP_S)
             if timed_out:
                 return Verdict(reward=0.0, reason="timeout")
             code = proc.returncode
-            if self._sandbox is not None:
+            if self.sandbox is not None:
                 if not came_up:
                     raise RlzooError(f"the code verifier's kernel sandbox failed to start: {_last_line(stderr)}")
                 if code > 128:  # bwrap reports a child killed by signal N as 128 + N
@@ -239,7 +244,7 @@ class CodeVerifier(Verifier):
         finally:
             for fd in fds:
                 os.close(fd)
-            if self._sandbox is not None:
+            if self.sandbox is not None:
                 os.close(started)
         if code < 0:
             sig = -code

@@ -187,12 +187,24 @@ def test_hostile_response(verifier, server, world, response, reason):
 
 
 def test_fork_many(verifier, server, world):
-    """200 sleeping children: stopped by RLIMIT_NPROC (EAGAIN) for a non-root trainer; as root the kernel
-    exempts uid 0 from it, and the timeout kills the whole PID namespace (``world`` checks none survive)."""
+    """200 sleeping children: ``RLIMIT_NPROC`` (``max_processes``) stops them with EAGAIN unless bwrap runs as
+    root (the kernel exempts uid 0); then the timeout kills the whole PID namespace (``world``: none survive)."""
     response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
     good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
-    assert (bad.reward, bad.reason) == (0.0, "timeout" if os.geteuid() == 0 else "runtime error")
+    enforced = os.geteuid() != 0 or verifier.sandbox.user is not None
+    assert (bad.reward, bad.reason) == (0.0, "runtime error" if enforced else "timeout")
     assert good.reward == 1.0
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="no system python to run as nobody")
+def test_fork_many_is_stopped_by_the_process_limit(server, world):
+    """With an interpreter the unprivileged sandbox user can read, a root trainer's sandbox runs as that user
+    and ``RLIMIT_NPROC`` binds: the forks fail at once instead of running until the timeout."""
+    verifier = CodeVerifier(CodeVerifier.Params(timeout_s=4.0, python="/usr/bin/python3", max_processes=8))
+    assert os.geteuid() != 0 or verifier.sandbox.user == 65534
+    response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
+    good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
+    assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
 
 
 @pytest.mark.parametrize("name", ["bypass-reimport-posix-tmp", "closure-original-open", "bypass-network"])
