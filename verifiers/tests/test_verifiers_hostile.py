@@ -11,6 +11,8 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import textwrap
@@ -133,6 +135,8 @@ def server():
 def world(tmp_path, monkeypatch):
     """Sentinels outside the sandbox, a secret in the environment and one in the home directory."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
+    # /proc/<pid>/environ shows a process's environment at its start, so a child holds the secret there
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=dict(os.environ))
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("keep")
@@ -145,6 +149,8 @@ def world(tmp_path, monkeypatch):
     for s, handler in old.items():
         signal.signal(s, handler)
     secret_file.unlink()
+    holder.kill()
+    holder.wait()
     assert received == [], "the trainer received a signal"
     assert (victim / "keep.txt").read_text() == "keep"
     assert secret_file.parent == Path.home()
@@ -207,7 +213,7 @@ def test_fork_many_is_stopped_by_the_process_limit(server, world):
     assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
 
 
-@pytest.mark.parametrize("name", ["bypass-reimport-posix-tmp", "closure-original-open", "bypass-network"])
+@pytest.mark.parametrize("name", ["bypass-reimport-posix-tmp", "closure-original-open", "bypass-network", "secret-env"])
 def test_bypasses_defeat_the_process_guards(name, server, world):
     """The bypass rows are real attacks: with ``isolation: process`` they get past the in-process guards."""
     port, accepted = server
@@ -216,6 +222,9 @@ def test_bypasses_defeat_the_process_guards(name, server, world):
     target = TARGETS["@TMP@"] if "tmp" in name else TARGETS["@USRLIB@"]
     try:
         verdict = weak.verify(ADD, response)
+        if name == "secret-env":  # no bypass needed: the trainer's /proc/<pid>/environ is readable
+            assert verdict.reward == 1.0, "the response did not find the trainer's secret"
+            return
         if name == "bypass-network":
             assert accepted, "the bypass did not reach the server"
             accepted.clear()
