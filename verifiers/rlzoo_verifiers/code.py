@@ -104,7 +104,7 @@ class CodeVerifier(Verifier):
     only, which code that sets out to undo them can get past (see docs/security.md). In both modes the kernel
     enforces a wall-clock timeout (``timeout_s``; the sandbox is killed), ``RLIMIT_AS`` (``memory_mb``),
     ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (``file_mb``, also caps captured output) and no core dumps; the kernel mode
-    adds ``RLIMIT_NPROC`` (``max_processes``, which the kernel does not apply to a sandbox of a root trainer).
+    adds ``RLIMIT_NPROC`` (``max_processes``; the kernel does not apply it where bwrap itself must run as root).
     The child gets an environment stripped to PATH/HOME/TMPDIR/locale, ``python -I -B`` (plus ``-S``: only the
     standard library is importable, unless ``site_packages: true``) and stdin from /dev/null, and the
     in-process guards (``_sandbox_runner``) as a second layer. Code and tests share one interpreter, so the
@@ -180,8 +180,10 @@ class CodeVerifier(Verifier):
             started, started_w = os.pipe()
             os.set_blocking(started, False)
             seccomp = self.sandbox.seccomp_fd()
-            if self.sandbox.user is not None:  # bwrap runs as that user: it must reach the sources
-                os.chmod(outer, 0o711)
+            if self.sandbox.user is not None:  # bwrap runs as that user: it must reach the sources, whatever the umask
+                modes = {outer: 0o711, src: 0o755, f"{src}/solution.py": 0o644, f"{src}/tests.py": 0o644}
+                for path, mode in modes.items():
+                    os.chmod(path, mode)
             fds = [started_w] + ([seccomp] if seccomp is not None else [])
             argv = self.sandbox.command(src, seccomp, flags)
             config.update(solution=f"{SRC}/solution.py", tests=f"{SRC}/tests.py", started_fd=started_w,
