@@ -16,7 +16,9 @@ from kernel features, so it holds whatever the Python code inside does:
 
 The resource limits (``RLIMIT_AS``/``CPU``/``FSIZE``/``NPROC``/``CORE``) are set by the runner inside the
 sandbox before the response's code is read; without ``CAP_SYS_RESOURCE`` in the initial namespace nothing
-inside can raise them again.
+inside can raise them again. bwrap runs as the trainer's user, except that a root trainer runs it as ``UID``
+when that user can read the interpreter: the kernel never applies ``RLIMIT_NPROC`` to uid 0, and the code is
+then unprivileged outside its namespace too (``KernelSandbox.user``).
 """
 
 from __future__ import annotations
