@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +58,28 @@ def test_namespaces_refused_by_the_kernel_is_a_clear_error(tmp_path, monkeypatch
     with pytest.raises(RlzooError, match="No permissions to creating new namespace.*isolation: process"):
         CodeVerifier()
     assert PROCESS.verify(ADD, GOOD).reward == 1.0  # the weaker mode needs no bwrap
+
+
+def test_a_kernel_that_refuses_user_namespaces_stops_the_verifier():
+    """For real: in a user namespace whose max_user_namespaces is 0, bwrap cannot create its own."""
+    if subprocess.run(["unshare", "-Ur", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -Ur is not permitted here")
+    script = (
+        "from rlzoo.errors import RlzooError\n"
+        "from rlzoo.interfaces import Sample\n"
+        "from rlzoo_verifiers.code import CodeVerifier\n"
+        "try:\n    CodeVerifier()\nexcept RlzooError as err:\n    print(err)\n"
+        f"weak = CodeVerifier(CodeVerifier.Params(isolation='process'))\n"
+        f"print(weak.verify(Sample('p', '', meta={ADD.meta!r}), {GOOD!r}).reward)\n"
+    )
+    proc = subprocess.run(
+        ["unshare", "-Ur", "sh", "-c", f"echo 0 > /proc/sys/user/max_user_namespaces && {sys.executable} -c \"$0\"",
+         script], capture_output=True, text=True, timeout=120,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
+    assert "cannot start here" in lines[0] and "isolation: process" in lines[0]
+    assert lines[1] == "1.0"
 
 
 def test_seccomp_filter_is_a_whole_bpf_program():
