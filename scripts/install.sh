@@ -25,11 +25,10 @@ done
 # the code verifier's default kernel sandbox runs responses under bubblewrap (docs/security.md)
 if ! command -v bwrap >/dev/null; then
     sudo=""; [[ "$(id -u)" == 0 ]] || sudo="sudo"
-    if command -v apt-get >/dev/null; then
-        $sudo apt-get install -y -q bubblewrap || { $sudo apt-get update -q && $sudo apt-get install -y -q bubblewrap; }
-    else
-        echo "install.sh: warning: bubblewrap (bwrap) is missing and apt-get is not available; install it with" \
-            "your package manager (dnf/apk/pacman install bubblewrap) for the code verifier's sandbox" >&2
+    if ! command -v apt-get >/dev/null || ! { $sudo apt-get install -y -q bubblewrap \
+            || { $sudo apt-get update -q && $sudo apt-get install -y -q bubblewrap; }; }; then
+        echo "install.sh: warning: could not install bubblewrap (bwrap) with apt-get; install it with your" \
+            "package manager (apt/dnf/apk/pacman install bubblewrap): the code verifier's sandbox needs it" >&2
     fi
 fi
 
