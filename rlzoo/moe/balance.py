@@ -71,6 +71,10 @@ class RouterLogits:
         finally:
             handles.remove()
 
+    def clear(self) -> None:
+        """Drop the collected logits (and the autograd graph they hold)."""
+        self.logits = []
+
     def loss(self, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """:func:`load_balancing_loss` of the collected logits; ``None`` when nothing was collected (dense model)."""
         if not self.logits:
