@@ -38,7 +38,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 from rlzoo.config import TinyModelConfig, TrainerConfig  # noqa: E402
 from rlzoo.engines import EngineContext  # noqa: E402
-from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine, shutdown_distributed  # noqa: E402
+from rlzoo.engines.deepspeed_env import shutdown_distributed  # noqa: E402
+from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine  # noqa: E402
 from rlzoo.engines.tokens import response_logprobs  # noqa: E402
 from rlzoo.engines.torch_trainer import TorchTrainingEngine  # noqa: E402
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model  # noqa: E402
@@ -240,6 +241,21 @@ def test_router_aux_loss_is_transformers_load_balancing_loss(moe, model_dir, tok
     assert weighted_metrics["train/aux_loss"] == pytest.approx(float(expected.aux_loss), abs=1e-6)
     router = "model.layers.0.mlp.gate.weight"
     assert not torch.equal(_weights(plain)[router], _weights(weighted)[router])  # the term reached the router
+
+
+@pytest.mark.parametrize("moe", ["none", "deepspeed"])
+def test_torch_and_deepspeed_engines_add_the_same_aux_loss(moe, model_dir, tokenizer, batch):
+    """Same weights and batch: the same train/aux_loss and, with only the aux term in the loss, the same update."""
+    reference = TorchTrainingEngine(TorchTrainingEngine.Params(aux_loss_coef=0.5))
+    reference.start(_context(model_dir, tokenizer), helper.trainer_config(GRAD_CLIP))
+    engine = _deepspeed(model_dir, tokenizer, moe=moe, aux_loss_coef=0.5)
+    before = _weights(reference)
+    aux_only = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731: the gradient is the aux term's alone
+    expected, got = reference.train_step(batch, aux_only), engine.train_step(batch, aux_only)
+    assert got["train/aux_loss"] == pytest.approx(expected["train/aux_loss"], abs=1e-6)
+    assert got["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=NORM_RTOL)
+    assert expected["train/grad_norm"] > 0 and _max_gap(_weights(reference), before) > 0
+    assert _max_gap(_weights(engine), _weights(reference)) <= WEIGHT_TOL
 
 
 def test_invalid_combinations_are_refused(model_dir, tokenizer):

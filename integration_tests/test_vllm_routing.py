@@ -144,9 +144,9 @@ def capture_hooks(engine: VLLMRolloutEngine) -> tuple[int, bool]:
     """(routers with a capture function, whether the model runner's forward is wrapped), read inside the worker."""
 
     def probe(worker):
-        from rlzoo.engines.vllm_worker import _moe_runners
+        from rlzoo.engines.vllm_routing.hooks import moe_runners
 
-        hooked = sum(r.router.capture_fn is not None for _, r in _moe_runners(worker.model_runner.model))
+        hooked = sum(r.router.capture_fn is not None for _, r in moe_runners(worker.model_runner.model))
         return hooked, "_model_forward" in worker.model_runner.__dict__
 
     return engine.llm.collective_rpc(probe)[0]
@@ -230,7 +230,7 @@ def test_recording_off_and_on_again(case):
 
 def test_routing_through_shared_memory_file(case, monkeypatch):
     """The path for an engine core in another process (tensors do not pickle through collective_rpc there)."""
-    monkeypatch.setattr(case.engine, "_in_process", lambda: False)
+    monkeypatch.setattr(case.engine._capture, "in_process", lambda llm: False)
     before = set(os.listdir("/dev/shm"))
     generations = flat(case.engine.generate(case.prompts, SAMPLING))
     assert set(os.listdir("/dev/shm")) == before  # the file is removed again

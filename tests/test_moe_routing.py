@@ -12,6 +12,7 @@ from rlzoo.moe import (
     RoutingError,
     find_routers,
     flip_rate,
+    flip_rate_per_layer,
     record_routing,
     replay_routing,
     routing_for_batch,
@@ -327,6 +328,38 @@ def test_flip_rate_compares_sets_per_token():
     assert flip_rate(a, b_partial) == pytest.approx(1 / 4)
     assert flip_rate(a, b, torch.zeros(1, 3)) == 0.0
     assert k == a.top_k
+
+
+def test_flip_rate_per_layer_is_keyed_by_decoder_layer():
+    layers = (1, 3)  # decoder-layer indices, not positions 0, 1
+    # [1, 3, 2, 2]: position, then layer 1's and layer 3's two experts
+    a = Routing(torch.tensor([[[[0, 1], [4, 5]], [[2, 3], [6, 7]], [[4, 5], [0, 1]]]]), layers, 8)
+    b = Routing(torch.tensor([[[[1, 0], [4, 6]], [[2, 3], [0, 1]], [[5, 7], [1, 0]]]]), layers, 8)
+    # flips: layer 1 -> 0, 0, 1 (expert 4); layer 3 -> 1 (expert 5), 2, 0 (order only)
+    assert flip_rate_per_layer(a, b) == {1: pytest.approx(1 / 6), 3: pytest.approx(3 / 6)}
+    assert flip_rate(a, b) == pytest.approx(4 / 12)
+    assert flip_rate_per_layer(a, b, torch.tensor([[1, 1, 0]])) == {1: 0.0, 3: pytest.approx(3 / 4)}
+    b_partial = Routing(b.indices, layers, 8, torch.tensor([[False, True, True]]))  # same set semantics as flip_rate
+    assert flip_rate_per_layer(a, b_partial) == {1: pytest.approx(1 / 4), 3: pytest.approx(2 / 4)}
+    assert flip_rate_per_layer(a, b, torch.zeros(1, 3)) == {1: 0.0, 3: 0.0}
+    with pytest.raises(ValueError, match="do not match"):
+        flip_rate_per_layer(a, Routing(b.indices, (0, 1), 8))
+
+
+def test_flip_rate_per_layer_averages_to_flip_rate_on_a_model():
+    model = tiny(num_hidden_layers=3, mlp_only_layers=[1])  # MoE layers 0 and 2
+    x = tokens()
+    with torch.no_grad(), record_routing(model) as old:
+        model(input_ids=x)
+    adamw_step(model, x, lr=3e-2)
+    with torch.no_grad(), record_routing(model) as fresh:
+        model(input_ids=x)
+    mask = torch.ones_like(x)
+    mask[:, -4:] = 0
+    per_layer = flip_rate_per_layer(old, fresh, mask)
+    assert sorted(per_layer) == [0, 2]
+    assert any(rate > 0 for rate in per_layer.values())
+    assert sum(per_layer.values()) / 2 == pytest.approx(flip_rate(old, fresh, mask), abs=1e-12)
 
 
 # -- Rollout Routing Replay (R3): the HF engine's routing --------------------------------------------------------

@@ -1,9 +1,10 @@
-"""The plain-torch training engine: a non-finite loss skips the update and never writes NaN weights."""
+"""The plain-torch training engine: a non-finite loss skips the update and never writes NaN weights; the MoE aux loss."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from rlzoo.config import TinyModelConfig, TrainerConfig
@@ -58,3 +59,41 @@ def test_logprobs_match_between_train_and_no_grad_paths(tmp_path):
     engine.train_step(batch, loss_fn)
     assert torch.allclose(seen["logp"], reference, atol=1e-6)
     assert (reference[batch.response_mask == 0] == 0).all() and (reference[batch.response_mask > 0] < 0).all()
+
+
+def _aux_engine(tmp_path, architecture="qwen3_moe", **params):
+    tokenizer = build_char_tokenizer("0123456789+=")
+    tiny = TinyModelConfig(architecture=architecture, hidden_size=32, num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, intermediate_size=64)
+    model_dir = tmp_path / architecture
+    if not model_dir.exists():
+        save_model(build_tiny_model(tiny, tokenizer), tokenizer, model_dir)
+    engine = TorchTrainingEngine(TorchTrainingEngine.Params(**params))
+    engine.start(EngineContext(model_dir, pad_token_id=0, eos_token_id=1), TrainerConfig(lr=1e-2))
+    prompts = [tokenizer(p)["input_ids"] for p in ("1+2=", "33+4=", "5+66=")]
+    responses = [tokenizer(r)["input_ids"] + [1] for r in ("3", "37", "71")]
+    return engine, make_token_batch(prompts, responses, 0)
+
+
+def test_aux_loss_is_reported_and_added_with_its_coefficient(tmp_path):
+    from rlzoo.engines.aux_loss import AuxLossParams
+
+    assert TorchTrainingEngine.Params().aux_loss_coef == AuxLossParams().aux_loss_coef == 0.0
+    plain, batch = _aux_engine(tmp_path)
+    weighted, _ = _aux_engine(tmp_path, aux_loss_coef=0.5)
+    with torch.no_grad():
+        expected = plain.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               output_router_logits=True).aux_loss
+    no_policy_loss = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731: only the aux term can move weights
+    router = "model.layers.0.mlp.gate.weight"
+    before = _weights(plain)[router]
+    plain_metrics, weighted_metrics = plain.train_step(batch, no_policy_loss), weighted.train_step(batch, no_policy_loss)
+    assert plain_metrics["train/aux_loss"] == pytest.approx(float(expected), abs=1e-6)
+    assert weighted_metrics["train/aux_loss"] == pytest.approx(float(expected), abs=1e-6)
+    assert torch.equal(_weights(plain)[router], before)  # coefficient 0: reported, not added
+    assert not torch.equal(_weights(weighted)[router], before)  # the term reached the router
+
+
+def test_dense_model_reports_no_aux_loss(tmp_path):
+    engine, batch = _aux_engine(tmp_path, architecture="qwen3", aux_loss_coef=0.5)
+    assert "train/aux_loss" not in engine.train_step(batch, lambda logp: (-logp.sum(), {}))

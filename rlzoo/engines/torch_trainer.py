@@ -1,4 +1,7 @@
-"""Training with plain torch: one process, AdamW, gradient clipping, fp32 or bf16 autocast."""
+"""Training with plain torch: one process, AdamW, gradient clipping, fp32 or bf16 autocast.
+
+For MoE models the router load-balancing term is added as in every engine (:mod:`rlzoo.engines.aux_loss`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 import torch
 
 from rlzoo.checkpoint import load_optimizer, save_optimizer
+from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext, LossFn, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import response_logprobs
 
@@ -19,6 +23,9 @@ class TorchTrainingEngine(TrainingEngine):
     """Plain torch AdamW on one device; the reference for what the distributed engines must reproduce."""
 
     name = "torch"
+
+    class Params(AuxLossParams):
+        """The parameters every training engine shares; none of its own."""
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         from rlzoo.models import load_model
@@ -33,6 +40,7 @@ class TorchTrainingEngine(TrainingEngine):
             betas=tuple(trainer_config.betas),
             weight_decay=trainer_config.weight_decay,
         )
+        self._aux_loss = AuxLoss(self._model, self.params.aux_loss_coef)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -50,9 +58,9 @@ class TorchTrainingEngine(TrainingEngine):
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
+        with self._autocast(), self._aux_loss.forward():
             logp = response_logprobs(self._model, batch).float()
-        loss, metrics = loss_fn(logp)
+        loss, metrics = self._aux_loss.add(*loss_fn(logp), batch.attention_mask)
         if not torch.isfinite(loss):
             return {**metrics, "train/nonfinite_steps": 1.0}
         loss.backward()

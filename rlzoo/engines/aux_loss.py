@@ -1,0 +1,55 @@
+"""The MoE load-balancing term every training engine adds to its loss: one parameter, one metric, one formula.
+
+``loss = loss_fn(logp) + aux_loss_coef * aux`` where ``aux`` is :func:`rlzoo.moe.load_balancing_loss` of the
+router logits of the training forward, over the batch's non-padding tokens; ``train/aux_loss`` reports ``aux``
+for every MoE model (whatever the coefficient), and nothing is added for a dense model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from rlzoo.interfaces.base import Params
+from rlzoo.moe import RouterLogits, find_routers
+
+METRIC = "train/aux_loss"
+
+
+class AuxLossParams(Params):
+    """Parameters every training engine shares (subclass it for an engine's ``Params``)."""
+
+    aux_loss_coef: float = Field(
+        0.0, ge=0.0, description="MoE router load-balancing loss coefficient added to the loss when > 0"
+    )
+
+
+class AuxLoss:
+    """Collects the router logits of a training forward and adds ``coef * aux`` to that step's loss."""
+
+    def __init__(self, model: nn.Module, coef: float) -> None:
+        self.coef = coef
+        self._logits = RouterLogits(find_routers(model))
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        """Wrap the training forward (not the no-grad log-prob passes): its router logits are collected."""
+        with self._logits.collect():
+            yield
+
+    def add(
+        self, loss: torch.Tensor, metrics: dict[str, float], attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss + coef * aux, metrics + {train/aux_loss: aux})`` of the last :meth:`forward`; unchanged if dense."""
+        aux = self._logits.loss(attention_mask)
+        self._logits.clear()
+        if aux is None:
+            return loss, metrics
+        metrics = {**metrics, METRIC: float(aux.detach())}
+        if self.coef > 0:
+            loss = loss + self.coef * aux
+        return loss, metrics
