@@ -104,3 +104,12 @@ def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Non
     torch.set_rng_state(tensors["torch"])
     version, internal, gauss = meta["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run folder's newest complete checkpoint (``checkpoints/latest`` names it), or ``None``."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None

@@ -47,8 +47,12 @@ def _load(args: argparse.Namespace):
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from rlzoo.config import dump_config
+    from rlzoo.preflight import preflight
 
-    print(dump_config(_load(args)), end="")
+    config = _load(args)
+    # the same checks `rlzoo train` makes before it starts (a check of one process: WORLD_SIZE is train's business)
+    preflight(config, _registry(), resume=Path(args.resume) if args.resume else None)
+    print(dump_config(config), end="")
     return 0
 
 
@@ -123,7 +127,9 @@ def parser() -> argparse.ArgumentParser:
         return p
 
     config = sub.add_parser("config", help="config tools").add_subparsers(dest="action", required=True)
-    with_config(config.add_parser("check", help="validate a config and print it resolved")).set_defaults(func=cmd_config_check)
+    check = with_config(config.add_parser("check", help="validate a config as `train` would, and print it resolved"))
+    check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
+    check.set_defaults(func=cmd_config_check)
 
     train = with_config(sub.add_parser("train", help="run RL post-training"))
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")

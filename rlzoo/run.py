@@ -27,13 +27,14 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from rlzoo import distributed, loop
-from rlzoo.checkpoint import atomic_directory, atomic_write_text, rng_state, set_rng_state
+from rlzoo.checkpoint import atomic_directory, atomic_write_text, latest_checkpoint, rng_state, set_rng_state
 from rlzoo.config import RunConfig, dump_config
 from rlzoo.engines import EngineContext
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.objective import build_objective
+from rlzoo.preflight import check_data_parallel, preflight
 from rlzoo.registry import Registry, default_registry
 from rlzoo.sft import ensure_cold_start
 
@@ -116,14 +117,6 @@ def config_name(component) -> str:
     return getattr(component, "name", type(component).__name__)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / "state.json").is_file() else None
-
-
 def save_checkpoint(
     run_dir: Path, completed_steps: int, parts: loop.Components, keep: int, dist: distributed.Dist = distributed.SINGLE
 ) -> Path:
@@ -145,30 +138,6 @@ def save_checkpoint(
     return final
 
 
-def check_data_parallel(config: RunConfig, world: int, prompts: int | None = None) -> None:
-    """Every rank needs at least one row of every minibatch."""
-    if world <= 1:
-        return
-    prompts = config.rollout.prompts_per_step if prompts is None else prompts
-    rows = prompts * config.rollout.group_size
-    minibatches = config.algorithm.minibatches_per_rollout
-    if rows // minibatches < world:
-        raise RlzooError(
-            f"{world} processes need at least {world} rows in every minibatch, but a step's {rows} rows "
-            f"(rollout.prompts_per_step x rollout.group_size) in {minibatches} minibatches "
-            f"(algorithm.minibatches_per_rollout) leave {rows // minibatches}: raise the batch, lower "
-            f"minibatches_per_rollout, or run fewer processes"
-        )
-
-
-def _check_rollout_world(config: RunConfig, world: int) -> None:
-    if world > 1 and config.rollout.engine.name == "vllm":
-        raise RlzooError(
-            "rollout.engine vllm is not supported under a multi-process launcher yet (vLLM would set up its own "
-            "process group inside rank 0); use rollout.engine: {name: hf} for multi-process runs"
-        )
-
-
 def _check_trainer_world(trainer, world: int) -> None:
     engine_world = getattr(trainer, "world_size", 1)
     if engine_world != world:
@@ -182,9 +151,8 @@ def _check_trainer_world(trainer, world: int) -> None:
 def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
     """Run (or resume) RL post-training; returns the run folder. Under a launcher every rank calls this."""
     registry = registry or default_registry()
+    preflight(config, registry, resume=resume, world=distributed.launched_world_size())
     dist = distributed.setup(config.trainer.engine.params.get("backend", "auto"))
-    check_data_parallel(config, dist.world)
-    _check_rollout_world(config, dist.world)
     run_dir = Path(resume) if resume is not None else Path(config.output_dir)
     if resume is not None:
         config = config.model_copy(update={"output_dir": str(run_dir)})
@@ -199,10 +167,6 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
     if not dist.is_main:
         start_model = initial_model_dir(config, task, registry, progress=False)
     checkpoint = latest_checkpoint(run_dir) if resume is not None else None
-    if resume is not None and checkpoint is None:
-        raise RlzooError(f"--resume {run_dir}: no complete checkpoint found in {run_dir / 'checkpoints'}")
-    if resume is None and latest_checkpoint(run_dir) is not None:
-        raise RlzooError(f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir")
     if dist.is_main:
         atomic_write_text(run_dir / "config.yaml", dump_config(config))
 
