@@ -98,17 +98,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def _quiet_libraries() -> None:
     """transformers draws a progress bar for every tiny save/load and vLLM logs every weight sync; ours are
-    the progress bars worth watching."""
-    import os
-
+    the progress bars worth watching. Set through the environment, which the libraries read when they are
+    imported: importing transformers here would cost every command seconds."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    try:
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-    except ImportError:
-        pass
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
 
 
 def parser() -> argparse.ArgumentParser:
