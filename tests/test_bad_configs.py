@@ -235,3 +235,71 @@ def test_the_base_config_passes_the_check(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["config", "check", "run.yaml"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rollout"]["engine"]["name"] == "hf"
+
+
+# -- the preflight on good configs, and the rules it shares --------------------------------------------------
+
+
+def _preflight(data: dict, **kwargs) -> None:
+    from rlzoo.config import build_config
+    from rlzoo.preflight import preflight
+    from rlzoo.registry import default_registry
+
+    preflight(build_config(data), default_registry(), **kwargs)
+
+
+def test_a_complete_model_folder_passes(tmp_path):
+    path = hf_folder(tmp_path, config=QWEN3, vocab=20)
+    _preflight(merge(BASE, {"output_dir": str(tmp_path / "out"), "model": {"path": path}}))
+
+
+@pytest.mark.parametrize("experts, ok", [(8, True), (None, False)])
+def test_router_replay_reads_moe_from_the_model_folder(tmp_path, experts, ok):
+    from rlzoo.errors import ConfigError
+
+    hf = {**QWEN3, "model_type": "qwen3_moe", "num_experts": experts} if experts else QWEN3
+    data = merge(BASE, {"output_dir": str(tmp_path / "out"), "model": {"path": hf_folder(tmp_path, config=hf, vocab=20)},
+                        "algorithm": {"router": {"name": "replay-old"}}})
+    if ok:
+        _preflight(data)
+    else:
+        with pytest.raises(ConfigError, match="algorithm.router.name"):
+            _preflight(data)
+
+
+def test_resuming_a_run_with_a_checkpoint_passes(tmp_path):
+    old_run(tmp_path)
+    run = tmp_path / "out"
+    _preflight(merge(BASE, {"output_dir": str(run)}), resume=run)
+
+
+def test_the_data_parallel_rule_counts_processes():
+    from rlzoo.config import build_config
+    from rlzoo.preflight import data_parallel_problem
+
+    config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}})
+    assert data_parallel_problem(config, 2) is None  # 2 rows per minibatch: one each
+    assert "3 processes need at least 3 rows" in data_parallel_problem(config, 3)
+    assert data_parallel_problem(config, 2, prompts=1) is not None  # a task with one train prompt
+
+
+def test_tiny_model_shapes_are_one_rule_for_the_builder_and_the_preflight():
+    """tiny.py refuses what the preflight refuses (the engine-independent rules), and vLLM's head sizes only bind
+    with the vllm engine: transformers runs head_dim 16."""
+    import torch
+
+    from rlzoo.config import TinyModelConfig
+    from rlzoo.errors import ConfigError
+    from rlzoo.models import build_char_tokenizer, build_tiny_model, tiny_model_config
+
+    tokenizer = build_char_tokenizer("0123456789+=")
+    bad = TinyModelConfig(num_attention_heads=4, num_key_value_heads=3)
+    assert [f for f, _ in bad.shape_problems(for_vllm=False)] == ["num_key_value_heads"]
+    with pytest.raises(ConfigError, match="model.tiny.num_key_value_heads"):
+        tiny_model_config(bad, tokenizer)
+    small = TinyModelConfig(head_dim=16)
+    assert small.shape_problems(for_vllm=False) == []
+    assert [f for f, _ in small.shape_problems(for_vllm=True)] == ["head_dim"]
+    model = build_tiny_model(small, tokenizer)
+    logits = model(torch.tensor([tokenizer("1+2=")["input_ids"]])).logits
+    assert logits.shape[-1] == len(tokenizer) and torch.isfinite(logits).all()
