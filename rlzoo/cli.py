@@ -50,8 +50,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     from rlzoo.preflight import preflight
 
     config = _load(args)
-    # the same checks `rlzoo train` makes before it starts (a check of one process: WORLD_SIZE is train's business)
-    preflight(config, _registry(), resume=Path(args.resume) if args.resume else None)
+    # the same checks `rlzoo train` makes before it starts (train reads the process count from its launcher)
+    preflight(config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes)
     print(dump_config(config), end="")
     return 0
 
@@ -105,6 +105,12 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="rlzoo", description=__doc__)
     root.add_argument("-v", "--verbose", action="store_true", help="log more, and show tracebacks")
@@ -123,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="config tools").add_subparsers(dest="action", required=True)
     check = with_config(config.add_parser("check", help="validate a config as `train` would, and print it resolved"))
     check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
+    check.add_argument(
+        "--processes", type=_positive, default=1, metavar="N", help="check it for N processes (torchrun --nproc_per_node N)"
+    )
     check.set_defaults(func=cmd_config_check)
 
     train = with_config(sub.add_parser("train", help="run RL post-training"))

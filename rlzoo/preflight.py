@@ -259,7 +259,8 @@ def _deepspeed_problems(config: RunConfig, model: ModelFacts, world: int) -> Pro
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         problems.append((
             "trainer.engine.ep_size",
-            f"{ep_size} does not divide the {world} processes the run was started with; use one of {divisors}",
+            f"{ep_size} does not divide the {world} process(es) the run is started with; use one of {divisors} "
+            "(or start more processes; rlzoo config check --processes N checks for N)",
         ))
     return problems
 

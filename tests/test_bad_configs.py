@@ -40,7 +40,7 @@ class Case:
     setup: Callable[[Path], dict] | None = None  # writes files under its folder; returns more config
     args: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()  # packages that look uninstalled
-    env: dict[str, str] = field(default_factory=dict)
+    processes: int = 1  # train: WORLD_SIZE as a launcher sets it; config check: --processes
     commands: tuple[str, ...] = COMMANDS
 
 
@@ -125,12 +125,12 @@ CASES = [
     Case("resume-empty", setup=lambda d: (d / "empty").mkdir() or {}, args=("--resume", "empty"),
          expect=("--resume", "no complete checkpoint", "without --resume")),
     Case("output-holds-run", setup=old_run, expect=("output_dir", "already holds a run", "--resume", "another output_dir")),
-    # WORLD_SIZE is set by a launcher around `train`; `config check` checks one process
     Case("launcher-vllm", {"rollout": {"engine": {"name": "vllm"}}}, ("rollout.engine.name", "multi-process", "{name: hf}"),
-         env={"WORLD_SIZE": "2"}, commands=("train",)),
+         processes=2),
     Case("launcher-rows", {"rollout": {"prompts_per_step": 1, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}},
-         ("algorithm.minibatches_per_rollout", "4 processes need at least 4 rows"), env={"WORLD_SIZE": "4"},
-         commands=("train",)),
+         ("algorithm.minibatches_per_rollout", "4 processes need at least 4 rows"), processes=4),
+    Case("ep-size-world", {"trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "ep_size": 2}}},
+         ("trainer.engine.ep_size", "does not divide the 3 process(es)", "use one of [1, 3]"), processes=3),
 ]
 # a real subprocess per case and command costs seconds (torch's import); these cover every kind of check
 SUBPROCESS_IDS = (
@@ -158,15 +158,21 @@ def prepare(case: Case, folder: Path) -> list[str]:
     return ["run.yaml", *case.args]
 
 
-def cli_args(command: str) -> list[str]:
-    return ["config", "check"] if command == "check" else ["train"]
+def cli_args(case: Case, command: str) -> list[str]:
+    if command == "train":
+        return ["train"]
+    return ["config", "check", *(["--processes", str(case.processes)] if case.processes > 1 else [])]
+
+
+def launcher_env(case: Case, command: str) -> dict[str, str]:
+    return {"WORLD_SIZE": str(case.processes)} if command == "train" and case.processes > 1 else {}
 
 
 def run_case(case: Case, command: str, folder: Path) -> subprocess.CompletedProcess:
-    argv = [*cli_args(command), *prepare(case, folder)]
+    argv = [*cli_args(case, command), *prepare(case, folder)]
     prefix = [sys.executable, "-c", HIDING_MAIN, ",".join(case.hide)] if case.hide else [sys.executable, "-m", "rlzoo.cli"]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
-    env.update(case.env)
+    env.update(launcher_env(case, command))
     return subprocess.run([*prefix, *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -199,11 +205,11 @@ def test_bad_config_in_process(tmp_path, monkeypatch, capsys, case: Case, comman
     """Every case through ``rlzoo.cli.main`` in this process (fast: the imports are done once)."""
     from rlzoo.cli import main
 
-    argv = [*cli_args(command), *prepare(case, tmp_path)]
+    argv = [*cli_args(case, command), *prepare(case, tmp_path)]
     monkeypatch.chdir(tmp_path)
     for name in LAUNCHER_ENV:
         monkeypatch.delenv(name, raising=False)
-    for name, value in case.env.items():
+    for name, value in launcher_env(case, command).items():
         monkeypatch.setenv(name, value)
     for name in case.hide:
         monkeypatch.setitem(sys.modules, name, None)

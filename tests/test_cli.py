@@ -139,3 +139,20 @@ def test_subprocess_config_check_error_has_no_traceback(tmp_path):
     assert "did you mean 'sequence'?" in proc.stderr
     assert "sequence-token" in proc.stderr and "token" in proc.stderr
     assert proc.stderr.startswith("error: invalid config")
+
+
+def test_config_check_processes_must_be_positive(tmp_path, capsys):
+    path = write(tmp_path, "seed: 1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "check", str(path), "--processes", "0"])
+    assert exit_info.value.code == 2
+    assert "--processes: '0' is not a positive whole number" in capsys.readouterr().err
+
+
+def test_config_check_for_several_processes(tmp_path, capsys):
+    path = write(tmp_path, f"output_dir: {tmp_path / 'out'}\nrollout: {{prompts_per_step: 1, group_size: 2}}\n"
+                           "algorithm: {minibatches_per_rollout: 2}\n")
+    assert main(["config", "check", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["config", "check", str(path), "--processes", "2"]) == 1
+    assert "2 processes need at least 2 rows in every minibatch" in capsys.readouterr().err
