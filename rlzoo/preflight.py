@@ -150,10 +150,12 @@ def _model_folder(path: Path) -> tuple[ModelFacts, Problems]:
         return unknown, [("model.path", f"{path / 'config.json'} is not readable JSON: {err}")]
     if not isinstance(hf, dict):
         return unknown, [("model.path", f"{path / 'config.json'} is not a JSON object")]
-    heads = hf.get("num_attention_heads")
-    head_dim = hf.get("head_dim") or (hf["hidden_size"] // heads if heads and hf.get("hidden_size") else None)
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    head_dim = hf.get("head_dim")
+    if head_dim is None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        head_dim = hidden // heads  # configs without head_dim split the hidden size evenly
     facts = ModelFacts(
-        moe=any(isinstance(hf.get(k), int) and hf[k] > 1 for k in MOE_KEYS),
+        moe=any(isinstance(hf.get(k), int) and hf[k] > 0 for k in MOE_KEYS),
         head_dim=head_dim,
         max_positions=hf.get("max_position_embeddings"),
     )
