@@ -69,6 +69,9 @@ class ReplaySecondHalf(RouterPolicy):
 
     name = "replay-second-half"
 
+    def replays_routing(self) -> bool:
+        return True
+
     def update_routing(self, recorded: RecordedRouting):
         layers = recorded.old.layers
         return recorded.old.only_layers(layers[len(layers) // 2 :])

@@ -47,8 +47,12 @@ def _load(args: argparse.Namespace):
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from rlzoo.config import dump_config
+    from rlzoo.preflight import preflight
 
-    print(dump_config(_load(args)), end="")
+    config = _load(args)
+    # the same checks `rlzoo train` makes before it starts (train reads the process count from its launcher)
+    preflight(config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes)
+    print(dump_config(config), end="")
     return 0
 
 
@@ -94,17 +98,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def _quiet_libraries() -> None:
     """transformers draws a progress bar for every tiny save/load and vLLM logs every weight sync; ours are
-    the progress bars worth watching."""
-    import os
-
+    the progress bars worth watching. Set through the environment, which the libraries read when they are
+    imported: importing transformers here would cost every command seconds."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    try:
-        import transformers
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
 
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-    except ImportError:
-        pass
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -123,7 +127,12 @@ def parser() -> argparse.ArgumentParser:
         return p
 
     config = sub.add_parser("config", help="config tools").add_subparsers(dest="action", required=True)
-    with_config(config.add_parser("check", help="validate a config and print it resolved")).set_defaults(func=cmd_config_check)
+    check = with_config(config.add_parser("check", help="validate a config as `train` would, and print it resolved"))
+    check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
+    check.add_argument(
+        "--processes", type=_positive, default=1, metavar="N", help="check it for N processes (torchrun --nproc_per_node N)"
+    )
+    check.set_defaults(func=cmd_config_check)
 
     train = with_config(sub.add_parser("train", help="run RL post-training"))
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")

@@ -87,21 +87,54 @@ class AlgorithmConfig(Section):
         return value
 
 
+# head sizes vLLM's attention kernels accept (its CPU and GPU backends); a policy sampled by vLLM needs one
+VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
+
+
 class TinyModelConfig(Section):
     """A model built locally from a transformers config (random init); sizes must suit vLLM (head_dim 32/64/...)."""
 
     architecture: Literal["qwen3_moe", "qwen3"] = "qwen3_moe"
-    hidden_size: int = 64
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    num_key_value_heads: int = 1
-    head_dim: int = 32
-    intermediate_size: int = 128
-    moe_intermediate_size: int = 64
-    num_experts: int = 8
-    num_experts_per_tok: int = 2
-    max_position_embeddings: int = 256
-    rope_theta: float = 10000.0
+    hidden_size: int = Field(64, ge=1)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(2, ge=1)
+    num_key_value_heads: int = Field(1, ge=1)
+    head_dim: int = Field(32, ge=2, description="rotary embeddings rotate pairs: even; for vLLM one of VLLM_HEAD_DIMS")
+    intermediate_size: int = Field(128, ge=1)
+    moe_intermediate_size: int = Field(64, ge=1)
+    num_experts: int = Field(8, ge=1)
+    num_experts_per_tok: int = Field(2, ge=1)
+    max_position_embeddings: int = Field(256, ge=1)
+    rope_theta: float = Field(10000.0, gt=0)
+
+    def shape_problems(self, for_vllm: bool) -> list[tuple[str, str]]:
+        """The shape rules a model built from these sizes must meet, as ``(field, message)`` pairs.
+
+        transformers and vLLM both repeat each key/value head over ``heads / kv_heads`` query heads (grouped-
+        query attention), rotate ``head_dim`` in pairs (RoPE), and pick ``num_experts_per_tok`` of
+        ``num_experts``; vLLM (``for_vllm``) also restricts ``head_dim`` to its kernels' sizes.
+        """
+        problems = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            divisors = [d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]
+            problems.append((
+                "num_key_value_heads",
+                f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}; "
+                f"use one of {divisors}",
+            ))
+        if self.head_dim % 2:
+            problems.append(("head_dim", f"{self.head_dim} is odd; rotary embeddings need an even head_dim"))
+        if for_vllm and self.head_dim not in VLLM_HEAD_DIMS:
+            problems.append((
+                "head_dim",
+                f"{self.head_dim} is not supported by vLLM (rollout.engine vllm); use one of {list(VLLM_HEAD_DIMS)}",
+            ))
+        if self.architecture == "qwen3_moe" and self.num_experts_per_tok > self.num_experts:
+            problems.append((
+                "num_experts_per_tok",
+                f"{self.num_experts_per_tok} exceeds num_experts={self.num_experts}; use 1..{self.num_experts}",
+            ))
+        return problems
 
 
 class ModelConfig(Section):

@@ -35,6 +35,7 @@ from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.moe import find_routers
 from rlzoo.objective import build_objective
+from rlzoo.preflight import check_data_parallel, preflight
 from rlzoo.registry import Registry, default_registry
 from rlzoo.replay import RoutingLearner
 from rlzoo.sft import ensure_cold_start
@@ -42,7 +43,9 @@ from rlzoo.sft import ensure_cold_start
 
 def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
     """Run (or resume) RL post-training; returns the run folder. Under a launcher every rank calls this."""
-    return TrainingRun(config, registry or default_registry(), resume, progress).run()
+    registry = registry or default_registry()
+    preflight(config, registry, resume=resume, world=distributed.launched_world_size())
+    return TrainingRun(config, registry, resume, progress).run()
 
 
 @dataclass
@@ -79,13 +82,6 @@ class TrainingRun:
 
     def _setup_processes(self) -> distributed.Dist:
         dist = distributed.setup(self.config.trainer.engine.params.get("backend", "auto"))
-        check_data_parallel(self.config, dist.world)
-        rollout_cls = self.registry.get("rollout_engine", self.config.rollout.engine.name).cls
-        if dist.active and not rollout_cls.runs_under_launcher:
-            raise RlzooError(
-                f"rollout.engine {rollout_cls.name} cannot run under a multi-process launcher; use rollout.engine: "
-                "{name: hf} for multi-process runs"
-            )
         torch.manual_seed(self.config.seed)
         return dist
 
@@ -95,11 +91,7 @@ class TrainingRun:
 
     def _setup_start(self) -> Start:
         run_dir = Path(self.config.output_dir)
-        checkpoint = latest_checkpoint(run_dir)
-        if self.resume is not None and checkpoint is None:
-            raise RlzooError(f"--resume {run_dir}: no complete checkpoint found in {run_dir / 'checkpoints'}")
-        if self.resume is None and checkpoint is not None:
-            raise RlzooError(f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir")
+        checkpoint = latest_checkpoint(run_dir) if self.resume is not None else None  # preflight: one exists
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, self.progress)
@@ -145,7 +137,7 @@ class TrainingRun:
         spec = self.config.algorithm.router
         policy: RouterPolicy = create(self.registry, "router", spec) if spec is not None else RouterPolicy()
         if not find_routers(self.trainer.model):
-            if spec is not None and spec.name != "none":
+            if policy.replays_routing():
                 raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
             return Learner(self.trainer, self.dist)
         if self.rollout.can_record_routing:  # for the rollout-vs-training diagnostics of every MoE run, and R3
@@ -199,22 +191,6 @@ class TrainingRun:
 
     def evaluate(self, eval_set: list[Any]) -> dict[str, float]:
         return loop.evaluate(eval_set, self.rollout, self.verifier, self.tokenizer, self.config)
-
-
-def check_data_parallel(config: RunConfig, world: int, prompts: int | None = None) -> None:
-    """Every rank needs at least one row of every minibatch."""
-    if world <= 1:
-        return
-    prompts = config.rollout.prompts_per_step if prompts is None else prompts
-    rows = prompts * config.rollout.group_size
-    minibatches = config.algorithm.minibatches_per_rollout
-    if rows // minibatches < world:
-        raise RlzooError(
-            f"{world} processes need at least {world} rows in every minibatch, but a step's {rows} rows "
-            f"(rollout.prompts_per_step x rollout.group_size) in {minibatches} minibatches "
-            f"(algorithm.minibatches_per_rollout) leave {rows // minibatches}: raise the batch, lower "
-            f"minibatches_per_rollout, or run fewer processes"
-        )
 
 
 # -- building blocks (also used by `rlzoo sft`) --------------------------------------------------------------------

@@ -85,7 +85,12 @@ def test_config_check_valid_prints_resolved_yaml(tmp_path, capsys):
 
 
 def test_config_check_example(capsys):
-    assert main(["config", "check", str(REPO / "examples" / "gspo_tiny_moe.yaml")]) == 0
+    import importlib.util
+
+    # the example's engines need vLLM and DeepSpeed; the check refuses an engine whose package is missing
+    swaps = {"vllm": "rollout.engine={name: hf}", "deepspeed": "trainer.engine={name: torch}"}
+    overrides = [arg for package, swap in swaps.items() if importlib.util.find_spec(package) is None for arg in ("--set", swap)]
+    assert main(["config", "check", str(REPO / "examples" / "gspo_tiny_moe.yaml"), *overrides]) == 0
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["algorithm"]["ratio"]["name"] == "sequence"
 
@@ -139,3 +144,20 @@ def test_subprocess_config_check_error_has_no_traceback(tmp_path):
     assert "did you mean 'sequence'?" in proc.stderr
     assert "sequence-token" in proc.stderr and "token" in proc.stderr
     assert proc.stderr.startswith("error: invalid config")
+
+
+def test_config_check_processes_must_be_positive(tmp_path, capsys):
+    path = write(tmp_path, "seed: 1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "check", str(path), "--processes", "0"])
+    assert exit_info.value.code == 2
+    assert "--processes: '0' is not a positive whole number" in capsys.readouterr().err
+
+
+def test_config_check_for_several_processes(tmp_path, capsys):
+    path = write(tmp_path, f"output_dir: {tmp_path / 'out'}\nrollout: {{prompts_per_step: 1, group_size: 2}}\n"
+                           "algorithm: {minibatches_per_rollout: 2}\n")
+    assert main(["config", "check", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["config", "check", str(path), "--processes", "2"]) == 1
+    assert "2 processes need at least 2 rows in every minibatch" in capsys.readouterr().err

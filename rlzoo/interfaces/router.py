@@ -50,6 +50,10 @@ class RouterPolicy(Component):
     kind = "router"
     source: ClassVar[RoutingSource] = "none"
 
+    def replays_routing(self) -> bool:
+        """Whether the policy ever replays experts (it then needs a mixture-of-experts model)."""
+        return self.source != "none"
+
     def needs_rollout_routing(self) -> bool:
         """Whether the policy uses the rollout engine's experts (the run then requires an engine that records)."""
         return self.source == "rollout"

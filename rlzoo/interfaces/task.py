@@ -32,6 +32,7 @@ class Task(Component):
     ``train`` and ``eval`` splits must not share prompts. ``count=None`` means the whole split (finite sources)
     or a task-defined default (generators). ``alphabet()`` lists every character prompts and responses use,
     so a character-level tokenizer can be built locally. ``default_verifier`` names the verifier that scores it.
+    ``check()`` reports what would stop a run using this task (optional; see its docstring).
     """
 
     kind = "task"
@@ -42,3 +43,12 @@ class Task(Component):
 
     def alphabet(self) -> str:
         raise NotImplementedError
+
+    def check(self) -> list[tuple[str, str]]:
+        """Problems a run with these parameters would hit, found cheaply (e.g. a data file that does not exist).
+
+        Called by :func:`rlzoo.preflight.preflight` (``rlzoo config check`` and the start of ``rlzoo train``)
+        before anything heavy starts; must not load the data itself. Returns ``(parameter, message)`` pairs, the
+        message saying what is allowed; ``[]`` (the default) means nothing to report.
+        """
+        return []

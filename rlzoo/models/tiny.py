@@ -1,23 +1,31 @@
 """Tiny Qwen3 / Qwen3-MoE policies built from a transformers config with random weights.
 
-Sizes come from the run config; the vocabulary is the tokenizer's length; head_dim must be one vLLM supports.
+Sizes come from the run config and must meet :meth:`rlzoo.config.TinyModelConfig.shape_problems` (checked here
+and, with the engine-dependent rules, by :mod:`rlzoo.preflight` before a run starts); the vocabulary is the
+tokenizer's length. transformers is imported on first use: its model classes take seconds to import, and the
+engines plugin imports this module during plugin discovery.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen3Config, Qwen3MoeConfig
 
 from rlzoo.config import TinyModelConfig
+from rlzoo.errors import ConfigError
 
-VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen3Config, Qwen3MoeConfig
 
 
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config | Qwen3MoeConfig:
-    if cfg.head_dim not in VLLM_HEAD_DIMS:
-        raise ValueError(f"model.tiny.head_dim={cfg.head_dim} is not supported by vLLM; use one of {VLLM_HEAD_DIMS}")
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    problems = cfg.shape_problems(for_vllm=False)
+    if problems:
+        raise ConfigError([(f"model.tiny.{field}", message) for field, message in problems])
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,

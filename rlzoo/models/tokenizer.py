@@ -6,13 +6,19 @@ Saved in Hugging Face format so transformers and vLLM load it from the model fol
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # transformers takes seconds to import; plugin discovery reaches this module
+    from transformers import PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
 def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     chars = sorted(set(alphabet))
     vocab = {PAD: 0, EOS: 1, UNK: 2}
     for ch in chars:

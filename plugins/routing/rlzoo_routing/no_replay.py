@@ -16,6 +16,9 @@ class NoReplay(RouterPolicy):
     name = "none"
     source = "none"
 
+    def replays_routing(self) -> bool:
+        return False
+
     def old_pass_routing(self, recorded: RecordedRouting) -> None:
         return None
 

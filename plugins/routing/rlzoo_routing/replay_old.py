@@ -19,6 +19,9 @@ class ReplayOld(RouterPolicy):
     name = "replay-old"
     source = "old"
 
+    def replays_routing(self) -> bool:
+        return True
+
     def old_pass_routing(self, recorded: RecordedRouting) -> None:
         return None
 

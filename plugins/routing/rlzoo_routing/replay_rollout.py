@@ -22,6 +22,9 @@ class ReplayRollout(RouterPolicy):
     def needs_rollout_routing(self) -> bool:
         return True
 
+    def replays_routing(self) -> bool:
+        return True
+
     def old_pass_routing(self, recorded: RecordedRouting):
         return recorded.rollout
 

@@ -29,13 +29,23 @@ def _type_name(value: Any) -> str:
     )
 
 
+def missing_file(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a data file, or ``None`` when it is an existing file."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return None
+    what = "is a folder, not a file" if path.is_dir() else "data file not found"
+    return f"{path}: {what} (expected an existing JSON-lines file)"
+
+
 def load_jsonl(
     path: str | Path, prompt_field: str, answer_field: str, demonstration_field: str | None
 ) -> list[Row]:
     """Read and validate every row; the first problem raises :class:`DataError` naming file, line and problem."""
+    problem = missing_file(path)
+    if problem is not None:
+        raise DataError(problem)
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"{path}: data file not found")
     rows: list[Row] = []
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -111,6 +121,12 @@ class JsonlTask(Task):
         super().__init__(params)
         # the class-level default is "exact"; an instance reports the verifier its parameters name
         self.default_verifier = self.params.verifier  # type: ignore[misc]
+
+    def check(self) -> list[tuple[str, str]]:
+        """The data files exist (their rows are validated when first read)."""
+        p = self.params
+        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
+        return [(field, problem) for field, path in named if (problem := missing_file(path)) is not None]
 
     def _load(self, path: str) -> list[Row]:
         p = self.params

@@ -142,3 +142,20 @@ def test_missing_file_and_single_prompt_are_errors(tmp_path):
         task(tmp_path / "nope.jsonl").samples("train", 1, 0)
     with pytest.raises(DataError, match="at least 2 distinct prompts"):
         task(write(tmp_path / "one.jsonl", [GOOD, GOOD])).samples("train", 1, 0)
+
+
+def test_check_names_missing_files_without_reading_them(tmp_path):
+    good = write(tmp_path / "train.jsonl", rows(4))
+    assert task(good).check() == []
+    assert task(good, eval_path=str(good)).check() == []
+    problems = task(tmp_path / "nope.jsonl", eval_path=str(tmp_path)).check()
+    assert [field for field, _ in problems] == ["path", "eval_path"]
+    assert "data file not found" in problems[0][1] and "is a folder" in problems[1][1]
+    bad = write(tmp_path / "bad.jsonl", ["not json"])
+    assert task(bad).check() == []  # rows are validated when the data is read, not by the cheap check
+
+
+def test_generated_tasks_have_nothing_to_check():
+    from rlzoo_tasks.arithmetic import ArithmeticTask
+
+    assert ArithmeticTask().check() == []

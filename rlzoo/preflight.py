@@ -1,0 +1,369 @@
+"""Preflight: check a resolved run config against everything a run needs, before anything heavy starts.
+
+``rlzoo config check`` and ``rlzoo train`` both call :func:`preflight` (train first thing, in
+:func:`rlzoo.run.train`), so a config the check accepts does not fail while a run starts, and one it rejects
+fails in a second, naming every problem at once. It reads config values, looks at files and folders, asks
+whether Python packages are installed (``importlib.util.find_spec``) and consults the registry's component
+classes; it never builds a model, loads weights or imports an engine's library (vLLM, DeepSpeed).
+
+What it checks (each problem is ``(dotted.field, message saying what is allowed)``):
+
+- engines: the packages the chosen rollout / training engine needs are installed;
+- the model: ``model.path`` is a Hugging Face folder (``config.json``, weights, a tokenizer whose ids fit the
+  model's ``vocab_size``), or, without it, the cold start is enabled and ``model.tiny`` meets
+  :meth:`rlzoo.config.TinyModelConfig.shape_problems`; with the ``vllm`` engine the head size and context length
+  suit vLLM;
+- MoE: a router policy that replays routing, or DeepSpeed-MoE, needs a mixture-of-experts model;
+- the DeepSpeed engine's ZeRO / expert-parallel combinations and the process count;
+- batches: ``rollout.prompts_per_step x rollout.group_size`` rows split into ``algorithm.minibatches_per_rollout``
+  equal minibatches, each with a row for every process (:func:`check_data_parallel`);
+- evaluation settings vLLM refuses (several greedy samples per prompt);
+- the task's own cheap checks (:meth:`rlzoo.interfaces.Task.check`, e.g. a ``jsonl`` file that does not exist)
+  and that its default verifier is installed;
+- the run folder: ``--resume`` names a folder with a complete checkpoint; otherwise ``output_dir`` holds no run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlzoo.checkpoint import latest_checkpoint
+from rlzoo.config import VLLM_HEAD_DIMS, RunConfig
+from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.registry import Registry
+
+Problems = list[tuple[str, str]]
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # transformers configs naming the expert count
+
+
+def preflight(config: RunConfig, registry: Registry, *, resume: Path | None = None, world: int = 1) -> None:
+    """Raise :class:`ConfigError` listing every problem that would stop ``rlzoo train`` with this config.
+
+    ``config`` is the resolved config (:func:`rlzoo.config.load_config`); ``resume`` the ``--resume`` run folder;
+    ``world`` the number of processes the run is launched with (``WORLD_SIZE``).
+    """
+    problems: Problems = []
+    problems += _engine_problems(config, registry)
+    model, model_problems = _model_problems(config)
+    problems += model_problems
+    problems += _moe_problems(config, registry, model)
+    problems += _deepspeed_problems(config, model, world)
+    problems += _batch_problems(config, registry, world)
+    problems += _eval_problems(config)
+    problems += _task_problems(config, registry)
+    problems += _run_folder_problems(config, resume)
+    if problems:
+        raise ConfigError(problems)
+
+
+# -- engines ---------------------------------------------------------------------------------------------------
+
+
+def missing_package(registry: Registry, kind: str, name: str) -> str | None:
+    """A package component ``name`` of ``kind`` declares it needs (``Component.requires``) that is not installed."""
+    for package in registry.get(kind, name).cls.requires:
+        if importlib.util.find_spec(package) is None:
+            return package
+    return None
+
+
+def _engine_problems(config: RunConfig, registry: Registry) -> Problems:
+    problems = []
+    for loc, kind, spec in (
+        ("rollout.engine", "rollout_engine", config.rollout.engine),
+        ("trainer.engine", "training_engine", config.trainer.engine),
+    ):
+        package = missing_package(registry, kind, spec.name)
+        if package is None:
+            continue
+        usable = [n for n in registry.names(kind) if missing_package(registry, kind, n) is None]
+        hint = registry.get(kind, spec.name).cls.install_hint
+        problems.append((
+            f"{loc}.name",
+            f"{spec.name!r} needs the Python package {package!r}, which is not installed ({hint}); "
+            f"engines usable here: {', '.join(usable) or '(none)'}",
+        ))
+    return problems
+
+
+# -- the model -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelFacts:
+    """What the preflight knows about the policy without building it; ``None`` where it cannot tell."""
+
+    moe: bool | None
+    head_dim: int | None
+    max_positions: int | None
+
+
+def _model_problems(config: RunConfig) -> tuple[ModelFacts, Problems]:
+    vllm = config.rollout.engine.name == "vllm"
+    if config.model.path is None:
+        tiny = config.model.tiny
+        facts = ModelFacts(tiny.architecture == "qwen3_moe", tiny.head_dim, tiny.max_position_embeddings)
+        problems = [(f"model.tiny.{field}", message) for field, message in tiny.shape_problems(for_vllm=vllm)]
+        if not config.cold_start.enabled:
+            problems.append((
+                "cold_start.enabled",
+                "false while model.path is null leaves no model to train: set cold_start.enabled: true (build and "
+                "fine-tune model.tiny) or model.path: <a Hugging Face model folder>",
+            ))
+    else:
+        facts, problems = _model_folder(Path(config.model.path))
+        if vllm and facts.head_dim is not None and facts.head_dim not in VLLM_HEAD_DIMS:
+            problems.append((
+                "model.path",
+                f"the model's head_dim {facts.head_dim} is not supported by vLLM (rollout.engine vllm); vLLM supports "
+                f"{list(VLLM_HEAD_DIMS)}: use rollout.engine: {{name: hf}} or another model",
+            ))
+    if vllm:
+        problems += _context_problems(config, facts.max_positions)
+    return facts, problems
+
+
+def _model_folder(path: Path) -> tuple[ModelFacts, Problems]:
+    unknown = ModelFacts(None, None, None)
+    if not path.is_dir():
+        what = "is a file" if path.exists() else "does not exist"
+        return unknown, [("model.path", f"{path} {what}; expected a Hugging Face model folder (config.json, weights, "
+                                        "tokenizer), or null to build model.tiny")]
+    try:
+        hf = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        return unknown, [("model.path", f"{path} is not a Hugging Face model folder (no config.json)")]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return unknown, [("model.path", f"{path / 'config.json'} is not readable JSON: {err}")]
+    if not isinstance(hf, dict):
+        return unknown, [("model.path", f"{path / 'config.json'} is not a JSON object")]
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    head_dim = hf.get("head_dim")
+    if head_dim is None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        head_dim = hidden // heads  # configs without head_dim split the hidden size evenly
+    facts = ModelFacts(
+        moe=any(isinstance(hf.get(k), int) and hf[k] > 0 for k in MOE_KEYS),
+        head_dim=head_dim,
+        max_positions=hf.get("max_position_embeddings"),
+    )
+    problems: Problems = []
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        problems.append(("model.path", f"{path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})"))
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        problems.append((
+            "model.path",
+            f"{path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); save the model's tokenizer into the folder",
+        ))
+    else:
+        problems += _vocab_problems(path, hf.get("vocab_size"))
+    return facts, problems
+
+
+def _vocab_problems(path: Path, vocab_size: object) -> Problems:
+    """Every token id the tokenizer can produce must index the model's embedding (``config.json`` vocab_size)."""
+    file = path / "tokenizer.json"
+    if not isinstance(vocab_size, int) or not file.is_file():
+        return []
+    try:
+        tok = json.loads(file.read_text())
+        vocab = tok["model"]["vocab"]
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))  # Unigram: a list
+        ids += [t["id"] for t in tok.get("added_tokens", [])]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        return [("model.path", f"{file} is not a readable tokenizer: {type(err).__name__}: {err}")]
+    largest = max(ids, default=-1)
+    if largest >= vocab_size:
+        return [(
+            "model.path",
+            f"the tokenizer's ids reach {largest} but config.json vocab_size is {vocab_size} (ids must be "
+            f"0..{vocab_size - 1}): the tokenizer does not belong to this model",
+        )]
+    return []
+
+
+def _context_problems(config: RunConfig, max_positions: int | None) -> Problems:
+    """vLLM refuses a context longer than the model's positions and needs room for the response."""
+    problems = []
+    limit = config.rollout.engine.params.get("max_model_len")
+    if limit is not None and max_positions is not None and limit > max_positions:
+        problems.append((
+            "rollout.engine.max_model_len",
+            f"{limit} exceeds the model's max_position_embeddings {max_positions}; use at most {max_positions} "
+            "or null",
+        ))
+    context = limit if limit is not None else max_positions
+    if context is not None and config.rollout.max_new_tokens >= context:
+        problems.append((
+            "rollout.max_new_tokens",
+            f"{config.rollout.max_new_tokens} leaves no room for the prompt in vLLM's {context}-token context; "
+            f"use less than {context}",
+        ))
+    return problems
+
+
+# -- mixture of experts ----------------------------------------------------------------------------------------
+
+
+def _dense_hint(config: RunConfig) -> str:
+    return "model.path: a mixture-of-experts model" if config.model.path else "model.tiny.architecture: qwen3_moe"
+
+
+def _moe_problems(config: RunConfig, registry: Registry, model: ModelFacts) -> Problems:
+    spec = config.algorithm.router
+    if spec is None:
+        return []
+    policy = registry.create("router", spec.name, spec.params, loc="algorithm.router")
+    problems = []
+    if policy.replays_routing() and model.moe is False:
+        allowed = [i.name for i in registry.components("router") if not i.cls().replays_routing()]
+        problems.append((
+            "algorithm.router.name",
+            f"{spec.name!r} replays expert routing, but the model is dense (no mixture-of-experts router); on a "
+            f"dense model use null or {', '.join(map(repr, allowed))}, or set {_dense_hint(config)}",
+        ))
+    rollout = registry.get("rollout_engine", config.rollout.engine.name).cls
+    if policy.needs_rollout_routing() and not rollout.can_record_routing:
+        recording = [i.name for i in registry.components("rollout_engine") if i.cls.can_record_routing]
+        problems.append((
+            "rollout.engine.name",
+            f"{rollout.name!r} does not record MoE routing, which router policy {spec.name!r} replays; use one of "
+            f"{', '.join(map(repr, recording))}",
+        ))
+    return problems
+
+
+def _deepspeed_problems(config: RunConfig, model: ModelFacts, world: int) -> Problems:
+    spec = config.trainer.engine
+    if spec.name != "deepspeed":
+        return []
+    p = spec.params
+    problems = []
+    # the combinations DeepSpeed refuses whatever the model are checked by the engine's Params (config validation)
+    if p.get("moe") == "deepspeed" and model.moe is False:
+        problems.append((
+            "trainer.engine.moe",
+            f"'deepspeed' converts MoE blocks but the model is dense: use 'none', or set {_dense_hint(config)}",
+        ))
+    ep_size = p.get("ep_size", 1)
+    if world % ep_size:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        problems.append((
+            "trainer.engine.ep_size",
+            f"{ep_size} does not divide the {world} process(es) the run is started with; use one of {divisors} "
+            "(or start more processes; rlzoo config check --processes N checks for N)",
+        ))
+    return problems
+
+
+# -- batches and processes -------------------------------------------------------------------------------------
+
+
+def data_parallel_problem(config: RunConfig, world: int, prompts: int | None = None) -> str | None:
+    """Every rank needs at least one row of every minibatch; ``prompts`` defaults to rollout.prompts_per_step."""
+    if world <= 1:
+        return None
+    prompts = config.rollout.prompts_per_step if prompts is None else prompts
+    rows = prompts * config.rollout.group_size
+    minibatches = config.algorithm.minibatches_per_rollout
+    if rows // minibatches >= world:
+        return None
+    return (
+        f"{world} processes need at least {world} rows in every minibatch, but a step's {rows} rows "
+        f"(rollout.prompts_per_step x rollout.group_size) in {minibatches} minibatches "
+        f"(algorithm.minibatches_per_rollout) leave {rows // minibatches}: raise the batch, lower "
+        f"minibatches_per_rollout, or run fewer processes"
+    )
+
+
+def check_data_parallel(config: RunConfig, world: int, prompts: int | None = None) -> None:
+    """:func:`data_parallel_problem` as an :class:`RlzooError` (the run checks again once the task's size is known)."""
+    problem = data_parallel_problem(config, world, prompts)
+    if problem is not None:
+        raise RlzooError(problem)
+
+
+def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Problems:
+    rows = config.rollout.prompts_per_step * config.rollout.group_size
+    minibatches = config.algorithm.minibatches_per_rollout
+    problems = []
+    if rows % minibatches:
+        divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+        problems.append((
+            "algorithm.minibatches_per_rollout",
+            f"{minibatches} does not divide a step's {rows} rows (rollout.prompts_per_step "
+            f"{config.rollout.prompts_per_step} x rollout.group_size {config.rollout.group_size}) into equal "
+            f"minibatches; use one of {divisors}",
+        ))
+    problem = data_parallel_problem(config, world)
+    if problem is not None:
+        problems.append(("algorithm.minibatches_per_rollout", problem))
+    rollout = registry.get("rollout_engine", config.rollout.engine.name).cls
+    if world > 1 and not rollout.runs_under_launcher:
+        usable = [i.name for i in registry.components("rollout_engine") if i.cls.runs_under_launcher]
+        problems.append((
+            "rollout.engine.name",
+            f"{rollout.name!r} cannot run under a multi-process launcher (it would set up its own process group "
+            f"inside rank 0); use one of {', '.join(map(repr, usable))} for multi-process runs",
+        ))
+    return problems
+
+
+# -- evaluation ------------------------------------------------------------------------------------------------
+
+
+def _eval_problems(config: RunConfig) -> Problems:
+    t = config.train
+    if t.eval_samples_per_prompt > 1 and t.eval_temperature == 0:
+        return [(
+            "train.eval_samples_per_prompt",
+            f"{t.eval_samples_per_prompt} responses per prompt at eval_temperature 0 (greedy) are copies of one "
+            "response, and vLLM refuses them: use 1, or set train.eval_temperature > 0",
+        )]
+    return []
+
+
+# -- the task --------------------------------------------------------------------------------------------------
+
+
+def _task_problems(config: RunConfig, registry: Registry) -> Problems:
+    try:
+        task = registry.create("task", config.task.name, config.task.params, loc="task")
+    except RlzooError as err:
+        return [("task", str(err))]
+    problems = [(f"task.{field}", message) for field, message in task.check()]
+    if config.verifier is None and task.default_verifier not in registry.names("verifier"):
+        problems.append((
+            "verifier",
+            f"null uses task {task.name!r}'s default verifier {task.default_verifier!r}, which is not installed; "
+            f"name one of: {', '.join(registry.names('verifier'))}",
+        ))
+    return problems
+
+
+# -- the run folder --------------------------------------------------------------------------------------------
+
+
+def _run_folder_problems(config: RunConfig, resume: Path | None) -> Problems:
+    if resume is not None:
+        resume = Path(resume)
+        if not resume.is_dir():
+            return [("--resume", f"{resume} is not a folder; name the run folder of an earlier run (its output_dir)")]
+        if latest_checkpoint(resume) is None:
+            return [(
+                "--resume",
+                f"no complete checkpoint found in {resume / 'checkpoints'}; start a new run without --resume",
+            )]
+        return []
+    run_dir = Path(config.output_dir)
+    if latest_checkpoint(run_dir) is not None:
+        return [(
+            "output_dir",
+            f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir",
+        )]
+    return []
