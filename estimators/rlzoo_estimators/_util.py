@@ -52,3 +52,35 @@ def group_normalise(
         centred = centred / (std[inverse] + eps)
     constant = (counts[inverse] < 2) | (highs[inverse] == lows[inverse])
     return torch.where(constant, torch.zeros_like(centred), centred)
+
+
+def token_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``c_t = (A_t - mean A) * (logp_t - mean logp)`` per token, means over the valid tokens (Cui et al. 2025).
+
+    The centred product whose batch mean is the covariance driving the policy's entropy change. No gradient;
+    0 at masked positions.
+    """
+    keep = mask > 0
+    count = keep.sum().clamp(min=1).to(logp.dtype)
+    adv = masked(advantages.detach(), mask)
+    lp = masked(logp.detach(), mask)
+    centred = (adv - adv.sum() / count) * (lp - lp.sum() / count)
+    return masked(centred, mask)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(v - mu) / sqrt(var + 1e-8)`` over the valid tokens of the whole batch (verl's ``masked_whiten``).
+
+    ``mu = sum m v / (N + 1e-8)``, ``var`` the unbiased variance (the biased one times ``N / (N - 1)``), ``N`` the
+    number of valid tokens. With fewer than two valid tokens there is no spread: the result is ``v - mu``.
+    Computed in float64; 0 at masked positions.
+    """
+    v = masked(values.to(torch.float64), mask)
+    keep = mask > 0
+    n = keep.sum().to(torch.float64)
+    mean = v.sum() / (n + 1e-8)
+    centred = masked(v - mean, mask)
+    if n < 2:
+        return centred
+    var = (centred * centred).sum() / (n + 1e-8) * n / (n - 1.0)
+    return masked(centred * torch.rsqrt(var + 1e-8), mask)
