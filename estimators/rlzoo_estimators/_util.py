@@ -71,16 +71,15 @@ def token_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.T
 def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(v - mu) / sqrt(var + 1e-8)`` over the valid tokens of the whole batch (verl's ``masked_whiten``).
 
-    ``mu = sum m v / (N + 1e-8)``, ``var`` the unbiased variance (the biased one times ``N / (N - 1)``), ``N`` the
-    number of valid tokens. With fewer than two valid tokens there is no spread: the result is ``v - mu``.
-    Computed in float64; 0 at masked positions.
+    ``mu = sum m v / N`` and ``var = sum m (v - mu)^2 / (N - 1)`` (unbiased), ``N`` the number of valid tokens.
+    verl divides its means by ``N + 1e-8``, a relative difference below 1e-8 except that it turns a constant
+    batch into ``~1e-5 * v`` instead of 0. With fewer than two valid tokens there is no spread and no signal:
+    the result is 0. Computed in float64; 0 at masked positions.
     """
     v = masked(values.to(torch.float64), mask)
-    keep = mask > 0
-    n = keep.sum().to(torch.float64)
-    mean = v.sum() / (n + 1e-8)
-    centred = masked(v - mean, mask)
+    n = (mask > 0).sum().to(torch.float64)
     if n < 2:
-        return centred
-    var = (centred * centred).sum() / (n + 1e-8) * n / (n - 1.0)
+        return torch.zeros_like(v)
+    centred = masked(v - v.sum() / n, mask)
+    var = (centred * centred).sum() / (n - 1.0)
     return masked(centred * torch.rsqrt(var + 1e-8), mask)

@@ -1,10 +1,10 @@
 """REINFORCE++ advantage (Hu 2025): discounted outcome return, whitened over every valid token of the batch.
 
     G_{i,t} = gamma^(number of valid tokens of y_i after t) * r_i      (the outcome reward sits at the last token)
-    A = (G - mu) / sqrt(var + 1e-8),   mu = sum m G / (N + 1e-8),   var the unbiased variance over valid tokens
+    A = (G - mu) / sqrt(var + 1e-8),   mu = sum m G / N,   var = sum m (G - mu)^2 / (N - 1)
 
 ``N`` is the number of valid tokens in the batch, so long responses weigh more in the statistics. As verl's
-``compute_reinforce_plus_plus_outcome_advantage``; with fewer than two valid tokens ``A = G - mu``.
+``compute_reinforce_plus_plus_outcome_advantage``; with fewer than two valid tokens (where verl raises) ``A = 0``.
 """
 
 from __future__ import annotations

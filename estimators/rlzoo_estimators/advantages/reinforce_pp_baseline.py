@@ -2,7 +2,7 @@
 
     A_{i,t} = whiten(r_i - mean_{j in g(i)} r_j)      broadcast to the tokens of y_i
 
-whitened as in ``reinforce++`` (mean and unbiased variance over all valid tokens of the batch, ``+ 1e-8``), so long
+whitened as in ``reinforce++`` (mean and unbiased variance over all valid tokens of the batch), so long
 responses weigh more. As verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``, except for a group of
 one response, whose centred reward is 0 here (verl takes a baseline of 0 there, leaving ``r``).
 """
