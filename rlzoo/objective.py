@@ -62,9 +62,10 @@ class Objective:
         """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``; ``mask`` is 1 on response tokens.
 
         ``weights`` (optional, no gradient) multiply the per-token loss, e.g. truncated importance-sampling
-        corrections for a training-inference mismatch. ``seed`` (optional) seeds the generator handed to the
-        clipper for its random choices (Clip-Cov's draw); a training loop passes one derived from the run's seed,
-        the step and the minibatch, so a run is reproducible. Without it, clippers draw from torch's global RNG.
+        corrections for a training-inference mismatch. ``seed`` seeds the generator handed to the clipper for
+        its random choices (Clip-Cov's draw); a training loop passes one derived from the run's seed, the step and
+        the minibatch, so that draws differ between updates and a run is reproducible. Without it the seed is 0:
+        the same inputs always give the same loss.
         """
         if not (logp.shape == old_logp.shape == advantages.shape == mask.shape):
             raise ValueError(
@@ -83,7 +84,7 @@ class Objective:
         log_w = self.ratio.log_ratio(logp, old_logp, mask)
         log_w = log_w.clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
         ratio = torch.exp(log_w)
-        generator = torch.Generator(device=logp.device).manual_seed(seed) if seed is not None else None
+        generator = torch.Generator(device=logp.device).manual_seed(seed if seed is not None else 0)
         policy_batch = PolicyBatch(ratio, log_w, advantages, mask, logp, old_logp, generator)
         clipped = self.clipper.clip_batch(policy_batch)
         per_token = clipped.loss

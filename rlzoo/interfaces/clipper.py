@@ -38,8 +38,9 @@ class PolicyBatch:
     mask:       1 on response tokens, 0 on padding (floating dtype of ``logp``).
     logp:       the policy's log-probs of the sampled tokens (carries gradient).
     old_logp:   the behaviour policy's log-probs (no gradient).
-    generator:  a ``torch.Generator`` seeded from the run's seed and step for any random choice a clipper makes,
-                or ``None`` when the caller passed no seed (then draw from torch's global generator).
+    generator:  a ``torch.Generator`` (on ``logp``'s device) for any random choice a clipper makes, seeded by the
+                objective's caller from the run's seed, step and minibatch; never torch's global generator, so a
+                loss is reproducible.
     """
 
     ratio: torch.Tensor
@@ -48,7 +49,7 @@ class PolicyBatch:
     mask: torch.Tensor
     logp: torch.Tensor
     old_logp: torch.Tensor
-    generator: torch.Generator | None = None
+    generator: torch.Generator
 
 
 class Clipper(Component):

@@ -6,8 +6,7 @@ few random tokens of high advantage-logp covariance, the tokens whose updates co
     candidates: valid tokens the PPO clip left alone with lb < c_t < ub
     max(1, floor(N * select_fraction)) candidates, drawn at random, get L_t <- 0 * L_t (no value, no gradient)
 
-The draw uses the generator of :class:`~rlzoo.interfaces.PolicyBatch` (seeded from the run's seed and step), or
-torch's global one without it. As verl's ``compute_policy_loss_clip_cov`` (``clip_cov_ratio``, ``clip_cov_lb``,
+The draw uses the generator of :class:`~rlzoo.interfaces.PolicyBatch` (seeded from the run's seed and step). As verl's ``compute_policy_loss_clip_cov`` (``clip_cov_ratio``, ``clip_cov_lb``,
 ``clip_cov_ub``). ``clip/fraction`` counts the PPO-clipped tokens; the zeroed share is ``clip/cov_fraction``
 (verl reports that one as its ``pg_clipfrac``).
 """
