@@ -150,7 +150,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "clip-cov": {
         "ratio": {"name": "token"},
         "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0},
+        "clipper": {
+            "name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0,
+        },
         "aggregation": {"name": "token-mean"},
         "kl": {"name": "k3"},
         "kl_coef": 0.0,

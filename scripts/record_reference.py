@@ -101,7 +101,9 @@ def _policy_cases():
     no_dual = {**ppo, "clip_ratio_c": 1e9}  # verl's vanilla loss always dual-clips; c -> infinity is plain PPO
     cases = [
         _policy_case(f"vanilla-{agg}", "vanilla", agg, no_dual, seed)
-        for seed, agg in enumerate(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+        for seed, agg in enumerate(
+            ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+        )
     ]
     cases += [
         _policy_case("vanilla-dual-clip", "vanilla", "token-mean", {**ppo, "clip_ratio_c": 3.0}, 11, spread=1.5),
@@ -226,7 +228,9 @@ def _correction_cases():
                 {
                     "id": f"rollout_is-{level}-{threshold}",
                     "verl": {"rollout_is": level, "rollout_is_threshold": threshold},
-                    "inputs": {"old_train": old_train.tolist(), "old_rollout": old_rollout.tolist(), "mask": mask.tolist()},
+                    "inputs": {
+                        "old_train": old_train.tolist(), "old_rollout": old_rollout.tolist(), "mask": mask.tolist()
+                    },
                     "outputs": {"weights": weights.tolist()},
                 }
             )

@@ -183,7 +183,8 @@ def test_every_preset_is_tested():
 def test_zoo_preset_expands_to_documented_components(preset):
     ratio, advantage, clipper, aggregation, kl_coef, minibatches = DOCUMENTED_ZOO[preset]
     algorithm = build_config({"algorithm": {"preset": preset}}).algorithm
-    assert (algorithm.ratio.name, algorithm.advantage.name, algorithm.aggregation.name) == (ratio, advantage, aggregation)
+    chosen = (algorithm.ratio.name, algorithm.advantage.name, algorithm.aggregation.name)
+    assert chosen == (ratio, advantage, aggregation)
     assert {"name": algorithm.clipper.name, **algorithm.clipper.params} == clipper
     assert algorithm.kl_coef == kl_coef and algorithm.minibatches_per_rollout == minibatches
 

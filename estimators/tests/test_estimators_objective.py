@@ -202,7 +202,8 @@ def test_presets_select_the_documented_components():
         if preset not in PRESETS:
             continue
         objective = build({"preset": preset})
-        assert (objective.ratio.name, objective.clipper.name, objective.aggregation.name) == (ratio, clipper, aggregation)
+        chosen = (objective.ratio.name, objective.clipper.name, objective.aggregation.name)
+        assert chosen == (ratio, clipper, aggregation)
     assert build({"preset": "dapo"}).clipper.params.eps_high == pytest.approx(0.28)
 
 

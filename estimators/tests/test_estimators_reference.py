@@ -52,7 +52,8 @@ def clip_fraction_pairs(case_id: str, out: dict, metrics: dict) -> list[tuple[fl
     if case_id == "geo_mean":
         # verl counts every token whose log-ratio left [-eps_low, eps_high] (split by the sign of A); rlzoo counts
         # only those whose gradient the clip removed, a subset
-        return [(min(metrics["clip/fraction"], out["pg_clipfrac"] + out["pg_clipfrac_lower"]), metrics["clip/fraction"])]
+        ours, verl_any = metrics["clip/fraction"], out["pg_clipfrac"] + out["pg_clipfrac_lower"]
+        return [(min(ours, verl_any), ours)]
     if case_id in {"gpg", "kl_cov"}:  # verl reports none; rlzoo's is 0 (no clip)
         return [(metrics["clip/fraction"], 0.0)]
     return [(metrics["clip/fraction"], out["pg_clipfrac"] + out.get("pg_clipfrac_lower", 0.0))]

@@ -26,7 +26,8 @@ class OldStyleClipper(Clipper):
         clipped = ratio.clamp(1 - self.params.eps, 1 + self.params.eps)
         loss = -torch.minimum(ratio * advantages, clipped * advantages)
         r = ratio.detach()
-        return ClipResult(loss, (advantages < 0) & (r < 1 - self.params.eps), (advantages > 0) & (r > 1 + self.params.eps))
+        eps = self.params.eps
+        return ClipResult(loss, (advantages < 0) & (r < 1 - eps), (advantages > 0) & (r > 1 + eps))
 
 
 class BatchMeanBaselineClipper(Clipper):

@@ -6,9 +6,10 @@ few random tokens of high advantage-logp covariance, the tokens whose updates co
     candidates: valid tokens the PPO clip left alone with lb < c_t < ub
     max(1, floor(N * select_fraction)) candidates, drawn at random, get L_t <- 0 * L_t (no value, no gradient)
 
-The draw uses the generator of :class:`~rlzoo.interfaces.PolicyBatch` (seeded from the run's seed and step). As verl's ``compute_policy_loss_clip_cov`` (``clip_cov_ratio``, ``clip_cov_lb``,
-``clip_cov_ub``). ``clip/fraction`` counts the PPO-clipped tokens; the zeroed share is ``clip/cov_fraction``
-(verl reports that one as its ``pg_clipfrac``).
+The draw uses the generator of :class:`~rlzoo.interfaces.PolicyBatch` (seeded from the run's seed and step).
+As verl's ``compute_policy_loss_clip_cov`` (``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``).
+``clip/fraction`` counts the PPO-clipped tokens; the zeroed share is ``clip/cov_fraction`` (verl reports that
+one as its ``pg_clipfrac``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ class ClipCovClipper(Clipper):
     """Clip-Cov: PPO clip, and a random few tokens with lb < (A-mean A)(logp-mean logp) < ub get no gradient."""
 
     name = "clip-cov"
-    formula = "PPO clip; max(1, N*select_fraction) random unclipped tokens with lb < (A-mean A)(logp-mean logp) < ub get L = 0"
+    formula = (
+        "PPO clip; max(1, N*select_fraction) random unclipped tokens with lb < (A-mean A)(logp-mean logp) < ub "
+        "get L = 0"
+    )
     reference = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)"
     verl_name = "policy_loss.loss_mode=clip_cov"
 

@@ -47,4 +47,5 @@ class GMPOClipper(Clipper):
         seq_adv = masked(adv, mask).sum(dim=-1, keepdim=True) / lengths
         loss = masked((-seq_adv * seq_ratio).expand_as(log_ratio), mask)
         lr = log_ratio.detach()
-        return ClipResult(loss=loss, clipped_low=(adv < 0) & (lr < -p.eps_low), clipped_high=(adv > 0) & (lr > p.eps_high))
+        low, high = (adv < 0) & (lr < -p.eps_low), (adv > 0) & (lr > p.eps_high)
+        return ClipResult(loss=loss, clipped_low=low, clipped_high=high)

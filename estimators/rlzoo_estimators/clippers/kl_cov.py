@@ -29,7 +29,9 @@ class KLCovClipper(Clipper):
     """KL-Cov: -A*rho, plus kl_coef*|logp - old| on the top covariance tokens (entropy-preserving)."""
 
     name = "kl-cov"
-    formula = "L = -A*rho + kl_coef*|logp - old| on the top max(1, N*select_fraction) tokens by (A-mean A)(logp-mean logp)"
+    formula = (
+        "L = -A*rho + kl_coef*|logp - old| on the top max(1, N*select_fraction) tokens by (A-mean A)(logp-mean logp)"
+    )
     reference = "Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs (arXiv:2505.22617)"
     verl_name = "policy_loss.loss_mode=kl_cov"
 
@@ -54,4 +56,5 @@ class KLCovClipper(Clipper):
         loss = torch.where(selected, loss + penalty, loss)
         never = torch.zeros_like(keep)
         share = selected.sum().item() / max(int(keep.sum().item()), 1)
-        return ClipResult(loss=loss, clipped_low=never, clipped_high=never.clone(), metrics={"clip/cov_fraction": share})
+        metrics = {"clip/cov_fraction": share}
+        return ClipResult(loss=loss, clipped_low=never, clipped_high=never.clone(), metrics=metrics)

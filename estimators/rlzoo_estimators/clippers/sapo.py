@@ -1,4 +1,4 @@
-"""SAPO (Qwen, Soft Adaptive Policy Optimization, 2025): a smooth sigmoid gate instead of a hard clip.
+"""SAPO (Soft Adaptive Policy Optimization, Qwen team 2025, arXiv:2511.20347): a sigmoid gate, not a hard clip.
 
     L_t = -(4 / tau_t) * sigmoid(tau_t * (rho_t - 1)) * A_t,     tau_t = tau_pos if A_t > 0 else tau_neg
 
@@ -20,7 +20,7 @@ class SAPOClipper(Clipper):
 
     name = "sapo"
     formula = "L = -(4/tau) * sigmoid(tau*(rho-1)) * A, tau = tau_pos if A > 0 else tau_neg"
-    reference = "SAPO (Gao et al. 2025, arXiv:2511.20347)"
+    reference = "SAPO (Qwen team 2025, arXiv:2511.20347)"
     verl_name = "policy_loss.loss_mode=sapo"
     trl_name = "loss_type=sapo"
 

@@ -26,7 +26,7 @@ class IcePop(MismatchCorrection):
 
     name = "icepop"
     formula = "w = exp(old_train - old_rollout) if low <= w <= high else 0"
-    reference = "IcePop (Ling Team 2025, Ring-1T, arXiv:2510.18855)"
+    reference = "IcePop (Ling Team 2025, Ring-1T report)"
     verl_name = "rollout_is_threshold='low_high'"
 
     class Params(Params):
