@@ -310,3 +310,46 @@ def test_all_padding_rows_and_batches_are_finite(name):
     assert math.isfinite(loss) and torch.isfinite(grad).all() and (grad[0] == 0).all()
     loss, metrics, grad = loss_and_grad(obj, [[-1.0]], [[-1.0]], [[0.0]], [[0]])
     assert loss == 0.0 and all(math.isfinite(v) for v in metrics.values())
+
+
+@settings(max_examples=50, deadline=None)
+@given(batches(uniform_advantage=False, delta=1.0, min_length=0), floats(0.01, 1.0))
+def test_kl_cov_without_penalty_is_the_plain_surrogate(inputs, fraction):
+    logp, old, adv, mask = inputs
+    kl_cov = objective(create("clipper", "kl-cov", select_fraction=fraction, kl_coef=0.0))
+    plain = objective(create("clipper", "none"))
+    a, b = loss_and_grad(kl_cov, logp, old, adv, mask), loss_and_grad(plain, logp, old, adv, mask)
+    assert a[0] == pytest.approx(b[0], abs=1e-12)
+    torch.testing.assert_close(a[2], b[2], rtol=0, atol=1e-12)
+    n = int(mask.sum().item())
+    assert a[1]["clip/cov_fraction"] == pytest.approx(max(1, int(n * fraction)) / n if n else 0.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(batches(uniform_advantage=False, delta=1.0), floats(0.01, 1.0), st.integers(0, 2**31 - 2))
+def test_clip_cov_only_detaches_unclipped_candidates(inputs, fraction, seed):
+    logp, old, adv, mask = inputs
+    params = {"eps_low": 0.2, "eps_high": 0.2, "select_fraction": fraction, "lb": 0.05, "ub": 5.0}
+    clip_cov = objective(create("clipper", "clip-cov", **params))
+    ppo = objective(create("clipper", "ppo", eps_low=0.2, eps_high=0.2))
+    _, metrics, grad = loss_and_grad(clip_cov, logp, old, adv, mask, seed=seed)
+    _, ppo_metrics, ppo_grad = loss_and_grad(ppo, logp, old, adv, mask)
+    assert metrics["clip/fraction"] == ppo_metrics["clip/fraction"]
+    keep = mask > 0
+    a_c = adv - adv[keep].mean()
+    l_c = logp - logp[keep].mean()
+    cov = a_c * l_c
+    r = torch.exp(logp - old)
+    near = ((cov - 0.05).abs() < 1e-9) | ((cov - 5.0).abs() < 1e-9) | ((r - 1.2).abs() < 1e-9) | ((r - 0.8).abs() < 1e-9)
+    if (near & keep).any():  # on a boundary the test's rounding may differ from the component's
+        return
+    unclipped = ~(((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8)))
+    detached = keep & (grad == 0) & (ppo_grad != 0)
+    # a token that lost its gradient was a candidate: unclipped with lb < c < ub
+    assert (unclipped[detached] & (cov[detached] > 0.05) & (cov[detached] < 5.0)).all()
+    candidates = keep & unclipped & (cov > 0.05) & (cov < 5.0)
+    n = int(keep.sum().item())
+    expected = min(max(1, int(n * fraction)), int(candidates.sum().item()))
+    assert metrics["clip/cov_fraction"] == pytest.approx(expected / n)
+    # everything else keeps PPO's gradient exactly
+    torch.testing.assert_close(grad[keep & ~detached], ppo_grad[keep & ~detached], rtol=0, atol=1e-12)
