@@ -67,13 +67,14 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
 
     update_metrics = []
     with timer("train"):
-        for rows in minibatches(len(mask), algo.minibatches_per_rollout, step_seed(config.seed, step, 2)):
+        shuffle = step_seed(config.seed, step, 2)
+        for index, rows in enumerate(minibatches(len(mask), algo.minibatches_per_rollout, shuffle)):
+            seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
 
-            def loss_fn(logp: torch.Tensor, rows: torch.Tensor = rows) -> tuple[torch.Tensor, dict[str, float]]:
+            def loss_fn(logp: torch.Tensor, rows: torch.Tensor = rows, seed: int = seed) -> tuple[torch.Tensor, dict]:
                 reference = ref_logp[rows] if ref_logp is not None else None
-                return c.objective(
-                    logp, old_logp[rows], rollout.advantages[rows], mask[rows], ref_logp=reference, weights=correction[rows]
-                )
+                advantages, weights = rollout.advantages[rows], correction[rows]
+                return c.objective(logp, old_logp[rows], advantages, mask[rows], reference, weights, seed=seed)
 
             update_metrics.append(c.learner.update(batch, rows, loss_fn))
 

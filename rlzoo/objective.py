@@ -2,7 +2,8 @@
 
     log_w   = clamp(ratio.log_ratio(logp, old_logp, mask), -c, c)
     w       = exp(log_w)
-    L_tok   = clipper.clip(w, A).loss * weights
+    L_tok   = clipper.clip_batch(PolicyBatch(w, log_w, A, mask, logp, old_logp, rng)).loss * weights
+              (per-token clippers only implement clip(w, A), which clip_batch calls by default)
     loss    = aggregation.aggregate(L_tok, mask) + kl_coef * aggregation.aggregate(kl.estimate(logp, ref_logp), mask)
 
 ``objective(...)`` works on plain tensors, so it can be dropped into any training loop::
@@ -22,7 +23,7 @@ import torch
 
 from rlzoo.config import AlgorithmConfig
 from rlzoo.errors import ConfigError
-from rlzoo.interfaces import Clipper, KLEstimator, LossAggregation, RatioEstimator
+from rlzoo.interfaces import Clipper, KLEstimator, LossAggregation, PolicyBatch, RatioEstimator
 from rlzoo.presets import expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
@@ -56,11 +57,15 @@ class Objective:
         mask: torch.Tensor,
         ref_logp: torch.Tensor | None = None,
         weights: torch.Tensor | None = None,
+        seed: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``; ``mask`` is 1 on response tokens.
 
         ``weights`` (optional, no gradient) multiply the per-token loss, e.g. truncated importance-sampling
-        corrections for a training-inference mismatch.
+        corrections for a training-inference mismatch. ``seed`` seeds the generator handed to the clipper for
+        its random choices (Clip-Cov's draw); a training loop passes one derived from the run's seed, the step and
+        the minibatch, so that draws differ between updates and a run is reproducible. Without it the seed is 0:
+        the same inputs always give the same loss.
         """
         if not (logp.shape == old_logp.shape == advantages.shape == mask.shape):
             raise ValueError(
@@ -79,7 +84,9 @@ class Objective:
         log_w = self.ratio.log_ratio(logp, old_logp, mask)
         log_w = log_w.clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
         ratio = torch.exp(log_w)
-        clipped = self.clipper.clip(ratio, advantages)
+        generator = torch.Generator(device=logp.device).manual_seed(seed if seed is not None else 0)
+        policy_batch = PolicyBatch(ratio, log_w, advantages, mask, logp, old_logp, generator)
+        clipped = self.clipper.clip_batch(policy_batch)
         per_token = clipped.loss
         metrics: dict[str, float] = {}
         if self.kl_coef > 0 and ref_logp is None:
@@ -114,6 +121,7 @@ class Objective:
                     "ratio/min": r.min().item() if r.numel() else 1.0,
                     "ratio/max": r.max().item() if r.numel() else 1.0,
                     "kl/old_approx": masked_mean(k3_from_samples_of_old(logp.detach(), old_logp), mask).item(),
+                    **clipped.metrics,
                 }
             )
         return loss, metrics

@@ -65,6 +65,98 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kl": {"name": "k3"},
         "kl_coef": 0.0,
     },
+    # CISPO (MiniMax-M1, 2025): the importance weight is truncated (1 - 1.0 .. 1 + 4.0) but every token keeps its
+    # gradient; token-level loss as in the paper and verl's recipe; no KL.
+    "cispo": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "group", "std_normalize": True},
+        "clipper": {"name": "cispo", "eps_low": 1.0, "eps_high": 4.0},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
+    # SAPO (Gao et al. 2025): a sigmoid gate (tau 1.0 / 1.05) instead of a hard clip; verl always aggregates it
+    # seq-mean-token-mean; no KL.
+    "sapo": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "group", "std_normalize": True},
+        "clipper": {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05},
+        "aggregation": {"name": "seq-mean-token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
+    # GMPO (Zhao et al. 2025): geometric mean of token ratios clipped in log space (0.4 / 0.4), one loss per
+    # response averaged over responses; no KL.
+    "gmpo": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "group", "std_normalize": True},
+        "clipper": {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.4},
+        "aggregation": {"name": "seq-mean-token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
+    # GPG (Chu et al. 2025): no ratio, no clip, the plain policy gradient with GPG's rescaled group advantage;
+    # one gradient step per rollout batch, since nothing corrects for off-policy minibatches.
+    "gpg": {
+        "ratio": {"name": "gpg"},
+        "advantage": {"name": "gpg"},
+        "clipper": {"name": "none"},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+        "minibatches_per_rollout": 1,
+    },
+    # REINFORCE++ (Hu 2025): the outcome return whitened over the whole batch (no per-prompt group), PPO clip 0.2,
+    # token-level loss.
+    "reinforce++": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "reinforce++", "gamma": 1.0},
+        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
+    # REINFORCE++-baseline (same paper): group-mean baseline, then whitened over the batch.
+    "reinforce++-baseline": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "reinforce++-baseline"},
+        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
+    # OPO (Hao et al. 2025): exactly on-policy (one gradient step per rollout batch) with the length-weighted
+    # group baseline; token-level loss, no KL.
+    "opo": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "opo"},
+        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+        "minibatches_per_rollout": 1,
+    },
+    # KL-Cov (Cui et al. 2025): no clip; a |logp - old| penalty on the 0.02% of tokens with the largest
+    # advantage-logp covariance; token-level loss as in the paper's verl recipe.
+    "kl-cov": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "group", "std_normalize": True},
+        "clipper": {"name": "kl-cov", "select_fraction": 0.0002, "kl_coef": 1.0},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
+    # Clip-Cov (same paper): PPO clip 0.2, and 0.02% of the tokens with covariance in (1, 5) detached at random.
+    "clip-cov": {
+        "ratio": {"name": "token"},
+        "advantage": {"name": "group", "std_normalize": True},
+        "clipper": {
+            "name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0,
+        },
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k3"},
+        "kl_coef": 0.0,
+    },
 }
 
 

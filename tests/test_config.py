@@ -156,11 +156,37 @@ DOCUMENTED = {
     "gspo": ("sequence", ("group", {"std_normalize": True}), (3e-4, 4e-4), "seq-mean-token-mean", "k3", 0.0),
     "gspo-token": ("sequence-token", ("group", {"std_normalize": True}), (3e-4, 4e-4), "seq-mean-token-mean", "k3", 0.0),
     "rloo": ("token", ("rloo", {}), (0.2, 0.2), "seq-mean-token-mean", "k3", 0.0),
+    "reinforce++": ("token", ("reinforce++", {"gamma": 1.0}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "reinforce++-baseline": ("token", ("reinforce++-baseline", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "opo": ("token", ("opo", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
+}
+# presets whose clipper is not ppo: ratio, advantage, clipper spec, aggregation, kl_coef, minibatches_per_rollout
+DOCUMENTED_ZOO = {
+    "cispo": ("token", "group", {"name": "cispo", "eps_low": 1.0, "eps_high": 4.0}, "token-mean", 0.0, 4),
+    "sapo": ("token", "group", {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean", 0.0, 4),
+    "gmpo": ("token", "group", {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.4}, "seq-mean-token-mean", 0.0, 4),
+    "gpg": ("gpg", "gpg", {"name": "none"}, "token-mean", 0.0, 1),
+    "kl-cov": ("token", "group", {"name": "kl-cov", "select_fraction": 0.0002, "kl_coef": 1.0}, "token-mean", 0.0, 4),
+    "clip-cov": (
+        "token", "group",
+        {"name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0},
+        "token-mean", 0.0, 4,
+    ),
 }
 
 
 def test_every_preset_is_tested():
-    assert set(PRESETS) == set(DOCUMENTED)
+    assert set(PRESETS) == set(DOCUMENTED) | set(DOCUMENTED_ZOO)
+
+
+@pytest.mark.parametrize("preset", sorted(DOCUMENTED_ZOO))
+def test_zoo_preset_expands_to_documented_components(preset):
+    ratio, advantage, clipper, aggregation, kl_coef, minibatches = DOCUMENTED_ZOO[preset]
+    algorithm = build_config({"algorithm": {"preset": preset}}).algorithm
+    chosen = (algorithm.ratio.name, algorithm.advantage.name, algorithm.aggregation.name)
+    assert chosen == (ratio, advantage, aggregation)
+    assert {"name": algorithm.clipper.name, **algorithm.clipper.params} == clipper
+    assert algorithm.kl_coef == kl_coef and algorithm.minibatches_per_rollout == minibatches
 
 
 @pytest.mark.parametrize("preset", sorted(DOCUMENTED))

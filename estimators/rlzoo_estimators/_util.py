@@ -52,3 +52,34 @@ def group_normalise(
         centred = centred / (std[inverse] + eps)
     constant = (counts[inverse] < 2) | (highs[inverse] == lows[inverse])
     return torch.where(constant, torch.zeros_like(centred), centred)
+
+
+def token_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``c_t = (A_t - mean A) * (logp_t - mean logp)`` per token, means over the valid tokens (Cui et al. 2025).
+
+    The centred product whose batch mean is the covariance driving the policy's entropy change. No gradient;
+    0 at masked positions.
+    """
+    keep = mask > 0
+    count = keep.sum().clamp(min=1).to(logp.dtype)
+    adv = masked(advantages.detach(), mask)
+    lp = masked(logp.detach(), mask)
+    centred = (adv - adv.sum() / count) * (lp - lp.sum() / count)
+    return masked(centred, mask)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(v - mu) / sqrt(var + 1e-8)`` over the valid tokens of the whole batch (verl's ``masked_whiten``).
+
+    ``mu = sum m v / N`` and ``var = sum m (v - mu)^2 / (N - 1)`` (unbiased), ``N`` the number of valid tokens.
+    verl divides its means by ``N + 1e-8``, a relative difference below 1e-8 except that it turns a constant
+    batch into ``~1e-5 * v`` instead of 0. With fewer than two valid tokens there is no spread and no signal:
+    the result is 0. Computed in float64; 0 at masked positions.
+    """
+    v = masked(values.to(torch.float64), mask)
+    n = (mask > 0).sum().to(torch.float64)
+    if n < 2:
+        return torch.zeros_like(v)
+    centred = masked(v - v.sum() / n, mask)
+    var = (centred * centred).sum() / (n - 1.0)
+    return masked(centred * torch.rsqrt(var + 1e-8), mask)

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import rlzoo
+from rlzoo_estimators.advantages.gpg import GPGAdvantage
 from rlzoo_estimators.advantages.group import GroupAdvantage
+from rlzoo_estimators.advantages.opo import OPOAdvantage
 from rlzoo_estimators.advantages.process import ProcessAdvantage
+from rlzoo_estimators.advantages.reinforce_pp import ReinforcePlusPlusAdvantage
+from rlzoo_estimators.advantages.reinforce_pp_baseline import ReinforcePlusPlusBaselineAdvantage
 from rlzoo_estimators.advantages.rloo import RLOOAdvantage
 from rlzoo_estimators.aggregations.seq_mean_token_mean import SeqMeanTokenMean
+from rlzoo_estimators.aggregations.seq_mean_token_sum import SeqMeanTokenSum
 from rlzoo_estimators.aggregations.seq_mean_token_sum_norm import SeqMeanTokenSumNorm
 from rlzoo_estimators.aggregations.token_mean import TokenMean
+from rlzoo_estimators.clippers.cispo import CISPOClipper
+from rlzoo_estimators.clippers.clip_cov import ClipCovClipper
 from rlzoo_estimators.clippers.dual_clip import DualClipper
+from rlzoo_estimators.clippers.gmpo import GMPOClipper
+from rlzoo_estimators.clippers.kl_cov import KLCovClipper
 from rlzoo_estimators.clippers.none import NoClipper
 from rlzoo_estimators.clippers.ppo import PPOClipper
+from rlzoo_estimators.clippers.sapo import SAPOClipper
+from rlzoo_estimators.corrections.icepop import IcePop
 from rlzoo_estimators.corrections.none import NoCorrection
 from rlzoo_estimators.corrections.tis import TruncatedIS
 from rlzoo_estimators.kl.k1 import K1
 from rlzoo_estimators.kl.k2 import K2
 from rlzoo_estimators.kl.k3 import K3
+from rlzoo_estimators.ratios.gpg import GPGRatio
 from rlzoo_estimators.ratios.sequence import SequenceRatio
 from rlzoo_estimators.ratios.sequence_token import SequenceTokenRatio
 from rlzoo_estimators.ratios.token import TokenRatio
@@ -24,22 +36,30 @@ from rlzoo_estimators.ratios.token import TokenRatio
 
 @rlzoo.hookimpl
 def rlzoo_ratio_estimators() -> list[type]:
-    return [TokenRatio, SequenceRatio, SequenceTokenRatio]
+    return [TokenRatio, SequenceRatio, SequenceTokenRatio, GPGRatio]
 
 
 @rlzoo.hookimpl
 def rlzoo_advantage_sources() -> list[type]:
-    return [GroupAdvantage, RLOOAdvantage, ProcessAdvantage]
+    return [
+        GroupAdvantage,
+        RLOOAdvantage,
+        ProcessAdvantage,
+        ReinforcePlusPlusAdvantage,
+        ReinforcePlusPlusBaselineAdvantage,
+        OPOAdvantage,
+        GPGAdvantage,
+    ]
 
 
 @rlzoo.hookimpl
 def rlzoo_clippers() -> list[type]:
-    return [PPOClipper, DualClipper, NoClipper]
+    return [PPOClipper, DualClipper, NoClipper, CISPOClipper, SAPOClipper, GMPOClipper, KLCovClipper, ClipCovClipper]
 
 
 @rlzoo.hookimpl
 def rlzoo_aggregations() -> list[type]:
-    return [TokenMean, SeqMeanTokenMean, SeqMeanTokenSumNorm]
+    return [TokenMean, SeqMeanTokenMean, SeqMeanTokenSum, SeqMeanTokenSumNorm]
 
 
 @rlzoo.hookimpl
@@ -49,4 +69,4 @@ def rlzoo_kl_estimators() -> list[type]:
 
 @rlzoo.hookimpl
 def rlzoo_corrections() -> list[type]:
-    return [NoCorrection, TruncatedIS]
+    return [NoCorrection, TruncatedIS, IcePop]

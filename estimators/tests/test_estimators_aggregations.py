@@ -1,4 +1,4 @@
-"""Loss aggregations: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm."""
+"""Loss aggregations: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rlzoo.errors import ConfigError
 # padded positions hold large values that must not count
 LOSS = [[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100.0]]
 MASK = [[1, 1, 1, 0], [1, 0, 0, 0]]
-NAMES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+NAMES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 @pytest.mark.parametrize(
@@ -23,6 +23,7 @@ NAMES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
     [
         ("token-mean", {}, (1 + 2 + 3 + 4) / 4),
         ("seq-mean-token-mean", {}, ((1 + 2 + 3) / 3 + 4 / 1) / 2),
+        ("seq-mean-token-sum", {}, ((1 + 2 + 3) + 4) / 2),
         ("seq-mean-token-sum-norm", {}, (1 + 2 + 3 + 4) / (2 * 4)),
         ("seq-mean-token-sum-norm", {"max_tokens": 10}, (1 + 2 + 3 + 4) / (2 * 10)),
     ],
@@ -39,6 +40,7 @@ def test_aggregation_hand_values(name, params, expected):
         # d loss / d L_{i,t} on response tokens
         ("token-mean", [1 / 4, 1 / 4]),
         ("seq-mean-token-mean", [1 / (2 * 3), 1 / (2 * 1)]),
+        ("seq-mean-token-sum", [1 / 2, 1 / 2]),
         ("seq-mean-token-sum-norm", [1 / 8, 1 / 8]),
     ],
 )
@@ -59,9 +61,14 @@ def test_non_finite_padding_is_ignored(name):
     assert torch.isfinite(grad).all() and grad[0, 2] == 0 and grad[1, 1] == 0 and grad[1, 2] == 0
 
 
-def test_seq_mean_token_mean_skips_empty_responses():
-    out = create("aggregation", "seq-mean-token-mean").aggregate(t([[2.0, 4.0], [9.0, 9.0]]), t([[1, 1], [0, 0]]))
-    assert out.item() == pytest.approx(3.0)
+@pytest.mark.parametrize(
+    "name, expected",
+    [("seq-mean-token-mean", 3.0), ("seq-mean-token-sum", 6.0), ("seq-mean-token-sum-norm", 6.0 / 2)],
+)
+def test_seq_mean_modes_count_only_non_empty_responses(name, expected):
+    # verl's agg_loss: a fully masked row counts for nothing in the number of sequences
+    out = create("aggregation", name).aggregate(t([[2.0, 4.0], [9.0, 9.0]]), t([[1, 1], [0, 0]]))
+    assert out.item() == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -95,7 +102,8 @@ def test_aggregations_against_reference_and_padding(data, extra):
     reference = {
         "token-mean": sum(tokens) / len(tokens) if tokens else 0.0,
         "seq-mean-token-mean": sum(sum(r) / len(r) for r in nonempty) / len(nonempty) if nonempty else 0.0,
-        "seq-mean-token-sum-norm": sum(tokens) / (len(rows) * loss.shape[1]),
+        "seq-mean-token-sum": sum(sum(r) for r in nonempty) / len(nonempty) if nonempty else 0.0,
+        "seq-mean-token-sum-norm": sum(tokens) / (len(nonempty) * loss.shape[1]) if nonempty else 0.0,
     }
     padded_loss = torch.cat([loss, torch.full((loss.shape[0], extra), 1e6, dtype=loss.dtype)], 1)
     padded_mask = torch.cat([mask, torch.zeros(mask.shape[0], extra, dtype=mask.dtype)], 1)

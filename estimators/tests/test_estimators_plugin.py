@@ -14,12 +14,12 @@ from rlzoo.interfaces import Params
 
 PACKAGE_DIR = pathlib.Path(rlzoo_estimators.__file__).parent
 EXPECTED = {
-    "ratio": ["sequence", "sequence-token", "token"],
-    "advantage": ["group", "process", "rloo"],
-    "clipper": ["dual-clip", "none", "ppo"],
-    "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"],
+    "ratio": ["gpg", "sequence", "sequence-token", "token"],
+    "advantage": ["gpg", "group", "opo", "process", "reinforce++", "reinforce++-baseline", "rloo"],
+    "clipper": ["cispo", "clip-cov", "dual-clip", "gmpo", "kl-cov", "none", "ppo", "sapo"],
+    "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"],
     "kl": ["k1", "k2", "k3"],
-    "correction": ["none", "tis"],
+    "correction": ["icepop", "none", "tis"],
 }
 
 
@@ -59,6 +59,9 @@ def test_component_documentation_and_params(info):
     for field_name, field in cls.Params.model_fields.items():
         assert field.description, f"{cls.__name__}.Params.{field_name} has no description"
     cls.Params()  # every parameter has a default
+    assert cls.formula, f"{cls.__name__} declares no formula (docs/components.md is generated from it)"
+    if cls.name != "none":
+        assert cls.reference, f"{cls.__name__} declares no reference"
 
 
 def test_only_rlzoo_public_api_is_imported():

@@ -3,7 +3,7 @@
 from rlzoo.interfaces.advantage import AdvantageSource, RewardBatch
 from rlzoo.interfaces.aggregation import LossAggregation
 from rlzoo.interfaces.base import Component, Params
-from rlzoo.interfaces.clipper import Clipper, ClipResult
+from rlzoo.interfaces.clipper import Clipper, ClipResult, PolicyBatch
 from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.ratio import RatioEstimator
@@ -20,6 +20,7 @@ __all__ = [
     "LossAggregation",
     "MismatchCorrection",
     "Params",
+    "PolicyBatch",
     "RatioEstimator",
     "RecordedRouting",
     "RewardBatch",

@@ -23,11 +23,19 @@ class Component:
     Subclasses set ``name`` (unique within their ``kind``) and, if they take parameters, a nested ``Params``
     model. The first line of the class docstring is the summary shown by ``rlzoo plugins list``; the rest
     states the formula.
+
+    The catalogue attributes feed the generated component table (docs/components.md); all are optional:
+    ``formula`` (one line, plain text), ``reference`` (the paper or source), ``verl_name`` and ``trl_name``
+    (what verl / TRL call the same thing, empty where they have none).
     """
 
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params
+    formula: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    verl_name: ClassVar[str] = ""
+    trl_name: ClassVar[str] = ""
     #: Python packages the component imports when it starts (a run checks they are installed before starting)
     requires: ClassVar[tuple[str, ...]] = ()
     #: how to install ``requires``, shown when one is missing

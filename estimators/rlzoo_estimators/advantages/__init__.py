@@ -1,1 +1,2 @@
-"""Advantage sources: group (GRPO / Dr.GRPO), rloo, process (per-step rewards)."""
+"""Advantage sources: group (GRPO / Dr.GRPO), rloo, process (per-step rewards), reinforce++, reinforce++-baseline,
+opo, gpg."""

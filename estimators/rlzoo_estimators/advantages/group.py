@@ -23,6 +23,10 @@ class GroupAdvantage(AdvantageSource):
     """
 
     name = "group"
+    formula = "A_i = (r_i - mean_group r) / (std_group r + eps)"
+    reference = "GRPO (Shao et al. 2024, arXiv:2402.03300); Dr.GRPO"
+    verl_name = "adv_estimator=grpo"
+    trl_name = "scale_rewards"
 
     class Params(Params):
         std_normalize: bool = Field(True, description="divide by the group std (false gives Dr.GRPO)")

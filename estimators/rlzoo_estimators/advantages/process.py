@@ -29,6 +29,8 @@ class ProcessAdvantage(AdvantageSource):
     """
 
     name = "process"
+    formula = "A_it = sum_{k >= step(t)} group-normalised step rewards"
+    reference = "DeepSeekMath process supervision (Shao et al. 2024, §4.1.3)"
     needs_step_rewards = True
 
     class Params(Params):

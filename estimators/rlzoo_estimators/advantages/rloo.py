@@ -20,6 +20,10 @@ class RLOOAdvantage(AdvantageSource):
     """
 
     name = "rloo"
+    formula = "A_i = r_i - mean_{j != i in group} r_j"
+    reference = "RLOO (Ahmadian et al. 2024, arXiv:2402.14740)"
+    verl_name = "adv_estimator=rloo"
+    trl_name = "RLOOTrainer"
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         r = batch.rewards.to(torch.float64)

@@ -1,1 +1,1 @@
-"""Loss aggregations: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm."""
+"""Loss aggregations: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""

@@ -22,6 +22,10 @@ class SeqMeanTokenMean(LossAggregation):
     """
 
     name = "seq-mean-token-mean"
+    formula = "mean over non-empty rows of sum_t m L / |y_i|"
+    reference = "GRPO (Shao et al. 2024)"
+    verl_name = "loss_agg_mode=seq-mean-token-mean"
+    trl_name = "loss_type=grpo"
 
     def aggregate(self, per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         sums = masked(per_token_loss, mask).sum(dim=-1)

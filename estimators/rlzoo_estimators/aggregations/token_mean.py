@@ -20,6 +20,10 @@ class TokenMean(LossAggregation):
     """
 
     name = "token-mean"
+    formula = "sum m L / sum m"
+    reference = "DAPO (Yu et al. 2025, arXiv:2503.14476)"
+    verl_name = "loss_agg_mode=token-mean"
+    trl_name = "loss_type=dapo|bnpo"
 
     def aggregate(self, per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         total = masked(per_token_loss, mask).sum()

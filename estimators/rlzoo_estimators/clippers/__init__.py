@@ -1,1 +1,1 @@
-"""Clippers: ppo, dual-clip, none."""
+"""Clippers (policy losses): ppo, dual-clip, none, cispo, sapo, gmpo, kl-cov, clip-cov."""

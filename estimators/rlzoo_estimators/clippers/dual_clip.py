@@ -24,6 +24,9 @@ class DualClipper(Clipper):
     """
 
     name = "dual-clip"
+    formula = "A < 0: L = min(PPO loss, c |A|)"
+    reference = "Dual-clip PPO (Ye et al. 2020, arXiv:1912.09729)"
+    verl_name = "clip_ratio_c"
 
     class Params(PPOParams):
         c: float = Field(3.0, gt=1.0, description="dual-clip bound: for A < 0 the loss is at most c*|A| (c > 1)")

@@ -19,6 +19,8 @@ class NoClipper(Clipper):
     """
 
     name = "none"
+    formula = "L = -rho A"
+    reference = "importance-weighted policy gradient"
 
     def clip(self, ratio: torch.Tensor, advantages: torch.Tensor) -> ClipResult:
         never = torch.zeros(ratio.shape, dtype=torch.bool, device=ratio.device)

@@ -41,6 +41,10 @@ class PPOClipper(Clipper):
     """
 
     name = "ppo"
+    formula = "L = -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)"
+    reference = "PPO (Schulman et al. 2017); clip-higher: DAPO (Yu et al. 2025)"
+    verl_name = "policy_loss.loss_mode=vanilla"
+    trl_name = "loss_type=grpo|bnpo|dapo"
     Params = PPOParams
 
     def clip(self, ratio: torch.Tensor, advantages: torch.Tensor) -> ClipResult:

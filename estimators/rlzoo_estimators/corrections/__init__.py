@@ -1,1 +1,1 @@
-"""Train-inference mismatch corrections."""
+"""Train-inference mismatch corrections: none, tis, icepop."""

@@ -11,6 +11,7 @@ class NoCorrection(MismatchCorrection):
     """No correction: w = 1 (trust the rollout engine's samples as the old policy's)."""
 
     name = "none"
+    formula = "w = 1"
 
     def weights(self, old_train: torch.Tensor, old_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(old_train)

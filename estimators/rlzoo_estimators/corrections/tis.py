@@ -23,6 +23,10 @@ class TruncatedIS(MismatchCorrection):
     """Truncated importance sampling min(pi_train/pi_rollout, C), per token or per sequence; truncate or mask."""
 
     name = "tis"
+    formula = "w = min(pi_train/pi_rollout, C) (truncate) or w * 1[w <= C] (mask), per token or sequence"
+    reference = "TIS (Yao et al. 2025, Your efficient RL framework secretly brings you off-policy RL training)"
+    verl_name = "rollout_is=token|sequence, rollout_is_threshold=C"
+    trl_name = "vllm_importance_sampling_mode"
 
     class Params(Params):
         level: Literal["token", "sequence"] = Field("token", description="one weight per token or per response")

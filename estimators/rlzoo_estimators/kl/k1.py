@@ -19,6 +19,9 @@ class K1(KLEstimator):
     """
 
     name = "k1"
+    formula = "k1 = logp - ref"
+    reference = "Schulman 2020, Approximating KL divergence"
+    verl_name = "kl_loss_type=k1"
 
     def estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         return logp - ref_logp

@@ -19,6 +19,9 @@ class K2(KLEstimator):
     """
 
     name = "k2"
+    formula = "k2 = (logp - ref)^2 / 2"
+    reference = "Schulman 2020, Approximating KL divergence"
+    verl_name = "kl_loss_type=mse"
 
     def estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         return 0.5 * (logp - ref_logp).square()

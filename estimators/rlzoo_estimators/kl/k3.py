@@ -19,6 +19,10 @@ class K3(KLEstimator):
     """
 
     name = "k3"
+    formula = "k3 = exp(ref - logp) - 1 - (ref - logp)"
+    reference = "Schulman 2020; GRPO (Shao et al. 2024)"
+    verl_name = "kl_loss_type=low_var_kl"
+    trl_name = "beta"
 
     def estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         log_q_over_p = ref_logp - logp

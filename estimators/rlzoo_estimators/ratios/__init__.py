@@ -1,1 +1,1 @@
-"""Ratio estimators: token, sequence (GSPO), sequence-token (GSPO-token)."""
+"""Ratio estimators: token, sequence (GSPO), sequence-token (GSPO-token), gpg (no ratio)."""

@@ -27,6 +27,9 @@ class SequenceRatio(RatioEstimator):
     """
 
     name = "sequence"
+    formula = "log s_i = sum_t m (logp - old) / |y_i|, one value per response"
+    reference = "GSPO (Zheng et al. 2025, arXiv:2507.18071)"
+    trl_name = "importance_sampling_level=sequence"
     level = "sequence"
 
     def log_ratio(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

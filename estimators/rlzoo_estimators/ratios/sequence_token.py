@@ -24,6 +24,9 @@ class SequenceTokenRatio(RatioEstimator):
     """
 
     name = "sequence-token"
+    formula = "log s_it = sg(log s_i) + logp_t - sg(logp_t)"
+    reference = "GSPO-token (Zheng et al. 2025, §4.3)"
+    verl_name = "policy_loss.loss_mode=gspo"
     level = "sequence"
 
     def log_ratio(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

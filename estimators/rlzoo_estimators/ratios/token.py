@@ -20,6 +20,10 @@ class TokenRatio(RatioEstimator):
     """
 
     name = "token"
+    formula = "log w = logp - old"
+    reference = "PPO (Schulman et al. 2017); GRPO (Shao et al. 2024)"
+    verl_name = "policy_loss.loss_mode=vanilla"
+    trl_name = "importance_sampling_level=token"
     level = "token"
 
     def log_ratio(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

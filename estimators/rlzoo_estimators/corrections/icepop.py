@@ -1,0 +1,49 @@
+"""IcePop (Ling Team, Ring-1T 2025; verl's two-sided ``rollout_is_threshold="low_high"``): keep the
+importance weight of tokens whose train-inference ratio is moderate, drop the rest.
+
+    token level:     w_t = exp(old_train_t - old_rollout_t)
+    sequence level:  w_i = exp( sum_t m_t (old_train_t - old_rollout_t) )      broadcast over the response
+    w <- w if low <= w <= high else 0
+
+The log-weight is clamped to +-20 before exp (verl's safety bound). The weights carry no gradient; they multiply
+the per-token policy loss, so a dropped token contributes nothing. As verl's ``compute_rollout_correction_weights``
+with a ``"low_high"`` threshold.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from rlzoo.interfaces import MismatchCorrection, Params
+from rlzoo_estimators._util import masked
+
+
+class IcePop(MismatchCorrection):
+    """IcePop: weight pi_train/pi_rollout where it lies in [low, high], 0 outside (the token is dropped)."""
+
+    name = "icepop"
+    formula = "w = exp(old_train - old_rollout) if low <= w <= high else 0"
+    reference = "IcePop (Ling Team 2025, Ring-1T report)"
+    verl_name = "rollout_is_threshold='low_high'"
+
+    class Params(Params):
+        low: float = Field(0.5, gt=0.0, description="weights below low are zeroed")
+        high: float = Field(5.0, gt=0.0, description="weights above high are zeroed")
+        level: Literal["token", "sequence"] = Field("token", description="one weight per token or per response")
+
+        @model_validator(mode="after")
+        def _ordered(self) -> IcePop.Params:
+            if self.low > self.high:
+                raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+            return self
+
+    def weights(self, old_train: torch.Tensor, old_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        log_w = masked(old_train - old_rollout, mask)
+        if self.params.level == "sequence":
+            log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
+        w = torch.exp(log_w.clamp(-20.0, 20.0)).detach()
+        kept = (w >= self.params.low) & (w <= self.params.high)
+        return masked(torch.where(kept, w, torch.zeros_like(w)), mask)
