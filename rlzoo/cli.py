@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     train.set_defaults(func=cmd_train)
 
-    verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)"))).set_defaults(func=cmd_sft)
+    sft = verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")))
+    sft.set_defaults(func=cmd_sft)
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")

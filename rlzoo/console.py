@@ -13,8 +13,8 @@ and above, Python warnings raised elsewhere, and whatever an engine writes strai
 stderr, from Python (``print``, a handler bound to ``sys.stdout``) or from C++ (torch's ``[W ...]`` lines, which
 never pass through Python). To catch the last kind, file descriptors 1 and 2 point at the log file while the run
 lasts; the console keeps duplicates of the original ones, ``sys.stderr`` is swapped for the duplicate of fd 2 (so the
-progress bars, errors and tracebacks stay visible), and ``sys.stdout`` is left on fd 1 (the log file: DeepSpeed's
-``print``\\ s land there). ``--verbose`` redirects nothing: every record at INFO and above, from every library, shows
+progress bars, errors and tracebacks stay visible), and ``sys.stdout`` is left on fd 1 (the log file: what DeepSpeed
+prints lands there). ``--verbose`` redirects nothing: every record at INFO and above, from every library, shows
 on the console and also goes to the log file.
 
 vLLM configures its own handler (to stdout) unless ``VLLM_CONFIGURE_LOGGING=0``; it is set here before vLLM is
@@ -32,7 +32,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -88,7 +88,6 @@ class Console:
     err: TextIO
     log_file: Path | None
     verbose: bool
-    _undo: list = field(default_factory=list, repr=False)
 
     def print(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -150,7 +149,8 @@ def _descriptors_to(path: Path) -> Iterator[tuple[TextIO, TextIO]]:
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     streams = {
         fd: io.TextIOWrapper(
-            io.FileIO(os.dup(saved[fd]), "w"), encoding="utf-8", errors="replace", line_buffering=True, write_through=True
+            io.FileIO(os.dup(saved[fd]), "w"), encoding="utf-8", errors="replace", line_buffering=True,
+            write_through=True,
         )
         for fd in (1, 2)
     }

@@ -179,9 +179,8 @@ def console_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProces
     for mode, extra in (("quiet", []), ("verbose", ["--verbose"])):
         run_dir = root / mode
         sets = [a for o in [*overrides, f"output_dir={run_dir}"] for a in ("--set", o)]
-        proc = subprocess.run(
-            [*_rlzoo_command(), "train", str(config), *sets, *extra], capture_output=True, text=True, timeout=900, cwd=root
-        )
+        command = [*_rlzoo_command(), "train", str(config), *sets, *extra]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=root)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         runs[mode] = (proc, run_dir)
     return runs
