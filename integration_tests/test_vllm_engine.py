@@ -6,6 +6,7 @@ module's tests, which run in order: sampling checks on the initial weights first
 
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before vllm is imported, by importorskip below
@@ -194,6 +195,48 @@ def test_moe_sync_needs_the_repack(case):
     print(f"\n[{case.architecture}] reload without re-pack: max |dlogp| {broken:.2e}; with re-pack {fixed:.2e}")
     assert broken > 1e-1
     assert fixed < TOL
+
+
+class Records(logging.Handler):
+    """Keeps every record logged under vLLM's logger while attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def warnings(self) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING]
+
+
+def vllm_warnings_during(action) -> list[str]:
+    handler = Records()
+    vllm_logger = logging.getLogger("vllm")
+    vllm_logger.addHandler(handler)
+    try:
+        action()
+    finally:
+        vllm_logger.removeHandler(handler)
+    return handler.warnings()
+
+
+def test_sync_logs_no_false_reload_alarm(case):
+    """vLLM's reload warns ``RotaryEmbedding: Failed to load weights`` on every call (a layer holding only a
+    derived, non-persistent buffer); our sync silences that one message and nothing else, and every weight arrives."""
+    sampling = SamplingSettings(n=N, max_new_tokens=MAX_NEW, seed=19)
+    perturb(case.model)
+    weights = [(name, t.detach().clone()) for name, t in checkpoint_weights(case.model)]
+    raw = vllm_warnings_during(
+        lambda: case.engine.llm.collective_rpc(
+            "reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True)
+        )
+    )
+    assert "RotaryEmbedding: Failed to load weights" in raw  # the capture sees vLLM's message
+    ours = vllm_warnings_during(lambda: case.engine.sync_weights(checkpoint_weights(case.model)))
+    assert not [m for m in ours if "Failed to load weights" in m or "not loaded" in m], ours
+    assert max_logp_gap(case.model, flat(case.engine.generate(case.prompts, sampling))) < TOL
 
 
 def test_bfloat16_moe_sync(tokenizer, tmp_path_factory):

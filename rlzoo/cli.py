@@ -57,34 +57,36 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlzoo.run import train
+    from rlzoo import distributed
+    from rlzoo.console import final_summary, log_path, run_console, start_summary
+    from rlzoo.preflight import preflight
+    from rlzoo.run import TrainingRun
 
-    run_dir = train(_load(args), resume=Path(args.resume) if args.resume else None, registry=_registry())
-    if os.environ.get("RANK", "0") == "0":  # under torchrun / deepspeed every rank gets here; rank 0 reports
-        _print_summary(run_dir)
+    config, registry = _load(args), _registry()
+    resume = Path(args.resume) if args.resume else None
+    preflight(config, registry, resume=resume, world=distributed.launched_world_size())  # before any file is made
+    run_dir = resume or Path(config.output_dir)
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun / deepspeed every rank gets here; rank 0 reports
+    with run_console(log_path(run_dir, rank), args.verbose) as console:
+        if rank == 0:
+            console.print("\n".join(start_summary("train", args.config, config, run_dir, console)))
+        run_dir = TrainingRun(config, registry, resume).run()
+        if rank == 0:
+            console.print("\n".join(final_summary(run_dir, args.config, console)))
     return 0
 
 
-def _print_summary(run_dir: Path) -> None:
-    from rlzoo.metrics import read_metrics
-
-    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
-    if evals:
-        first, last = evals[0], evals[-1]
-        print(
-            f"held-out accuracy: {first['eval/accuracy']:.3f} (step {first['step']}) -> "
-            f"{last['eval/accuracy']:.3f} (step {last['step']}); run folder: {run_dir}"
-        )
-
-
 def cmd_sft(args: argparse.Namespace) -> int:
+    from rlzoo.console import log_path, run_console, start_summary
     from rlzoo.run import initial_model_dir, make_task
+    from rlzoo.sft import cold_start_dir
 
-    config = _load(args)
-    registry = _registry()
-    directory = initial_model_dir(config, make_task(config, registry), registry)
-    report = directory / "cold_start.json"
-    print(report.read_text() if report.is_file() else f"model: {directory}")
+    config, registry = _load(args), _registry()
+    with run_console(log_path(Path(config.output_dir)), args.verbose) as console:
+        console.print("\n".join(start_summary("sft", args.config, config, cold_start_dir(config), console)))
+        directory = initial_model_dir(config, make_task(config, registry), registry)
+        report = directory / "cold_start.json"
+        console.print(report.read_text() if report.is_file() else f"model: {directory}")
     return 0
 
 
@@ -96,15 +98,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quiet_libraries() -> None:
-    """transformers draws a progress bar for every tiny save/load and vLLM logs every weight sync; ours are
-    the progress bars worth watching. Set through the environment, which the libraries read when they are
-    imported: importing transformers here would cost every command seconds."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
-
-
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
@@ -113,7 +106,8 @@ def _positive(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="rlzoo", description=__doc__)
-    root.add_argument("-v", "--verbose", action="store_true", help="log more, and show tracebacks")
+    verbose_help = "show every library's messages on the console, and tracebacks"
+    root.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = root.add_subparsers(dest="command", required=True)
 
     plugins = sub.add_parser("plugins", help="inspect installed components").add_subparsers(dest="action", required=True)
@@ -126,6 +120,11 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
         return p
 
+    def verbose(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        # also after the command (`rlzoo train CONFIG --verbose`); SUPPRESS keeps the root option's value otherwise
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
+        return p
+
     config = sub.add_parser("config", help="config tools").add_subparsers(dest="action", required=True)
     check = with_config(config.add_parser("check", help="validate a config as `train` would, and print it resolved"))
     check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
@@ -134,11 +133,12 @@ def parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(func=cmd_config_check)
 
-    train = with_config(sub.add_parser("train", help="run RL post-training"))
+    train = verbose(with_config(sub.add_parser("train", help="run RL post-training")))
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     train.set_defaults(func=cmd_train)
 
-    with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")).set_defaults(func=cmd_sft)
+    sft = verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")))
+    sft.set_defaults(func=cmd_sft)
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")
@@ -148,9 +148,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # train and sft set up their own console and log file (rlzoo.console); the other commands only need this
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        _quiet_libraries()
     try:
         return args.func(args)
     except RlzooError as err:

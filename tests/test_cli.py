@@ -161,3 +161,85 @@ def test_config_check_for_several_processes(tmp_path, capsys):
     capsys.readouterr()
     assert main(["config", "check", str(path), "--processes", "2"]) == 1
     assert "2 processes need at least 2 rows in every minibatch" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- a run's console
+# the main job's engines (vLLM when installed, else transformers generate; DeepSpeed with DeepSpeed-MoE) on the
+# smallest possible run: the engines start up, sync and shut down as in the main job
+TINY_RUN = [
+    "cold_start.steps=2",
+    "cold_start.batch_size=8",
+    "cold_start.examples=32",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=4",
+    "train.steps=1",
+    "train.eval_every=1",
+    "train.eval_prompts=4",
+    "train.eval_samples_per_prompt=1",
+    "train.checkpoint_every=1",
+]
+SUMMARY_START = ("rlzoo train ", "  algorithm  ", "  model      ", "  task       ", "  engines    ", "  schedule   ")
+SUMMARY_END = ("held-out accuracy: ", "results in ", "  metrics      ", "  checkpoint   ", "  log          ", "  plot ")
+BARS = ("cold start (SFT):", "rl:")
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="module")
+def console_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """The same tiny run twice, quiet and ``--verbose`` (the second reuses the first's cold start)."""
+    root = tmp_path_factory.mktemp("console")
+    config = REPO / "examples" / "gspo_tiny_moe.yaml"
+    rollout = "vllm" if _has_vllm() else "hf"
+    overrides = [*TINY_RUN, f"rollout.engine={{name: {rollout}}}", f"cold_start.output_dir={root / 'cold'}"]
+    runs = {}
+    for mode, extra in (("quiet", []), ("verbose", ["--verbose"])):
+        run_dir = root / mode
+        sets = [a for o in [*overrides, f"output_dir={run_dir}"] for a in ("--set", o)]
+        command = [*_rlzoo_command(), "train", str(config), *sets, *extra]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=root)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[mode] = (proc, run_dir)
+    return runs
+
+
+def _terminal_lines(text: str) -> list[str]:
+    """What stays on a terminal: a progress bar redraws its line with \\r, so only the last draw counts."""
+    return [line.split("\r")[-1] for line in text.splitlines()]
+
+
+def test_run_console_is_the_summary_and_the_bars(console_runs):
+    proc, run_dir = console_runs["quiet"]
+    out = _terminal_lines(proc.stdout)
+    # stdout: the start summary, then the final one, and nothing else (engines print to stdout: none of it shows)
+    assert [line.startswith(SUMMARY_START + ("  output     ", "  log        ")) for line in out[:8]] == [True] * 8, out
+    assert all(line.startswith(SUMMARY_START + SUMMARY_END + ("  output     ", "  log        ")) for line in out), out
+    assert out[-1] == f"  plot         rlzoo plot {run_dir}", out
+    assert any(line.startswith("held-out accuracy: ") for line in out), out
+    # stderr: the progress bars only, one after the other
+    for fragment in proc.stderr.replace("\r", "\n").splitlines():
+        assert fragment == "" or fragment.startswith(BARS), (fragment, proc.stderr[-3000:])
+    assert len(out) + len(_terminal_lines(proc.stderr)) < 50
+    # the engines' start-up messages are in the run's log instead
+    log = (run_dir / "log.txt").read_text()
+    assert "Setting accelerator to CPU" in log  # DeepSpeed's logger, bound to stdout
+    assert "No existing process group found" in log  # DeepSpeed-MoE's print()
+    if _has_vllm():
+        assert "vllm." in log and "Failed to load weights" not in log
+
+
+def test_verbose_run_console_shows_the_engines(console_runs):
+    quiet, _ = console_runs["quiet"]
+    verbose, run_dir = console_runs["verbose"]
+    console = verbose.stdout + verbose.stderr
+    assert "Setting accelerator to CPU" in console and "No existing process group found" in console
+    if _has_vllm():
+        assert "INFO vllm." in console
+    assert "held-out accuracy: " in verbose.stdout
+    assert len(console.splitlines()) > len((quiet.stdout + quiet.stderr).splitlines()) + 10
+    assert (run_dir / "log.txt").is_file()

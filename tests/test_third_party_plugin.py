@@ -1,13 +1,15 @@
 """A third party's plugin, pip-installed into a fresh virtual environment, is found and usable by name.
 
-The venv sees the system site-packages (rlzoo and its first-party plugins, installed there) and gets one more
-distribution, ``rlzoo-myplug``, built from a throwaway source tree. Nothing is downloaded.
+The venv is layered over the environment running the tests (rlzoo and its first-party plugins are installed
+there) and gets one more distribution, ``rlzoo-myplug``, built from a throwaway source tree with that environment's
+own pip and setuptools. Nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -86,17 +88,41 @@ def pip_install(python: Path, *args) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
-    """A venv over the system site-packages with ``rlzoo-myplug`` installed; returns its python."""
-    root = tmp_path_factory.mktemp("thirdparty")
-    env_dir = root / "venv"
-    # no pip of its own: the system pip is visible through --system-site-packages and installs into the venv
-    proc = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", env_dir])
+def layered_venv(env_dir: Path) -> Path:
+    """A venv whose interpreter also sees every site-packages folder of the running one; returns its python.
+
+    ``venv --system-site-packages`` is not enough: made from a venv's python it exposes the *base* interpreter's
+    site-packages (no rlzoo there, and an old setuptools without ``bdist_wheel``), not the test venv's. A ``.pth``
+    line that calls ``site.addsitedir`` adds the running interpreter's folders after the new venv's own, with their
+    ``.pth`` files processed (editable installs), so a distribution installed into the new venv is found first and
+    pip, setuptools and rlzoo come from the test environment. No pip of its own (``--without-pip``): the test
+    environment's pip, run by the new interpreter, installs into the new venv.
+    """
+    proc = run([sys.executable, "-m", "venv", "--without-pip", env_dir])
     assert proc.returncode == 0, proc.stderr
     python = env_dir / "bin" / "python"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (Path(purelib) / "_rlzoo_test_outer.pth").write_text(f"import site; list(map(site.addsitedir, {outer!r}))\n")
+    return python
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A venv layered over the test environment with ``rlzoo-myplug`` installed; returns its python."""
+    import setuptools
+
+    # a wheel built with --no-build-isolation uses the environment's setuptools; bdist_wheel is built in from 70.1
+    assert tuple(int(x) for x in setuptools.__version__.split(".")[:2]) >= (70, 1), (
+        f"setuptools {setuptools.__version__} cannot build wheels without the `wheel` package: "
+        "install the test tools with `bash scripts/install.sh --test`"
+    )
+    root = tmp_path_factory.mktemp("thirdparty")
+    python = layered_venv(root / "venv")
     source = make_distribution(root / "src", "rlzoo-myplug", "rlzoo_myplug", "myplug", "half-clip")
     pip_install(python, source)
+    where = run([python, "-c", "import rlzoo_myplug; print(rlzoo_myplug.__file__)"]).stdout.strip()
+    assert where.startswith(str(root / "venv")), where  # installed into the new venv, not the test environment
     return python
 
 

@@ -133,6 +133,7 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             tensor_parallel_size=1,
+            use_tqdm_on_load=False,  # a bar for loading one small file: the console shows only the run's bars
         )
         if self.params.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = self.params.max_num_batched_tokens

@@ -10,12 +10,70 @@ Routing capture (``routing_capture: worker``): the hooks live in :mod:`rlzoo.eng
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from rlzoo.engines.vllm_routing.hooks import RouterCaptureHooks, moe_runners
+
+
+# vLLM 0.32 ``model_executor/model_loader/reload/layerwise.py``, ``finalize_layerwise_processing``
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_RELOAD_FAILED = "%s: Failed to load weights"
+
+
+def _derived_only_layers(model: torch.nn.Module) -> set[str]:
+    """Class names of the layers whose every tensor is a non-persistent buffer (no parameter, nothing persistent).
+
+    Such a buffer is computed by the layer itself (``RotaryEmbedding.cos_sin_cache`` from the rope settings) and is in
+    no checkpoint, so no weight sync can ever carry it.
+    """
+    derived, loadable = set(), set()
+    for module in model.modules():
+        params = [p for p in module._parameters.values() if p is not None]
+        buffers = [name for name, b in module._buffers.items() if b is not None]
+        if not params and not buffers:
+            continue
+        if not params and all(name in module._non_persistent_buffers_set for name in buffers):
+            derived.add(type(module).__name__)
+        else:
+            loadable.add(type(module).__name__)
+    return derived - loadable
+
+
+class _NoFalseReloadAlarm(logging.Filter):
+    """Drops vLLM's ``<Layer>: Failed to load weights`` warning for layers that hold only derived buffers.
+
+    Why it is a false alarm: vLLM's layerwise reload counts every parameter *and buffer* of a layer as loadable
+    (``get_layer_size``) and warns when a layer received none of them; it then puts the layer's existing tensors back
+    (``_place_kernel_tensors``), which for a derived buffer is exactly right. ``RotaryEmbedding`` holds only
+    ``cos_sin_cache`` (non-persistent, in no checkpoint), so every reload warned once per sync (about 600 lines in a
+    600-step run). Every weight we send does arrive: vLLM's own check of parameters left unloaded
+    (``Following weights were not loaded from checkpoint``) stays on, and so does this warning for any layer with a
+    parameter or persistent buffer.
+    """
+
+    def __init__(self, layer_names: set[str]) -> None:
+        super().__init__()
+        self.layer_names = layer_names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == _RELOAD_FAILED and record.args and record.args[0] in self.layer_names)
+
+
+@contextlib.contextmanager
+def _no_false_reload_alarm(model: torch.nn.Module) -> Iterator[None]:
+    """While reloading: silence :class:`_NoFalseReloadAlarm`'s false alarm, and only that."""
+    reload_logger = logging.getLogger(_RELOAD_LOGGER)
+    alarm_filter = _NoFalseReloadAlarm(_derived_only_layers(model))
+    reload_logger.addFilter(alarm_filter)
+    try:
+        yield
+    finally:
+        reload_logger.removeFilter(alarm_filter)
 
 
 class RlzooWorkerExtension:
@@ -28,7 +86,9 @@ class RlzooWorkerExtension:
 
         ``repack_moe=False`` leaves out the re-pack: only for tests that show why it is needed.
         """
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        with _no_false_reload_alarm(model):
+            self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
         return {"repacked_moe_layers": self.rlzoo_repack_cpu_moe() if repack_moe else 0}
 
     @torch.no_grad()
