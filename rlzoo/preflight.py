@@ -309,7 +309,7 @@ def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Proble
         problems.append((
             "rollout.engine.name",
             f"{rollout.name!r} cannot run under a multi-process launcher (it would set up its own process group "
-            f"inside rank 0); use one of {', '.join(map(repr, usable))} for multi-process runs",
+            f"inside rank 0); use {' or '.join('{name: %s}' % name for name in usable)} for multi-process runs",
         ))
     return problems
 

@@ -23,8 +23,8 @@ and client optimizer: :mod:`rlzoo.engines.deepspeed_config`. The router load-bal
 
 Known limits. ``train/grad_norm`` is the true global norm (ZeRO 0: computed here over all expert shards; ZeRO 1-3:
 DeepSpeed's). At ZeRO 0 with ``ep_size`` > 1 DeepSpeed's own clipping uses the mean over ranks of per-rank norms
-(each counting only that rank's experts), so when clipping binds the update differs slightly from one process (a
-2e-6 relative grad-norm gap after 3 steps on the tiny test model); ZeRO 2 clips with the global norm. The model is
+(each counting only that rank's experts), so when clipping binds the update differs slightly from one process (measured gap in
+docs/benchmarks.md); ZeRO 2 clips with the global norm. The model is
 loaded whole on every rank before ZeRO-3 partitions it (no ``zero.Init``), which is fine for small models only. In
 bf16 the DeepSpeed-MoE path combines the expert outputs in fp32 where transformers does it in bf16, so the two agree
 only to bf16 precision.

