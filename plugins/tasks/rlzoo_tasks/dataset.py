@@ -10,7 +10,7 @@ Layouts (``layout``):
   (``a.b`` reaches into a nested record);
 - ``verl``: verl's RL data (``examples/data_preprocess`` in verl): ``prompt`` a list of chat messages,
   ``reward_model.ground_truth`` the answer, ``data_source`` / ``ability`` / ``extra_info`` kept in ``Sample.meta``;
-  its default verifier is ``math``. Any field named explicitly overrides the layout's.
+  its default verifier is ``math``. A field set (not null) overrides the layout's.
 
 Chat messages become ``Sample.messages`` and are rendered by the tokenizer's chat template (:mod:`rlzoo.prompts`).
 """
@@ -181,7 +181,7 @@ class DatasetTask(Task):
             None, description="null: the layout's (fields: answer; verl: reward_model.ground_truth)"
         )
         demonstration_field: str | None = Field(
-            None, description="null: the layout's (fields: demonstration, optional per row; verl: none)"
+            None, description="null: the layout's (fields: demonstration; verl: none); a missing value is no demonstration"
         )
         verifier: str | None = Field(None, description="null: the layout's (fields: exact; verl: math)")
         eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of distinct prompts held out for eval")
@@ -191,9 +191,9 @@ class DatasetTask(Task):
     def __init__(self, params: Params | None = None) -> None:
         super().__init__(params)
         p, layout = self.params, LAYOUTS[self.params.layout]
-        explicit = p.model_fields_set
+        # a null field is the layout's (the resolved config writes every parameter out, nulls included)
         self.fields = {
-            key: getattr(p, key) if key in explicit else layout[key]
+            key: getattr(p, key) if getattr(p, key) is not None else layout[key]
             for key in ("prompt_field", "answer_field", "demonstration_field")
         }
         self.default_verifier = p.verifier or layout["verifier"]  # type: ignore[misc]

@@ -48,6 +48,16 @@ def task(path: Path, tmp_path: Path, **params) -> DatasetTask:
     return DatasetTask(DatasetTask.Params(path=str(path), cache_dir=str(tmp_path / "cache"), **params))
 
 
+def test_nulls_from_a_resolved_config_mean_the_layouts_fields(tmp_path):
+    from rlzoo.registry import default_registry
+
+    path = write(tmp_path / "train.parquet", verl_records(4))
+    params = default_registry().validate_params("task", "dataset", {"path": str(path), "layout": "verl"}, "task")
+    t = DatasetTask(DatasetTask.Params(**params.model_dump(mode="json")))  # every parameter written out
+    assert t.fields["answer_field"] == "reward_model.ground_truth" and t.default_verifier == "math"
+    assert len(t.samples("train", None, 0)) == 3
+
+
 def test_verl_parquet_works_with_layout_alone(tmp_path):
     t = task(write(tmp_path / "train.parquet", verl_records(20)), tmp_path, layout="verl")
     assert t.check() == [] and t.chat_prompts() and t.default_verifier == "math"
@@ -65,7 +75,7 @@ def test_verl_parquet_works_with_layout_alone(tmp_path):
 @pytest.mark.parametrize("name", ["d.jsonl", "d.json", "d.parquet", "folder"])
 def test_every_format_with_field_mapping(tmp_path, name):
     t = task(write(tmp_path / name, plain_records(10)), tmp_path, prompt_field="question",
-             answer_field="solution.final", demonstration_field=None)
+             answer_field="solution.final")
     assert t.check() == [] and not t.chat_prompts() and t.default_verifier == "exact"
     samples = t.samples("train", None, 0) + t.samples("eval", None, 0)
     assert len(samples) == 10
