@@ -97,3 +97,16 @@ def test_model_config_stands_in_for_the_folder_and_is_checked(data, tmp_path):
     with pytest.raises(ConfigError) as err:
         preflight(config, registry, model_config=bad)
     assert "prompt.max_prompt_tokens: 1024 + rollout.max_new_tokens 2048 exceeds the 2048-token context" in str(err.value)
+
+
+def test_cli_config_check_takes_model_config(data, tmp_path, capsys):
+    from rlzoo.cli import main
+
+    recipe = "examples/gpu/qwen3_30b_a3b_gspo.yaml"
+    common = [str(REPO / recipe), "--processes", "16", "--set", f"task.path={data / 'train.parquet'}",
+              "--set", f"task.eval_path={data / 'test.parquet'}", "--set", f"output_dir={tmp_path / 'run'}"]
+    model_config = str(REPO / "examples/gpu/models/qwen3-30b-a3b/config.json")
+    assert main(["config", "check", *common, "--model-config", model_config]) == 0
+    assert "Qwen3-30B-A3B" in capsys.readouterr().out
+    assert main(["config", "check", *common]) == 1  # without it the missing model folder is an error
+    assert "model.path: models/Qwen3-30B-A3B does not exist" in capsys.readouterr().err
