@@ -17,6 +17,7 @@ import sys
 import pytest
 import yaml
 
+from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.metrics import read_metrics
 
 pytestmark = pytest.mark.skipif(
@@ -54,6 +55,7 @@ def test_chat_parquet_trains_three_steps_on_vllm_and_deepspeed_moe(tmp_path):
     datasets.Dataset.from_list(test).to_parquet(str(tmp_path / "test.parquet"))
 
     texts = [m["content"] for r in train + test for m in r["prompt"]] + [f"\\boxed{{{n}}}" for n in range(30)]
+    texts += ["system\nYou are a careful solver.", "user\n", "assistant\n<think>\n\n</think>\n\n"]  # the template's
     tokenizer = build_chat_tokenizer(texts, vocab_size=384)
     model_dir = save_model(build_tiny_model(TinyModelConfig(), tokenizer, seed=0), tokenizer, tmp_path / "my-model")
 
@@ -88,5 +90,6 @@ def test_chat_parquet_trains_three_steps_on_vllm_and_deepspeed_moe(tmp_path):
         assert r["verifier/errors"] == 0 and r["mismatch/abs_logp_diff"] < 1e-4  # fp32: synced vLLM agrees
     log = done.stderr + "".join(p.read_text() for p in run_dir.glob("*.txt"))
     assert "train split: 1 of 21 prompts are longer than prompt.max_prompt_tokens=64 and are dropped" in log
-    saved = json.loads((run_dir / "checkpoints" / "step_3" / "model" / "config.json").read_text())
-    assert saved["vocab_size"] == len(tokenizer)
+    model = latest_checkpoint(run_dir) / "model"  # the tokenizer and its chat template travel with the weights
+    assert json.loads((model / "config.json").read_text())["vocab_size"] == len(tokenizer)
+    assert (model / "chat_template.jinja").read_text() == tokenizer.chat_template
