@@ -268,12 +268,14 @@ def _prompt_problems(config: RunConfig, registry: Registry, model: ModelFacts) -
                              "start's character tokenizer has none: set model.path to a model folder whose tokenizer "
                              "has one, and cold_start.enabled: false"))
         else:
-            problems.append(("model.path", f"{why}, which need a tokenizer with a chat template, and {config.model.path} "
-                             "has none (no chat_template.jinja, nor chat_template in tokenizer_config.json): use an "
-                             "instruct/chat model's folder" + ("" if chat_task else ", or prompt.plain: text")))
+            problems.append(("model.path", f"{why}, which need a tokenizer with a chat template, and "
+                             f"{config.model.path} has none (no chat_template.jinja, nor chat_template in "
+                             "tokenizer_config.json): use an instruct/chat model's folder"
+                             + ("" if chat_task else ", or prompt.plain: text")))
     limit = config.rollout.engine.params.get("max_model_len") if config.rollout.engine.name == "vllm" else None
     context = limit if limit is not None else model.max_positions
-    if p.max_prompt_tokens is not None and context is not None and p.max_prompt_tokens + config.rollout.max_new_tokens > context:
+    needed = None if p.max_prompt_tokens is None else p.max_prompt_tokens + config.rollout.max_new_tokens
+    if needed is not None and context is not None and needed > context:
         problems.append((
             "prompt.max_prompt_tokens",
             f"{p.max_prompt_tokens} + rollout.max_new_tokens {config.rollout.max_new_tokens} exceeds the "

@@ -181,7 +181,7 @@ class DatasetTask(Task):
             None, description="null: the layout's (fields: answer; verl: reward_model.ground_truth)"
         )
         demonstration_field: str | None = Field(
-            None, description="null: the layout's (fields: demonstration; verl: none); a missing value is no demonstration"
+            None, description="null: the layout's (fields: demonstration; verl: none); missing in a row: none"
         )
         verifier: str | None = Field(None, description="null: the layout's (fields: exact; verl: math)")
         eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of distinct prompts held out for eval")

@@ -114,7 +114,8 @@ def test_check_reports_paths_without_reading(tmp_path):
     [
         ({"answer": "1"}, "missing field 'prompt'"),
         ({"prompt": 3, "answer": "1"}, "field 'prompt' must be a string or a list of chat messages, got a number"),
-        ({"prompt": [{"role": "user"}], "answer": "1"}, "field 'prompt' message 0 must be an object with string 'role' and 'content'"),
+        ({"prompt": [{"role": "user"}], "answer": "1"},
+         "field 'prompt' message 0 must be an object with string 'role' and 'content'"),
         ({"prompt": [], "answer": "1"}, "field 'prompt' is an empty list of chat messages"),
         ({"prompt": "", "answer": "1"}, "field 'prompt' is empty"),
         ({"prompt": "x"}, "missing field 'answer'"),
