@@ -142,3 +142,30 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
     assert torch.equal(collected.rewards, torch.ones(6))  # the response decodes to \boxed{42}
     metrics = loop.evaluate(samples, rollout, components.verifier, tok, config)  # evaluation
     assert rollout.seen[1] == expected and metrics["eval/accuracy"] == 1.0
+
+
+def test_config_check_refuses_chat_prompts_without_a_chat_template(tmp_path, tok):
+    from rlzoo.config import TinyModelConfig
+    from rlzoo.models import build_tiny_model, save_model
+    from rlzoo.preflight import preflight
+
+    registry = default_registry()
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}\n')
+    task = {"name": "dataset", "path": str(data), "layout": "verl"}
+    base = {"output_dir": str(tmp_path / "run"), "task": task, "rollout": {"engine": {"name": "hf"}},
+            "trainer": {"engine": {"name": "torch"}}}
+    with pytest.raises(ConfigError, match="the cold start's character tokenizer has none"):
+        preflight(build_config(base, registry=registry), registry)
+
+    char = build_char_tokenizer("0123456789+?")
+    plain_model = save_model(build_tiny_model(TinyModelConfig(), char), char, tmp_path / "plain")
+    user = {**base, "model": {"path": str(plain_model)}, "cold_start": {"enabled": False}}
+    with pytest.raises(ConfigError, match=r"has none \(no chat_template.jinja"):
+        preflight(build_config(user, registry=registry), registry)
+
+    chat_model = save_model(build_tiny_model(TinyModelConfig(), tok), tok, tmp_path / "chat")
+    preflight(build_config({**user, "model": {"path": str(chat_model)}}, registry=registry), registry)  # accepted
+    too_long = {**user, "model": {"path": str(chat_model)}, "prompt": {"max_prompt_tokens": 250}}
+    with pytest.raises(ConfigError, match="prompt.max_prompt_tokens: 250 \\+ rollout.max_new_tokens 16 exceeds"):
+        preflight(build_config(too_long, registry=registry), registry)
