@@ -51,7 +51,10 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
     config = _load(args)
     # the same checks `rlzoo train` makes before it starts (train reads the process count from its launcher)
-    preflight(config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes)
+    preflight(
+        config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes,
+        model_config=Path(args.model_config) if args.model_config else None,
+    )
     print(dump_config(config), end="")
     return 0
 
@@ -130,6 +133,11 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
     check.add_argument(
         "--processes", type=_positive, default=1, metavar="N", help="check it for N processes (torchrun --nproc_per_node N)"
+    )
+    check.add_argument(
+        "--model-config", metavar="CONFIG_JSON",
+        help="check the model's shapes from this config.json instead of the model.path folder, for a recipe whose "
+        "model is not on this machine (weights, tokenizer and chat template are then not checked)",
     )
     check.set_defaults(func=cmd_config_check)
 

@@ -143,6 +143,45 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
+class PromptConfig(Section):
+    """How a sample becomes the prompt's token ids (:mod:`rlzoo.prompts`); the same ids for rollout, training,
+    evaluation and the cold start. verl's names: ``data.max_prompt_length``, ``data.filter_overlong_prompts``,
+    ``data.apply_chat_template_kwargs``."""
+
+    plain: Literal["text", "chat"] = Field(
+        "text",
+        description="plain-string prompts: `text` encodes them as they are (no template); `chat` renders them as "
+        "one user message through the tokenizer's chat template",
+    )
+    system: str | None = Field(None, description="a system message put first in chat prompts that have none")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra keyword arguments of the chat template, e.g. {enable_thinking: false} for Qwen3",
+    )
+    max_prompt_tokens: int | None = Field(None, ge=1, description="prompts longer than this are dropped or truncated")
+    overlong_prompts: Literal["drop", "truncate"] = Field(
+        "drop",
+        description="drop: longer prompts leave the data set (counted in the log); truncate: keep their last "
+        "max_prompt_tokens tokens (the generation prompt stays; counted in the log)",
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(set(value) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)} set by rlzoo itself (the prompt is rendered with add_generation_prompt=True "
+                "and tokenized once); use other keys, such as enable_thinking"
+            )
+        return value
+
+
+# apply_chat_template arguments rlzoo.prompts sets itself
+RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "add_generation_prompt", "tokenize", "return_dict",
+                            "continue_final_message", "return_tensors"}
+
+
 class ColdStartConfig(Section):
     """Supervised fine-tuning on task demonstrations before RL (``rlzoo sft``)."""
 
@@ -188,6 +227,7 @@ class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskSpec = Field(default_factory=lambda: TaskSpec(name="arithmetic"))
     verifier: VerifierSpec | None = Field(None, description="null: the task's default verifier")
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

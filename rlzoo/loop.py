@@ -35,6 +35,7 @@ from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, S
 from rlzoo.learner import Learner
 from rlzoo.metrics import Timer, mean_of
 from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
+from rlzoo.prompts import prompt_ids
 from rlzoo.scoring import score, step_token_ends
 
 
@@ -108,7 +109,7 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         seed=step_seed(config.seed, step, 1),
     )
     with timer("rollout"):
-        groups = c.rollout.generate([encode(c.tokenizer, s.prompt) for s in prompts], sampling)
+        groups = c.rollout.generate([prompt_ids(c.tokenizer, s, config.prompt) for s in prompts], sampling)
     generations = [g for group in groups for g in group]
     samples = [s for s, group in zip(prompts, groups, strict=True) for _ in group]
     group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group])
@@ -160,7 +161,7 @@ def evaluate(
         top_p=1.0,
         seed=step_seed(config.seed, 0, 3),
     )
-    groups = rollout.generate([encode(tokenizer, s.prompt) for s in samples], sampling)
+    groups = rollout.generate([prompt_ids(tokenizer, s, config.prompt) for s in samples], sampling)
     responses = [response_text(tokenizer, g.response_ids) for group in groups for g in group]
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
     scores = score(verifier, repeated, responses)
@@ -197,10 +198,6 @@ def step_seed(seed: int, step: int, stream: int) -> int:
 def sample_prompts(train_set: Sequence[Sample], step: int, config: RunConfig) -> list[Sample]:
     rng = random.Random(step_seed(config.seed, step, 0))
     return rng.sample(list(train_set), k=min(config.rollout.prompts_per_step, len(train_set)))
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _rollout_logprobs(generations: list[Generation], mask: torch.Tensor) -> torch.Tensor:

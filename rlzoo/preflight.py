@@ -13,6 +13,8 @@ What it checks (each problem is ``(dotted.field, message saying what is allowed)
   model's ``vocab_size``), or, without it, the cold start is enabled and ``model.tiny`` meets
   :meth:`rlzoo.config.TinyModelConfig.shape_problems`; with the ``vllm`` engine the head size and context length
   suit vLLM;
+- prompts: chat prompts (a task giving chat messages, or ``prompt.plain: chat``) need a tokenizer with a chat
+  template; ``prompt.max_prompt_tokens + rollout.max_new_tokens`` fits the model's context;
 - MoE: a router policy that replays routing, or DeepSpeed-MoE, needs a mixture-of-experts model;
 - the DeepSpeed engine's ZeRO / expert-parallel combinations and the process count;
 - batches: ``rollout.prompts_per_step x rollout.group_size`` rows split into ``algorithm.minibatches_per_rollout``
@@ -42,16 +44,23 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # transformers configs naming the expert count
 
 
-def preflight(config: RunConfig, registry: Registry, *, resume: Path | None = None, world: int = 1) -> None:
+def preflight(
+    config: RunConfig, registry: Registry, *, resume: Path | None = None, world: int = 1,
+    model_config: Path | None = None,
+) -> None:
     """Raise :class:`ConfigError` listing every problem that would stop ``rlzoo train`` with this config.
 
     ``config`` is the resolved config (:func:`rlzoo.config.load_config`); ``resume`` the ``--resume`` run folder;
-    ``world`` the number of processes the run is launched with (``WORLD_SIZE``).
+    ``world`` the number of processes the run is launched with (``WORLD_SIZE``). ``model_config`` (``rlzoo config
+    check --model-config FILE``) is a ``config.json`` that stands in for the ``model.path`` folder, for a recipe
+    whose model is not on this machine: the model's shapes are checked from it, and the folder's weights, tokenizer
+    and chat template are not checked at all (``rlzoo train`` has no such option).
     """
     problems: Problems = []
     problems += _engine_problems(config, registry)
-    model, model_problems = _model_problems(config)
+    model, model_problems = _model_problems(config, model_config)
     problems += model_problems
+    problems += _prompt_problems(config, registry, model)
     problems += _moe_problems(config, registry, model)
     problems += _deepspeed_problems(config, model, world)
     problems += _batch_problems(config, registry, world)
@@ -102,13 +111,19 @@ class ModelFacts:
     moe: bool | None
     head_dim: int | None
     max_positions: int | None
+    chat_template: bool | None = None  # whether its tokenizer has a chat template
 
 
-def _model_problems(config: RunConfig) -> tuple[ModelFacts, Problems]:
+def _model_problems(config: RunConfig, model_config: Path | None = None) -> tuple[ModelFacts, Problems]:
     vllm = config.rollout.engine.name == "vllm"
+    if model_config is not None and config.model.path is None:
+        return ModelFacts(None, None, None), [(
+            "--model-config",
+            "stands in for the model.path folder, but model.path is null: name the model folder the recipe trains",
+        )]
     if config.model.path is None:
         tiny = config.model.tiny
-        facts = ModelFacts(tiny.architecture == "qwen3_moe", tiny.head_dim, tiny.max_position_embeddings)
+        facts = ModelFacts(tiny.architecture == "qwen3_moe", tiny.head_dim, tiny.max_position_embeddings, False)
         problems = [(f"model.tiny.{field}", message) for field, message in tiny.shape_problems(for_vllm=vllm)]
         if not config.cold_start.enabled:
             problems.append((
@@ -117,7 +132,10 @@ def _model_problems(config: RunConfig) -> tuple[ModelFacts, Problems]:
                 "fine-tune model.tiny) or model.path: <a Hugging Face model folder>",
             ))
     else:
-        facts, problems = _model_folder(Path(config.model.path))
+        if model_config is not None:
+            facts, problems = _model_config_file(Path(model_config))
+        else:
+            facts, problems = _model_folder(Path(config.model.path))
         if vllm and facts.head_dim is not None and facts.head_dim not in VLLM_HEAD_DIMS:
             problems.append((
                 "model.path",
@@ -135,24 +153,12 @@ def _model_folder(path: Path) -> tuple[ModelFacts, Problems]:
         what = "is a file" if path.exists() else "does not exist"
         return unknown, [("model.path", f"{path} {what}; expected a Hugging Face model folder (config.json, weights, "
                                         "tokenizer), or null to build model.tiny")]
-    try:
-        hf = json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
+    if not (path / "config.json").is_file():
         return unknown, [("model.path", f"{path} is not a Hugging Face model folder (no config.json)")]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return unknown, [("model.path", f"{path / 'config.json'} is not readable JSON: {err}")]
-    if not isinstance(hf, dict):
-        return unknown, [("model.path", f"{path / 'config.json'} is not a JSON object")]
-    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
-    head_dim = hf.get("head_dim")
-    if head_dim is None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
-        head_dim = hidden // heads  # configs without head_dim split the hidden size evenly
-    facts = ModelFacts(
-        moe=any(isinstance(hf.get(k), int) and hf[k] > 0 for k in MOE_KEYS),
-        head_dim=head_dim,
-        max_positions=hf.get("max_position_embeddings"),
-    )
-    problems: Problems = []
+    hf, facts, problems = _read_model_config(path / "config.json", "model.path")
+    if hf is None:
+        return facts, problems
+    facts.chat_template = _has_chat_template(path)
     if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         problems.append(("model.path", f"{path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})"))
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -163,6 +169,44 @@ def _model_folder(path: Path) -> tuple[ModelFacts, Problems]:
     else:
         problems += _vocab_problems(path, hf.get("vocab_size"))
     return facts, problems
+
+
+def _model_config_file(file: Path) -> tuple[ModelFacts, Problems]:
+    """Facts from a stand-in ``config.json`` (``--model-config``); weights and tokenizer are not looked for."""
+    if not file.is_file():
+        return ModelFacts(None, None, None), [("--model-config", f"{file} is not a file; name a model's config.json")]
+    return _read_model_config(file, "--model-config")[1:]
+
+
+def _read_model_config(file: Path, loc: str) -> tuple[dict | None, ModelFacts, Problems]:
+    """A transformers ``config.json`` and the facts the preflight uses from it."""
+    unknown = ModelFacts(None, None, None)
+    try:
+        hf = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, unknown, [(loc, f"{file} is not readable JSON: {err}")]
+    if not isinstance(hf, dict):
+        return None, unknown, [(loc, f"{file} is not a JSON object")]
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    head_dim = hf.get("head_dim")
+    if head_dim is None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        head_dim = hidden // heads  # configs without head_dim split the hidden size evenly
+    facts = ModelFacts(
+        moe=any(isinstance(hf.get(k), int) and hf[k] > 0 for k in MOE_KEYS),
+        head_dim=head_dim,
+        max_positions=hf.get("max_position_embeddings"),
+    )
+    return hf, facts, []
+
+
+def _has_chat_template(path: Path) -> bool:
+    """transformers keeps a tokenizer's chat template in chat_template.jinja (or .json), or tokenizer_config.json."""
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((path / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def _vocab_problems(path: Path, vocab_size: object) -> Problems:
@@ -203,6 +247,40 @@ def _context_problems(config: RunConfig, max_positions: int | None) -> Problems:
             "rollout.max_new_tokens",
             f"{config.rollout.max_new_tokens} leaves no room for the prompt in vLLM's {context}-token context; "
             f"use less than {context}",
+        ))
+    return problems
+
+
+# -- prompts ---------------------------------------------------------------------------------------------------
+
+
+def _prompt_problems(config: RunConfig, registry: Registry, model: ModelFacts) -> Problems:
+    """Chat prompts need a tokenizer with a chat template; prompt plus response must fit the model's context."""
+    p, problems = config.prompt, []
+    try:
+        chat_task = registry.create("task", config.task.name, config.task.params, loc="task").chat_prompts()
+    except RlzooError:
+        chat_task = False  # the task's own problem is reported by _task_problems
+    if (chat_task or p.plain == "chat") and model.chat_template is False:
+        why = f"task {config.task.name!r} gives chat messages" if chat_task else "prompt.plain is 'chat'"
+        if config.model.path is None:
+            problems.append(("model.path", f"{why}, which need a tokenizer with a chat template, and the cold "
+                             "start's character tokenizer has none: set model.path to a model folder whose tokenizer "
+                             "has one, and cold_start.enabled: false"))
+        else:
+            problems.append(("model.path", f"{why}, which need a tokenizer with a chat template, and "
+                             f"{config.model.path} has none (no chat_template.jinja, nor chat_template in "
+                             "tokenizer_config.json): use an instruct/chat model's folder"
+                             + ("" if chat_task else ", or prompt.plain: text")))
+    limit = config.rollout.engine.params.get("max_model_len") if config.rollout.engine.name == "vllm" else None
+    context = limit if limit is not None else model.max_positions
+    needed = None if p.max_prompt_tokens is None else p.max_prompt_tokens + config.rollout.max_new_tokens
+    if needed is not None and context is not None and needed > context:
+        problems.append((
+            "prompt.max_prompt_tokens",
+            f"{p.max_prompt_tokens} + rollout.max_new_tokens {config.rollout.max_new_tokens} exceeds the "
+            f"{context}-token context (the model's max_position_embeddings or rollout.engine.max_model_len): use at "
+            f"most {max(context - config.rollout.max_new_tokens, 0)}",
         ))
     return problems
 

@@ -36,6 +36,7 @@ from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.moe import find_routers
 from rlzoo.objective import build_objective
 from rlzoo.preflight import check_data_parallel, preflight
+from rlzoo.prompts import fit_prompts
 from rlzoo.registry import Registry, default_registry
 from rlzoo.replay import RoutingLearner
 from rlzoo.sft import ensure_cold_start
@@ -165,8 +166,10 @@ class TrainingRun:
         self.setup()
         config, dist, c = self.config, self.dist, self.components
         train_set = self.task.samples("train", None, config.seed)
+        train_set = fit_prompts(train_set, self.tokenizer, config.prompt, "train")  # logs what it drops
         check_data_parallel(config, dist.world, min(config.rollout.prompts_per_step, len(train_set)))
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
+        eval_set = fit_prompts(eval_set, self.tokenizer, config.prompt, "eval")
         steps, completed = config.train.steps, self.completed_steps
         logger = MetricsLogger(self.start.run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
         bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not (self.progress and dist.is_main), dynamic_ncols=True, mininterval=1.0)
@@ -226,7 +229,8 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
         rollout = registry.create("rollout_engine", "hf")
         tokenizer = load_tokenizer(model_dir)
         rollout.start(engine_context(config, model_dir, tokenizer))
-        return loop.evaluate(eval_set, rollout, verifier, tokenizer, config)
+        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval")
+        return loop.evaluate(samples, rollout, verifier, tokenizer, config)
 
     return ensure_cold_start(config, task, evaluate_fn, progress)
 

@@ -1,6 +1,7 @@
 """Cold start: supervised fine-tuning of the policy on task demonstrations before RL.
 
-Loss: mean token cross-entropy of ``demonstration + <eos>`` given the prompt (prompt tokens are not trained).
+Loss: mean token cross-entropy of ``demonstration + <eos>`` given the prompt (prompt tokens are not trained);
+the prompt is encoded by :func:`rlzoo.prompts.prompt_ids`, as RL encodes it.
 The result is an HF model folder with ``cold_start.json`` recording its held-out accuracy; a folder built from
 the same settings is reused instead of trained again.
 """
@@ -24,6 +25,7 @@ from rlzoo.engines.tokens import make_token_batch, response_logprobs
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.prompts import fit_prompts, prompt_ids
 
 log = logging.getLogger("rlzoo.sft")
 
@@ -38,6 +40,7 @@ def _fingerprint(config: RunConfig) -> str:
     relevant = {
         "seed": config.seed,
         "task": config.task.model_dump(mode="json"),
+        "prompt": config.prompt.model_dump(mode="json"),
         "tiny": config.model.tiny.model_dump(mode="json"),
         "cold_start": config.cold_start.model_dump(mode="json", exclude={"output_dir"}),
     }
@@ -70,6 +73,7 @@ def train_cold_start(
     if not demos:
         raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
     tokenizer = build_char_tokenizer(task.alphabet())
+    demos = fit_prompts(demos, tokenizer, config.prompt, "cold-start")
     model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cs.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cs.lr, total_steps=max(cs.steps, 1), pct_start=0.1)
@@ -80,7 +84,7 @@ def train_cold_start(
     for _ in bar:
         chosen = rng.sample(demos, k=min(cs.batch_size, len(demos)))
         batch = make_token_batch(
-            [encode(s.prompt) for s in chosen],
+            [prompt_ids(tokenizer, s, config.prompt) for s in chosen],
             [encode(s.demonstration) + [tokenizer.eos_token_id] for s in chosen],
             tokenizer.pad_token_id,
         )

@@ -88,6 +88,12 @@ class VLLMRolloutEngine(RolloutEngine):
         max_num_batched_tokens: int | None = Field(
             None, ge=1, description="tokens per scheduler step; longer prompts are prefilled in chunks; null: vLLM's"
         )
+        tensor_parallel_size: int = Field(
+            1,
+            ge=1,
+            description="GPU only: GPUs one vLLM engine shards the policy over (vLLM starts its own worker processes); "
+            "untested in rlzoo (no GPU was available); 1 on CPU",
+        )
         record_routing: bool = Field(
             False, description="MoE: record the experts used while sampling into Generation.routing (for R3)"
         )
@@ -116,6 +122,11 @@ class VLLMRolloutEngine(RolloutEngine):
 
         self.context = context
         on_cpu = current_platform.is_cpu()
+        if on_cpu and self.params.tensor_parallel_size > 1:
+            raise RlzooError(
+                f"rollout.engine.tensor_parallel_size {self.params.tensor_parallel_size}: tensor parallelism needs "
+                "GPUs; use 1 on CPU"
+            )
         self._capture = routing_capture(
             self.params.routing_capture, current_platform.is_cuda(), self.params.enable_prefix_caching
         )
@@ -132,7 +143,7 @@ class VLLMRolloutEngine(RolloutEngine):
             enable_prefix_caching=self.params.enable_prefix_caching,
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
-            tensor_parallel_size=1,
+            tensor_parallel_size=self.params.tensor_parallel_size,
             use_tqdm_on_load=False,  # a bar for loading one small file: the console shows only the run's bars
         )
         if self.params.max_num_batched_tokens is not None:

@@ -14,16 +14,20 @@ Split = Literal["train", "eval"]
 class Sample:
     """One verifiable example.
 
-    prompt:        the text given to the policy (no chat template is applied by the core).
+    prompt:        the text given to the policy; with ``messages`` set, their text (for splitting and logs).
+                   A plain prompt is encoded as it is, unless ``prompt.plain: chat`` (:mod:`rlzoo.prompts`).
     answer:        the reference answer a verifier checks against.
     demonstration: a correct response, used by cold-start SFT; ``None`` if the task has none.
     meta:          anything else a verifier needs (``tests`` for code, ``steps`` for process rewards, ...).
+    messages:      the prompt as chat messages (``[{"role": ..., "content": ...}, ...]``), rendered with the
+                   tokenizer's chat template; ``None`` for a plain-string prompt.
     """
 
     prompt: str
     answer: str
     demonstration: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, str]] | None = None
 
 
 class Task(Component):
@@ -43,6 +47,11 @@ class Task(Component):
 
     def alphabet(self) -> str:
         raise NotImplementedError
+
+    def chat_prompts(self) -> bool:
+        """Whether this task's samples carry chat messages, which need a tokenizer with a chat template (so a
+        character tokenizer of the cold start cannot encode them); answered from the parameters, without data."""
+        return False
 
     def check(self) -> list[tuple[str, str]]:
         """Problems a run with these parameters would hit, found cheaply (e.g. a data file that does not exist).

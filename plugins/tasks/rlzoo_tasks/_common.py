@@ -28,7 +28,9 @@ def rng_for(*parts: object) -> random.Random:
 
 def fresh(sample: Sample) -> Sample:
     """A copy the caller may mutate without changing the task's cached pools."""
-    return Sample(sample.prompt, sample.answer, sample.demonstration, copy.deepcopy(sample.meta))
+    return Sample(
+        sample.prompt, sample.answer, sample.demonstration, copy.deepcopy(sample.meta), copy.deepcopy(sample.messages)
+    )
 
 
 def take(pool: Sequence[Sample], count: int, rng: random.Random) -> list[Sample]:

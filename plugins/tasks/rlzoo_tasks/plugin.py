@@ -9,6 +9,7 @@ import rlzoo
 def rlzoo_tasks() -> list[type]:
     from rlzoo_tasks.arithmetic import ArithmeticTask
     from rlzoo_tasks.chain import ChainTask
+    from rlzoo_tasks.dataset import DatasetTask
     from rlzoo_tasks.jsonl import JsonlTask
 
-    return [ArithmeticTask, ChainTask, JsonlTask]
+    return [ArithmeticTask, ChainTask, DatasetTask, JsonlTask]
