@@ -74,7 +74,8 @@ def test_interrupted_run_resumes_and_a_failed_one_is_reported(sweep, backend):
     assert result.returncode == 1
     assert f"failed: {CELLS[1]}/seed0" in result.stderr and str(bad / "process.log") in result.stderr
     assert "Traceback" not in result.stderr
-    assert "--resume" in (good / "process.log").read_text().splitlines()[-1] or "--resume" in (good / "process.log").read_text()
+    commands = [line for line in (good / "process.log").read_text().splitlines() if line.startswith("$ ")]
+    assert f"--resume {good}" in commands[-1]  # continued from its checkpoint, not started again
     assert read_metrics(good / "metrics.jsonl")[-1]["final"] == 1.0
     assert read_metrics(bad / "metrics.jsonl")[-1].get("final") != 1.0
     assert (sweep / "summary.md").is_file()

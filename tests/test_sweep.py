@@ -131,3 +131,14 @@ def test_cli_bad_input_is_one_line_and_touches_nothing(tmp_path):
     result = _rlzoo(*base, "--vary", "trainer.lr=1e-4", "--seeds", "1", cwd=tmp_path)
     assert result.returncode == 1 and "holds no sweep.json" in result.stderr and "Traceback" not in result.stderr
     assert [p.name for p in (tmp_path / "s").iterdir()] == ["notes.txt"]
+
+
+def test_example_sweep_config_builds_and_preflights(tmp_path):
+    from rlzoo.sweep.jobs import plan
+
+    example = REPO / "examples" / "ablate_gspo_vs_grpo.yaml"
+    sweep = build_sweep(str(example), [parse_vary("algorithm.preset=gspo,grpo")], 2, tmp_path / "s", [], default_registry())
+    assert sweep.runs[0].config.train.eval_pass_at_k == [1, 4, 8]
+    cold, jobs, done = plan(sweep.runs, default_registry(), threads=1)
+    assert (len(cold), len(jobs), done) == (2, 4, [])
+    assert all(j.needs is not None for j in jobs)
