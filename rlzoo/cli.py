@@ -108,8 +108,11 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         max_runs=args.max_runs, yes=args.yes,
     )
     sweep, status = ablate(options, _registry())
-    for path in report([sweep.out], sweep.out, str(sweep.out)):
-        print(path)
+    try:
+        for path in report([sweep.out], sweep.out, str(sweep.out)):
+            print(path)
+    except RlzooError as err:  # no run has metrics yet (all failed): the failures below say why
+        print(f"no summary: {err}", file=sys.stderr)
     failed = sorted(name for name, code in status.items() if code != 0)
     if failed:
         print(f"{len(failed)} job(s) failed: {', '.join(failed)} (logs: <run folder>/process.log); rerun the same "
