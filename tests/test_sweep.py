@@ -142,3 +142,14 @@ def test_example_sweep_config_builds_and_preflights(tmp_path):
     cold, jobs, done = plan(sweep.runs, default_registry(), threads=1)
     assert (len(cold), len(jobs), done) == (2, 4, [])
     assert all(j.needs is not None for j in jobs)
+
+
+def test_unfinished_runs_are_left_out_of_the_table(tmp_path):
+    _fake_run(tmp_path / "a0", 0, [0, 0, 1.0], 0.5, 1e-4)
+    _fake_run(tmp_path / "a1", 1, [0, 0, 1.0], 0.9, 1e-4)
+    path = tmp_path / "a1" / "metrics.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))  # killed before the final eval
+    report([tmp_path / "a0", tmp_path / "a1"], tmp_path / "cmp")
+    table = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| a0 | 1 | 0.5 |" in table
+    assert f"unfinished (1): {tmp_path / 'a1'}" in table

@@ -84,6 +84,6 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
 def report(paths: list[Path], out: Path, title: str = "") -> list[Path]:
     """``summary.csv``, ``summary.md`` and ``ablation.png`` in ``out`` from sweep and run folders."""
     records = collect(paths)
-    written = write_tables(summarise(records), out)
+    written = write_tables(summarise(records), out, [r.run_dir for r in records if not r.finished])
     written.append(plot_ablation(records, out / "ablation.png", title))
     return written

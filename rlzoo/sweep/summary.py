@@ -39,6 +39,11 @@ class RunRecord:
     rows: list[dict[str, Any]]
 
     @property
+    def finished(self) -> bool:
+        """Ended with the final evaluation (``"final": 1.0``): only such runs enter the table."""
+        return bool(self.rows) and self.rows[-1].get("final") == 1.0
+
+    @property
     def train_rows(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if "reward/mean" in r]
 
@@ -123,9 +128,10 @@ def _group_loose(run_dirs: list[Path]) -> list[RunRecord]:
 
 
 def summarise(records: list[RunRecord]) -> list[dict[str, Any]]:
-    """One row per cell (in first-seen order): ``cell``, ``seeds``, and ``(mean, ci)`` per metric."""
+    """One row per cell (in first-seen order): ``cell``, ``seeds``, and ``(mean, ci)`` per metric, over the cell's
+    finished runs (an unfinished run's last evaluation is not a final one; :func:`write_tables` lists them)."""
     cells: dict[str, list[RunRecord]] = {}
-    for record in records:
+    for record in (r for r in records if r.finished):
         cells.setdefault(record.cell, []).append(record)
     rows = []
     for cell, runs in cells.items():
@@ -143,8 +149,9 @@ def _fmt(value: float) -> str:
     return "" if not math.isfinite(value) else f"{value:.4g}"
 
 
-def write_tables(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``summary.csv`` (``<metric> mean`` and ``<metric> ci95`` columns) and ``summary.md`` (``mean ± ci``)."""
+def write_tables(rows: list[dict[str, Any]], out_dir: Path, unfinished: list[Path] = ()) -> list[Path]:
+    """``summary.csv`` (``<metric> mean`` and ``<metric> ci95`` columns) and ``summary.md`` (``mean ± ci``; and the
+    ``unfinished`` runs left out)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = _metric_keys(rows)
     csv_path, md_path = out_dir / "summary.csv", out_dir / "summary.md"
@@ -165,5 +172,7 @@ def write_tables(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             values.append("—" if not math.isfinite(mean) else _fmt(mean) + (f" ± {_fmt(ci)}" if math.isfinite(ci) else ""))
         lines.append(f"| {row['cell']} | {row['seeds']} | " + " | ".join(values) + " |")
     lines += ["", "mean ± 95% confidence interval over seeds (Student t, n - 1 degrees of freedom); docs/ablation.md"]
+    if unfinished:
+        lines += ["", f"left out, unfinished ({len(unfinished)}): " + ", ".join(str(p) for p in unfinished)]
     md_path.write_text("\n".join(lines) + "\n")
     return [csv_path, md_path]
