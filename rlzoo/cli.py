@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rlzoo.errors import RlzooError
+from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
 
 def _registry():
@@ -101,6 +102,38 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from rlzoo.sweep.ablate import AblateOptions, ablate, report
+
+    options = AblateOptions(
+        config=args.config, vary=args.vary or [], seeds=args.seeds, out=Path(args.out), sets=args.set or [],
+        jobs=args.jobs, backend=args.backend, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run,
+        max_runs=args.max_runs, yes=args.yes,
+    )
+    sweep, status = ablate(options, _registry())
+    try:
+        for path in report([sweep.out], sweep.out, str(sweep.out)):
+            print(path)
+    except RlzooError as err:  # no run has metrics yet (all failed): the failures below say why
+        print(f"no summary: {err}", file=sys.stderr)
+    failed = sorted(name for name, code in status.items() if code != 0)
+    if failed:
+        print(f"{len(failed)} job(s) failed: {', '.join(failed)} (logs: <run folder>/process.log); rerun the same "
+              "command to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rlzoo.sweep.ablate import report
+
+    paths = [Path(p) for p in args.dirs]
+    out = Path(args.out) if args.out else (paths[0] if len(paths) == 1 else Path("."))
+    for path in report(paths, out, " vs ".join(args.dirs)):
+        print(path)
+    return 0
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
@@ -147,6 +180,23 @@ def parser() -> argparse.ArgumentParser:
 
     sft = verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")))
     sft.set_defaults(func=cmd_sft)
+
+    ablate = with_config(sub.add_parser("ablate", help="a grid of --vary values x seeds, run and summarised with CIs"))
+    ablate.add_argument("--vary", action="append", metavar="KEY=V1,V2", help="a config key and its values (repeatable: the grid is every combination)")
+    ablate.add_argument("--seeds", type=_positive, default=3, metavar="N", help="seeds per cell: seed, seed+1, ... (default 3)")
+    ablate.add_argument("--out", default="runs/ablate", metavar="DIR", help="the sweep folder (default runs/ablate)")
+    ablate.add_argument("--jobs", type=_positive, default=1, metavar="J", help="runs at once; each gets cores // J threads")
+    ablate.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes, or Ray tasks")
+    ablate.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (ray.init(address)); default: a local one")
+    ablate.add_argument("--cpus-per-run", type=_positive, metavar="N", help="threads (and Ray CPUs) per run; default cores // J")
+    ablate.add_argument("--max-runs", type=_positive, default=DEFAULT_MAX_RUNS, metavar="N", help="refuse a larger grid without --yes (default 64)")
+    ablate.add_argument("--yes", action="store_true", help="run a grid larger than --max-runs")
+    ablate.set_defaults(func=cmd_ablate)
+
+    compare = sub.add_parser("compare", help="the ablation table and plot from sweep or run folders")
+    compare.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
+    compare.add_argument("--out", metavar="DIR", help="where to write them (default: the folder, or . for several)")
+    compare.set_defaults(func=cmd_compare)
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")

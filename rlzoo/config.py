@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
 from rlzoo.presets import PRESETS, expand_preset
@@ -217,8 +217,24 @@ class LoopConfig(Section):
     eval_prompts: int = Field(64, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy decoding for held-out accuracy")
     eval_samples_per_prompt: int = Field(1, ge=1, description="responses per held-out prompt (use >1 when sampling)")
+    eval_pass_at_k: list[int] = Field(
+        default_factory=list,
+        description="log unbiased eval/pass@k (rlzoo.passk) for each k; each k <= eval_samples_per_prompt",
+    )
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1, description="older checkpoints are deleted")
+
+    @field_validator("eval_pass_at_k")
+    @classmethod
+    def _k_within_samples(cls, ks: list[int], info: ValidationInfo) -> list[int]:
+        samples = info.data.get("eval_samples_per_prompt")
+        bad = [k for k in ks if k < 1 or (samples is not None and k > samples)]
+        if bad:
+            raise ValueError(
+                f"{bad} not in 1..eval_samples_per_prompt ({samples}): pass@k needs at least k samples per prompt; "
+                "raise train.eval_samples_per_prompt (with train.eval_temperature > 0) or drop those k"
+            )
+        return ks
 
 
 class RunConfig(Section):

@@ -35,6 +35,7 @@ from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, S
 from rlzoo.learner import Learner
 from rlzoo.metrics import Timer, mean_of
 from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
+from rlzoo.passk import mean_pass_at_k
 from rlzoo.prompts import prompt_ids
 from rlzoo.scoring import score, step_token_ends
 
@@ -166,10 +167,12 @@ def evaluate(
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
     scores = score(verifier, repeated, responses)
     rewards = torch.tensor([v.reward for v in scores.verdicts])
+    correct = [int(part.sum()) for part in torch.split(rewards >= 1.0, [len(g) for g in groups])]  # per prompt
     return {
         "eval/accuracy": (rewards >= 1.0).float().mean().item(),
         "eval/reward_mean": rewards.mean().item(),
         "eval/verifier_errors": float(scores.errors),
+        **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
     }
 
 

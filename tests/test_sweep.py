@@ -1,0 +1,155 @@
+"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.registry import default_registry
+from rlzoo.sweep.ablate import report
+from rlzoo.sweep.grid import build_sweep, check_folder, parse_vary, write_manifest
+from rlzoo.sweep.stats import mean_ci
+from rlzoo.sweep.summary import collect, summarise
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
+ENGINES = ["rollout.engine={name: hf}", "trainer.engine={name: torch}"]
+
+
+def test_parse_vary_keeps_commas_inside_braces():
+    vary = parse_vary("rollout.engine={name: hf},{name: vllm, kv_cache_memory_bytes: 1}")
+    assert vary.key == "rollout.engine"
+    assert vary.values == ("{name: hf}", "{name: vllm, kv_cache_memory_bytes: 1}")
+    with pytest.raises(RlzooError, match="seeds"):
+        parse_vary("seed=1,2")
+    with pytest.raises(RlzooError, match="empty value"):
+        parse_vary("trainer.lr=1e-4,")
+
+
+def test_grid_is_every_combination_times_seeds(tmp_path):
+    varies = [parse_vary("algorithm.preset=gspo,grpo"), parse_vary("trainer.lr=0.0001,0.0002")]
+    sweep = build_sweep(str(EXAMPLE), varies, 3, tmp_path / "s", ENGINES, default_registry())
+    assert len(sweep.runs) == 12 and len(sweep.cells) == 4
+    assert {r.seed for r in sweep.runs} == {0, 1, 2}
+    run = next(r for r in sweep.runs if r.cell == "preset-grpo_lr-0.0002" and r.seed == 1)
+    assert run.config.algorithm.preset == "grpo" and run.config.trainer.lr == 0.0002 and run.config.seed == 1
+    assert Path(run.config.output_dir) == tmp_path / "s" / "preset-grpo_lr-0.0002" / "seed1"
+    # one cold start per seed, shared by the cells (the algorithm does not change it)
+    colds = {r.config.cold_start.output_dir for r in sweep.runs}
+    assert len(colds) == 3
+
+
+def test_bad_value_in_a_late_cell_is_an_error_before_anything(tmp_path):
+    varies = [parse_vary("trainer.lr=0.0001,0.0002"), parse_vary("algorithm.minibatches_per_rollout=1,0")]
+    with pytest.raises(ConfigError, match="cell lr-0.0002_minibatches_per_rollout-0: algorithm.minibatches_per_rollout"):
+        build_sweep(str(EXAMPLE), varies, 2, tmp_path / "s", ENGINES, default_registry())
+    assert not (tmp_path / "s").exists()
+
+
+def test_folder_holding_another_sweep_is_refused(tmp_path):
+    registry = default_registry()
+    first = build_sweep(str(EXAMPLE), [parse_vary("trainer.lr=0.0001,0.0002")], 2, tmp_path, ENGINES, registry)
+    check_folder(first)
+    write_manifest(first)
+    before = (tmp_path / "sweep.json").read_text()
+    check_folder(build_sweep(str(EXAMPLE), [parse_vary("trainer.lr=0.0001,0.0002")], 2, tmp_path, ENGINES, registry))
+    for varies, seeds, sets in (
+        (["trainer.lr=0.0001,0.0003"], 2, ENGINES),
+        (["trainer.lr=0.0001,0.0002"], 3, ENGINES),
+        (["trainer.lr=0.0001,0.0002"], 2, [*ENGINES, "train.steps=7"]),
+    ):
+        other = build_sweep(str(EXAMPLE), [parse_vary(v) for v in varies], seeds, tmp_path, sets, registry)
+        with pytest.raises(RlzooError, match="holds a different sweep"):
+            check_folder(other)
+    assert (tmp_path / "sweep.json").read_text() == before
+
+
+def test_mean_ci_student_t():
+    mean, half = mean_ci([1.0, 2.0, 3.0])
+    # s = 1, t_{0.975, 2} = 4.302653
+    assert mean == 2.0 and half == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert mean_ci([5.0])[0] == 5.0 and math.isnan(mean_ci([5.0])[1])
+    assert all(math.isnan(x) for x in mean_ci([]))
+
+
+def _fake_run(run_dir: Path, seed: int, rewards: list[float], final_acc: float, lr: float) -> None:
+    run_dir.mkdir(parents=True)
+    rows = [{"step": i, "reward/mean": r, "clip/fraction": 0.1 * seed, "time/rollout": 1.0, "time/train": 0.5} for i, r in enumerate(rewards)]
+    rows[0]["eval/accuracy"] = 0.1
+    rows.append({"step": len(rewards), "eval/accuracy": final_acc, "eval/pass@2": final_acc + 0.1, "final": 1.0})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "output_dir": str(run_dir), "trainer": {"lr": lr}}))
+
+
+def test_compare_loose_run_folders(tmp_path):
+    _fake_run(tmp_path / "a0", 0, [0, 0, 0, 0, 1.0], 0.5, 1e-4)
+    _fake_run(tmp_path / "a1", 1, [0, 0, 0, 0, 0.0], 0.7, 1e-4)
+    _fake_run(tmp_path / "b0", 0, [1, 1, 1, 1, 1.0], 0.9, 2e-4)
+    records = collect([tmp_path / "a0", tmp_path / "a1", tmp_path / "b0"])
+    rows = {row["cell"]: row for row in summarise(records)}
+    assert set(rows) == {"lr=0.0001", "lr=0.0002"}
+    a = rows["lr=0.0001"]
+    assert a["seeds"] == 2
+    assert a["final eval/accuracy"][0] == pytest.approx(0.6)
+    assert a["best eval/accuracy"][0] == pytest.approx(0.6)
+    assert a["reward/mean (last 20%)"][0] == pytest.approx(0.5)  # last 1 of 5 steps: 1.0 and 0.0
+    assert a["clip/fraction"][0] == pytest.approx(0.05)
+    assert a["s/step"][0] == pytest.approx(1.5)
+    assert a["final eval/pass@2"][0] == pytest.approx(0.7)
+    written = report([tmp_path / "a0", tmp_path / "a1", tmp_path / "b0"], tmp_path / "cmp")
+    assert [p.name for p in written] == ["summary.csv", "summary.md", "ablation.png"]
+    assert "| lr=0.0001 | 2 | 0.6 ± " in (tmp_path / "cmp" / "summary.md").read_text()
+
+
+def _rlzoo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_cli_bad_input_is_one_line_and_touches_nothing(tmp_path):
+    base = ["ablate", str(EXAMPLE), *[x for s in ENGINES for x in ("--set", s)], "--out", str(tmp_path / "s")]
+    cases = [
+        (["--vary", "algorithm.presett=gspo,grpo"], "algorithm.presett"),
+        (["--vary", "algorithm.preset=gspo,grpoo"], "unknown preset 'grpoo'"),
+        (["--vary", "algorithm.preset=gspo,grpo", "--vary", "trainer.lr=1e-4,2e-4", "--seeds", "20"], "--max-runs 64"),
+        (["--vary", "trainer.lr=1e-4", "--seeds", "3", "--max-runs", "2"], "--yes"),
+    ]
+    for extra, message in cases:
+        result = _rlzoo(*base, *extra, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "s").exists()
+    # an --out folder with something else in it
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "notes.txt").write_text("mine")
+    result = _rlzoo(*base, "--vary", "trainer.lr=1e-4", "--seeds", "1", cwd=tmp_path)
+    assert result.returncode == 1 and "holds no sweep.json" in result.stderr and "Traceback" not in result.stderr
+    assert [p.name for p in (tmp_path / "s").iterdir()] == ["notes.txt"]
+
+
+def test_example_sweep_config_builds_and_preflights(tmp_path):
+    from rlzoo.sweep.jobs import plan
+
+    example = REPO / "examples" / "ablate_gspo_vs_grpo.yaml"
+    sweep = build_sweep(str(example), [parse_vary("algorithm.preset=gspo,grpo")], 2, tmp_path / "s", [], default_registry())
+    assert sweep.runs[0].config.train.eval_pass_at_k == [1, 4, 8]
+    cold, jobs, done = plan(sweep.runs, default_registry(), threads=1)
+    assert (len(cold), len(jobs), done) == (2, 4, [])
+    assert all(j.needs is not None for j in jobs)
+
+
+def test_unfinished_runs_are_left_out_of_the_table(tmp_path):
+    _fake_run(tmp_path / "a0", 0, [0, 0, 1.0], 0.5, 1e-4)
+    _fake_run(tmp_path / "a1", 1, [0, 0, 1.0], 0.9, 1e-4)
+    path = tmp_path / "a1" / "metrics.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))  # killed before the final eval
+    report([tmp_path / "a0", tmp_path / "a1"], tmp_path / "cmp")
+    table = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| a0 | 1 | 0.5 |" in table
+    assert f"unfinished (1): {tmp_path / 'a1'}" in table
