@@ -431,7 +431,11 @@ def _run_folder_problems(config: RunConfig, resume: Path | None) -> Problems:
     if resume is not None:
         resume = Path(resume)
         if not resume.is_dir():
-            return [("--resume", f"{resume} is not a folder; name the run folder of an earlier run (its output_dir)")]
+            return [(
+                "--resume",
+                f"{resume} is not a folder, so it holds no complete checkpoint; name the run folder of an earlier run "
+                "(its output_dir)",
+            )]
         if latest_checkpoint(resume) is None:
             return [(
                 "--resume",
