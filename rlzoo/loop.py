@@ -114,7 +114,7 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group])
 
     with timer("verify"):
-        scores = score(c.verifier, samples, [response_text(c.tokenizer, g.response_ids) for g in generations])
+        scores = score(c.verifier, samples, [response_text(c.tokenizer, g.response_ids) for g in generations], config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts], dtype=torch.float32)
     batch = make_token_batch(
         [g.prompt_ids for g in generations],
@@ -143,7 +143,7 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
-        "verifier/errors": float(scores.errors),
+        **scores.metrics(),
     }
     return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), rewards, advantages, metrics)
 
@@ -163,12 +163,12 @@ def evaluate(
     groups = rollout.generate([encode(tokenizer, s.prompt) for s in samples], sampling)
     responses = [response_text(tokenizer, g.response_ids) for group in groups for g in group]
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
-    scores = score(verifier, repeated, responses)
+    scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts])
     return {
         "eval/accuracy": (rewards >= 1.0).float().mean().item(),
         "eval/reward_mean": rewards.mean().item(),
-        "eval/verifier_errors": float(scores.errors),
+        "eval/verifier_errors": float(scores.failed),
     }
 
 
