@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -188,6 +189,57 @@ def test_a_killed_two_process_run_resumes_exactly(config_file, run, tmp_path):
     checkpoint = killed_dir / "checkpoints" / "step_000002"
     assert sorted(p.name for p in (checkpoint / "optimizer").iterdir()) == ["rank00000", "rank00001"]
     assert len([r for r in read_metrics(killed_dir / "metrics.jsonl") if "reward/mean" in r]) < STEPS
+
+    finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
+    expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
+    actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))
+    assert [r["step"] for r in actual] == list(range(STEPS + 1))
+    assert actual == expected
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    for pid in _descendants(launcher.pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"-m" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no process of rank {rank} under the launcher")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tmp_path, monkeypatch):
+    """SIGKILL to rank 1 alone, at a seeded random moment after the first checkpoint: the launcher ends rank 0
+    within a minute (a rank waiting at a collective would give up after RLZOO_DIST_TIMEOUT_S), and the resumed run
+    logs the uninterrupted run's metrics."""
+    reference = run("zero2", 2)
+    monkeypatch.setenv("RLZOO_DIST_TIMEOUT_S", "120")  # what a rank stuck at a collective would wait at most
+    killed_dir = tmp_path / "killed"
+    victim = launch(2, config_file, "--set", ZERO2, "--set", f"output_dir={killed_dir}")
+    latest = killed_dir / "checkpoints" / "latest"
+    deadline = time.time() + TIMEOUT
+    try:
+        while not (latest.is_file() and latest.read_text().strip() == "step_000002"):
+            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
+            assert time.time() < deadline
+            time.sleep(0.02)
+        time.sleep(random.Random(5).uniform(0.0, 1.5))  # somewhere in step 2: sampling, a collective, an update
+        survivor = _rank_pid(victim, 0)
+        os.kill(_rank_pid(victim, 1), signal.SIGKILL)
+        victim.wait(timeout=90)
+        assert victim.returncode != 0
+        assert not _alive(survivor), "rank 0 outlived its launcher"
+    finally:
+        if victim.poll() is None:
+            kill_tree(victim)
+    assert latest.read_text().strip() == "step_000002"
 
     finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
     expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
