@@ -216,21 +216,28 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tmp_path, monkeypatch):
-    """SIGKILL to rank 1 alone, at a seeded random moment after the first checkpoint: the launcher ends rank 0
-    within a minute (a rank waiting at a collective would give up after RLZOO_DIST_TIMEOUT_S), and the resumed run
-    logs the uninterrupted run's metrics."""
+    """SIGKILL to rank 1 alone, at a seeded random moment after the first checkpoint (or, if that comes first,
+    while rank 0 is writing the second, held there by the RLZOO_TEST_CHECKPOINT_PAUSE hook): the launcher ends
+    rank 0 within a minute (a rank stuck at a collective would give up after RLZOO_DIST_TIMEOUT_S), the first
+    checkpoint is the latest, and the resumed run logs the uninterrupted run's metrics."""
+    from rlzoo.checkpoint import PAUSE_ENV
+
     reference = run("zero2", 2)
-    monkeypatch.setenv("RLZOO_DIST_TIMEOUT_S", "120")  # what a rank stuck at a collective would wait at most
+    marker = tmp_path / "half-written"
+    monkeypatch.setenv("RLZOO_DIST_TIMEOUT_S", "120")
+    monkeypatch.setenv(PAUSE_ENV, str(marker))
     killed_dir = tmp_path / "killed"
     victim = launch(2, config_file, "--set", ZERO2, "--set", f"output_dir={killed_dir}")
-    latest = killed_dir / "checkpoints" / "latest"
     deadline = time.time() + TIMEOUT
     try:
-        while not (latest.is_file() and latest.read_text().strip() == "step_000002"):
+        while not marker.exists():  # the first checkpoint, let through
             assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
             assert time.time() < deadline
             time.sleep(0.02)
-        time.sleep(random.Random(5).uniform(0.0, 1.5))  # somewhere in step 2: sampling, a collective, an update
+        marker.unlink()
+        moment = time.time() + random.Random(5).uniform(0.0, 2.0)  # in step 2 or 3: sampling, a collective, ...
+        while time.time() < moment and not marker.exists():
+            time.sleep(0.01)
         survivor = _rank_pid(victim, 0)
         os.kill(_rank_pid(victim, 1), signal.SIGKILL)
         victim.wait(timeout=90)
@@ -239,8 +246,9 @@ def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tm
     finally:
         if victim.poll() is None:
             kill_tree(victim)
-    assert latest.read_text().strip() == "step_000002"
+    assert (killed_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
 
+    monkeypatch.delenv(PAUSE_ENV)
     finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
     expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
     actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))

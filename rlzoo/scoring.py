@@ -48,7 +48,7 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
     thread (a daemon: it does not keep the process alive); give verifiers their own per-response limits too.
     """
     slots: list[Verdict | None] = [None] * len(responses)
-    errors = [0]
+    raised: set[int] = set()  # indices whose verifier raised (their slot is written right after)
 
     def verify_all() -> None:
         try:
@@ -63,7 +63,7 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
             try:
                 slots[index] = verifier.verify(sample, response)
             except Exception as exc:
-                errors[0] += 1
+                raised.add(index)
                 log.warning("verifier %s raised %s: %s", verifier.name, type(exc).__name__, exc)
                 slots[index] = Verdict(0.0, reason=f"verifier error: {type(exc).__name__}: {exc}")
 
@@ -74,6 +74,7 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
         worker.start()
         worker.join(timeout_s)
     verdicts, timeouts = list(slots), 0  # a copy: a hung worker may still write into ``slots``
+    errors = sum(1 for index in list(raised) if verdicts[index] is not None)  # each response counted once
     for index, verdict in enumerate(verdicts):
         if verdict is None:
             timeouts += 1
@@ -92,7 +93,7 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
             )
     if nonfinite:
         log.warning("verifier %s gave %d of %d responses a non-finite reward; they score 0", verifier.name, nonfinite, len(verdicts))
-    return Scores(verdicts, errors[0], timeouts, nonfinite)
+    return Scores(verdicts, errors, timeouts, nonfinite)
 
 
 def _finite(verdict: Verdict) -> bool:
