@@ -80,6 +80,12 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, cold_start_root):
     proc = rlzoo("train", str(config), "--resume", str(tmp_path / "nothing-here"))
     assert proc.wait(timeout=300) == 1
     err = proc.stderr.read().decode()
+    assert "is not a folder" in err and "Traceback" not in err
+    # a run killed while writing its first checkpoint: only the hidden temporary folder is there
+    (tmp_path / "killed" / "checkpoints" / ".step_000002.tmp-x" / "model").mkdir(parents=True)
+    proc = rlzoo("train", str(config), "--resume", str(tmp_path / "killed"))
+    assert proc.wait(timeout=300) == 1
+    err = proc.stderr.read().decode()
     assert "no complete checkpoint" in err and "Traceback" not in err
 
 
