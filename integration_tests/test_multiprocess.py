@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -189,6 +190,65 @@ def test_a_killed_two_process_run_resumes_exactly(config_file, run, tmp_path):
     assert sorted(p.name for p in (checkpoint / "optimizer").iterdir()) == ["rank00000", "rank00001"]
     assert len([r for r in read_metrics(killed_dir / "metrics.jsonl") if "reward/mean" in r]) < STEPS
 
+    finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
+    expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
+    actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))
+    assert [r["step"] for r in actual] == list(range(STEPS + 1))
+    assert actual == expected
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    for pid in _descendants(launcher.pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"-m" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no process of rank {rank} under the launcher")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tmp_path, monkeypatch):
+    """SIGKILL to rank 1 alone, at a seeded random moment after the first checkpoint (or, if that comes first,
+    while rank 0 is writing the second, held there by the RLZOO_TEST_CHECKPOINT_PAUSE hook): the launcher ends
+    rank 0 within a minute (a rank stuck at a collective would give up after RLZOO_DIST_TIMEOUT_S), the first
+    checkpoint is the latest, and the resumed run logs the uninterrupted run's metrics."""
+    from rlzoo.checkpoint import PAUSE_ENV
+
+    reference = run("zero2", 2)
+    marker = tmp_path / "half-written"
+    monkeypatch.setenv("RLZOO_DIST_TIMEOUT_S", "120")
+    monkeypatch.setenv(PAUSE_ENV, str(marker))
+    killed_dir = tmp_path / "killed"
+    victim = launch(2, config_file, "--set", ZERO2, "--set", f"output_dir={killed_dir}")
+    deadline = time.time() + TIMEOUT
+    try:
+        while not marker.exists():  # the first checkpoint, let through
+            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
+            assert time.time() < deadline
+            time.sleep(0.02)
+        marker.unlink()
+        moment = time.time() + random.Random(5).uniform(0.0, 2.0)  # in step 2 or 3: sampling, a collective, ...
+        while time.time() < moment and not marker.exists():
+            time.sleep(0.01)
+        survivor = _rank_pid(victim, 0)
+        os.kill(_rank_pid(victim, 1), signal.SIGKILL)
+        victim.wait(timeout=90)
+        assert victim.returncode != 0
+        assert not _alive(survivor), "rank 0 outlived its launcher"
+    finally:
+        if victim.poll() is None:
+            kill_tree(victim)
+    assert (killed_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
+
+    monkeypatch.delenv(PAUSE_ENV)
     finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
     expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
     actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))

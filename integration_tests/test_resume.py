@@ -1,17 +1,28 @@
-"""A run killed with SIGKILL and resumed logs the same metrics as an uninterrupted run with the same seed."""
+"""A run killed with SIGKILL anywhere and resumed logs the same metrics as an uninterrupted run with the same seed;
+a checkpoint that cannot be written stops the run and keeps the previous one.
+
+The transformers/torch engines are killed right after a checkpoint; the README main job's engines (vLLM rollouts,
+DeepSpeed ZeRO-2 with DeepSpeed-MoE) at seeded random moments and in the middle of writing a checkpoint (held
+there by the ``RLZOO_TEST_CHECKPOINT_PAUSE`` hook of :mod:`rlzoo.checkpoint`). The two-process DeepSpeed run
+killed on one rank is in test_multiprocess.py.
+"""
 
 from __future__ import annotations
 
 import os
+import random
+import resource
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import EXAMPLE, FAST, metrics_without_times
 
+from rlzoo.checkpoint import PAUSE_ENV, latest_checkpoint
 from rlzoo.config import apply_overrides, read_yaml
 from rlzoo.metrics import read_metrics
 
@@ -27,8 +38,14 @@ def write_config(path: Path, cold_start_dir: Path) -> Path:
     return path
 
 
-def rlzoo(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlzoo.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def rlzoo(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlzoo.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,
+    )
 
 
 def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold_start_root):
@@ -63,4 +80,122 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, cold_start_root):
     proc = rlzoo("train", str(config), "--resume", str(tmp_path / "nothing-here"))
     assert proc.wait(timeout=300) == 1
     err = proc.stderr.read().decode()
+    assert "is not a folder" in err and "Traceback" not in err
+    # a run killed while writing its first checkpoint: only the hidden temporary folder is there
+    (tmp_path / "killed" / "checkpoints" / ".step_000002.tmp-x" / "model").mkdir(parents=True)
+    proc = rlzoo("train", str(config), "--resume", str(tmp_path / "killed"))
+    assert proc.wait(timeout=300) == 1
+    err = proc.stderr.read().decode()
     assert "no complete checkpoint" in err and "Traceback" not in err
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:  # in the child, before it starts: a write past `limit` bytes fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_and_keeps_the_previous_one(tmp_path, cold_start_root):
+    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic")
+    run_dir = tmp_path / "run"
+    first = rlzoo("train", str(config), "--set", f"output_dir={run_dir}", "--set", "train.steps=2")
+    assert first.wait(timeout=600) == 0, first.stderr.read().decode()
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step_000002"
+    weights = (run_dir / "checkpoints" / "step_000002" / "model" / "model.safetensors").read_bytes()
+
+    # "disk full" for files over 64 kB: the logs still grow, the next checkpoint's weights cannot be written
+    resumed = rlzoo("train", str(config), "--resume", str(run_dir), preexec_fn=_file_size_limit(64_000))
+    assert resumed.wait(timeout=600) == 1
+    err = resumed.stderr.read().decode()
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in err, err[-3000:]
+    assert f"could not write checkpoint {run_dir / 'checkpoints' / 'step_000004'}" in line, line
+    assert "File too large" in line and f"{run_dir / 'checkpoints' / 'step_000002'} is intact" in line, line
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step_000002"
+    assert (run_dir / "checkpoints" / "step_000002" / "model" / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000002"]
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]  # stopped at step 4's save
+
+
+# -- the README main job's engines, killed anywhere ---------------------------------------------------------------
+
+MAIN_STEPS = 6
+MAIN_JOB = [  # the example's own engines (FAST replaces them with the in-process ones)
+    "rollout.engine={name: vllm, kv_cache_memory_bytes: 67108864}",
+    "trainer.engine={name: deepspeed, zero_stage: 2, moe: deepspeed}",
+]
+
+
+def _wait_for(proc: subprocess.Popen, done, what: str, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not done():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.stderr.read().decode()[-3000:]}")
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+
+
+def _rows(run_dir: Path) -> int:
+    return len(read_metrics(run_dir / "metrics.jsonl"))
+
+
+@pytest.mark.skipif(
+    not all(__import__("importlib").util.find_spec(m) for m in ("vllm", "deepspeed")), reason="needs vLLM and DeepSpeed"
+)
+def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root):
+    """Killed mid-checkpoint, then twice at seeded random moments; the last resume runs to the end."""
+    data = apply_overrides(
+        read_yaml(EXAMPLE),
+        [
+            *FAST,
+            *MAIN_JOB,
+            "task.digits=1",  # most steps have non-zero rewards, so the weights move
+            "cold_start.steps=100",
+            f"cold_start.output_dir={cold_start_root / 'arithmetic-1digit'}",
+            f"train.steps={MAIN_STEPS}",
+            "train.eval_every=3",
+            "algorithm.minibatches_per_rollout=2",
+        ],
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    reference = rlzoo("train", str(config), "--set", f"output_dir={tmp_path / 'reference'}")
+    assert reference.wait(timeout=900) == 0, reference.stderr.read().decode()[-3000:]
+
+    run_dir, marker = tmp_path / "killed", tmp_path / "half-written"
+    checkpoints = run_dir / "checkpoints"
+    # 1. in the middle of writing step 4's checkpoint (step 2's is let through)
+    victim = rlzoo("train", str(config), "--set", f"output_dir={run_dir}", env={PAUSE_ENV: str(marker)})
+    _wait_for(victim, marker.exists, "the first checkpoint")
+    marker.unlink()
+    _wait_for(victim, marker.exists, "the second checkpoint")
+    _kill(victim)
+    assert latest_checkpoint(run_dir) == checkpoints / "step_000002"
+    assert any(p.name.startswith(".step_000004.tmp-") for p in checkpoints.iterdir())  # the half-written one
+
+    # 2., 3. at seeded random moments: after the k-th metrics line, plus a random delay within a step
+    rng = random.Random(11)
+    for _ in range(2):
+        completed = int(latest_checkpoint(run_dir).name.removeprefix("step_"))
+        rows, delay = rng.randint(completed + 1, MAIN_STEPS - 1), rng.uniform(0.0, 2.0)
+        victim = rlzoo("train", str(config), "--resume", str(run_dir))
+        _wait_for(victim, lambda rows=rows: _rows(run_dir) >= rows, f"metrics line {rows}")
+        time.sleep(delay)
+        assert victim.poll() is None, "the run ended before it could be killed"
+        _kill(victim)
+
+    resumed = rlzoo("train", str(config), "--resume", str(run_dir))
+    assert resumed.wait(timeout=900) == 0, resumed.stderr.read().decode()[-3000:]
+    expected = metrics_without_times(read_metrics(tmp_path / "reference" / "metrics.jsonl"))
+    actual = metrics_without_times(read_metrics(run_dir / "metrics.jsonl"))
+    assert [r["step"] for r in actual] == list(range(MAIN_STEPS + 1))
+    assert any(r.get("reward/mean", 0) > 0 for r in expected)
+    assert actual == expected
+    assert not any(p.name.startswith(".") for p in checkpoints.iterdir())  # the next save removed the leftovers

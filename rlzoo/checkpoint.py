@@ -3,6 +3,11 @@
 Everything is written into a temporary sibling and renamed into place, so a checkpoint either exists whole or
 not at all (also with several processes: see :func:`atomic_directory`). Tensors go to safetensors, everything
 else to JSON: loading never unpickles data.
+
+A run killed at any moment (SIGKILL included) leaves its newest complete checkpoint and ``checkpoints/latest``
+pointing at it, plus at most a hidden ``.step_N.tmp-*`` folder that resuming ignores and the next save removes.
+A checkpoint that cannot be written (disk full, a file-size limit, ...) raises :class:`CheckpointError`, one line
+naming the checkpoint and the cause, and leaves the previous checkpoint and ``latest`` as they were.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +27,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlzoo.distributed import SINGLE, Dist
+from rlzoo.errors import RlzooError
+
+#: test hook: a file path. When set, rank 0 creates that file once a checkpoint is half written (engine state in
+#: the temporary folder, no ``state.json`` yet) and waits while the file exists (at most 10 minutes), so a test
+#: can kill a run in the middle of writing a checkpoint, or delete the file to let it go on.
+PAUSE_ENV = "RLZOO_TEST_CHECKPOINT_PAUSE"
+
+
+class CheckpointError(RlzooError):
+    """A checkpoint could not be written; the previous one is intact."""
 
 
 @contextmanager
@@ -47,10 +63,19 @@ def atomic_directory(final: Path, dist: Dist = SINGLE) -> Iterator[Path]:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
+            _fsync_directory(final.parent)  # the rename itself survives a power cut
     except BaseException:
         if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -124,22 +149,48 @@ def save_checkpoint(
     """Write ``checkpoints/step_N`` atomically, then point ``latest`` at it and drop all but the ``keep`` newest.
 
     A collective with several processes (every rank calls it): each rank writes its own engine state
-    (``trainer.save``), rank 0 the tokenizer, the RNG state and ``state.json``."""
+    (``trainer.save``), rank 0 the tokenizer, the RNG state and ``state.json``. Raises :class:`CheckpointError`
+    if this rank could not write its part (the other ranks then wait for it until the launcher or the process
+    group's timeout ends them); the previous checkpoint and ``latest`` are left as they were."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{completed_steps:06d}"
-    with atomic_directory(final, dist) as tmp:
-        trainer.save(tmp)
+    try:
+        with atomic_directory(final, dist) as tmp:
+            trainer.save(tmp)
+            if dist.is_main:
+                _pause_for_tests()
+                tokenizer.save_pretrained(tmp / "model")
+                tensors, meta = rng_state()
+                save_file(tensors, str(tmp / "rng.safetensors"))
+                (tmp / "rng.json").write_text(json.dumps(meta))
+                (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
         if dist.is_main:
-            tokenizer.save_pretrained(tmp / "model")
-            tensors, meta = rng_state()
-            save_file(tensors, str(tmp / "rng.safetensors"))
-            (tmp / "rng.json").write_text(json.dumps(meta))
-            (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
+            atomic_write_text(root / "latest", final.name)
+    except Exception as err:
+        previous = latest_checkpoint(run_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous is not None else "no earlier checkpoint exists"
+        cause = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the library wrote
+        raise CheckpointError(f"could not write checkpoint {final}: {cause}; {kept}") from err
     if dist.is_main:
-        atomic_write_text(root / "latest", final.name)
         for old in sorted(root.glob("step_*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in [*root.glob(".step_*.tmp-*"), *root.glob(".latest.tmp-*")]:  # left by a killed run
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
     return final
+
+
+def _pause_for_tests() -> None:
+    marker = os.environ.get(PAUSE_ENV)
+    if not marker:
+        return
+    marker_path = Path(marker)
+    marker_path.write_text("half written\n")
+    deadline = time.monotonic() + 600
+    while marker_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def load_checkpoint(checkpoint: Path, trainer: Any) -> int:

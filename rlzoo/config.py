@@ -223,6 +223,18 @@ class LoopConfig(Section):
     )
     checkpoint_every: int = Field(5, ge=1)
     keep_checkpoints: int = Field(2, ge=1, description="older checkpoints are deleted")
+    verifier_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="seconds a batch of responses may take to verify; responses not scored by then get reward 0 "
+        "(counted in verifier/timeouts); null: no limit (verification runs in the main thread)",
+    )
+    max_consecutive_failures: int = Field(
+        3,
+        ge=1,
+        description="the run stops after this many failed steps in a row (an update skipped for a non-finite loss "
+        "or gradient, or no response of the batch scored); its last checkpoint is kept",
+    )
 
     @field_validator("eval_pass_at_k")
     @classmethod

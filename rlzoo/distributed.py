@@ -28,9 +28,11 @@ import torch
 
 T = TypeVar("T")
 
-#: how long a rank waits at a collective (rank 0 may be building the cold start or evaluating meanwhile)
+#: how long a rank waits at a collective before it fails (rank 0 may be building the cold start or evaluating
+#: meanwhile). Short enough that a rank whose peer died without the launcher noticing gives up within the hour;
+#: a longer cold start is built first (``rlzoo sft CONFIG``) or given a longer timeout through the environment.
 TIMEOUT_ENV = "RLZOO_DIST_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 3 * 3600
+DEFAULT_TIMEOUT_S = 30 * 60
 
 
 @dataclass(frozen=True)

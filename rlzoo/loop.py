@@ -116,7 +116,7 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group])
 
     with timer("verify"):
-        scores = score(c.verifier, samples, [response_text(c.tokenizer, g.response_ids) for g in generations])
+        scores = score(c.verifier, samples, [response_text(c.tokenizer, g.response_ids) for g in generations], config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts], dtype=torch.float32)
     batch = make_token_batch(
         [g.prompt_ids for g in generations],
@@ -145,7 +145,7 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
-        "verifier/errors": float(scores.errors),
+        **scores.metrics(),
     }
     return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), rewards, advantages, metrics)
 
@@ -165,13 +165,13 @@ def evaluate(
     groups = rollout.generate([prompt_ids(tokenizer, s, config.prompt) for s in samples], sampling)
     responses = [response_text(tokenizer, g.response_ids) for group in groups for g in group]
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
-    scores = score(verifier, repeated, responses)
+    scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts])
     correct = [int(part.sum()) for part in torch.split(rewards >= 1.0, [len(g) for g in groups])]  # per prompt
     return {
         "eval/accuracy": (rewards >= 1.0).float().mean().item(),
         "eval/reward_mean": rewards.mean().item(),
-        "eval/verifier_errors": float(scores.errors),
+        "eval/verifier_errors": float(scores.failed),
         **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
     }
 

@@ -65,7 +65,9 @@ class MetricsLogger:
         if keep_below_step is not None:
             # on resume, drop what was logged after the checkpoint: those steps are run again
             rows = [r for r in read_metrics(self.path) if r.get("step", 0) < keep_below_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            from rlzoo.checkpoint import atomic_write_text  # a kill while rewriting must not lose the log
+
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter

@@ -30,6 +30,7 @@ from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoi
 from rlzoo.config import ComponentSpec, RunConfig, dump_config
 from rlzoo.engines import EngineContext, RolloutEngine, TrainingEngine
 from rlzoo.errors import RlzooError
+from rlzoo.faults import FaultPolicy
 from rlzoo.interfaces import RouterPolicy, Task, Verifier
 from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
@@ -171,6 +172,8 @@ class TrainingRun:
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
         eval_set = fit_prompts(eval_set, self.tokenizer, config.prompt, "eval")
         steps, completed = config.train.steps, self.completed_steps
+        responses = min(config.rollout.prompts_per_step, len(train_set)) * config.rollout.group_size
+        faults = FaultPolicy(config.train.max_consecutive_failures, responses, self.start.run_dir)
         logger = MetricsLogger(self.start.run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
         bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not (self.progress and dist.is_main), dynamic_ncols=True, mininterval=1.0)
         try:
@@ -181,6 +184,7 @@ class TrainingRun:
                 metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), c, config))
                 logger.log(step, metrics)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
+                faults.check(step, metrics)  # stops the run before a bad streak reaches a checkpoint
                 if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
                     save_checkpoint(self.start.run_dir, step + 1, self.trainer, self.tokenizer, config.train.keep_checkpoints, dist)
             if completed <= steps and dist.is_main:

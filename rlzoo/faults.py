@@ -1,0 +1,75 @@
+"""The run's failure policy: which faults inside a step the run rides out, and when it stops.
+
+Faults are contained where they happen and counted in the step's metrics (docs/faults.md):
+
+- a verifier that raises, hangs past ``train.verifier_timeout_s`` or returns a non-finite reward: that response
+  scores 0 (:mod:`rlzoo.scoring`; ``verifier/errors``, ``verifier/timeouts``, ``verifier/nonfinite_rewards``);
+- a loss or gradient norm that is not finite: the training engine skips that update (``train/nonfinite_steps``).
+
+A step *fails* when any of its updates was skipped, or when not one response of its batch could be scored (the
+update then learns from nothing but zeros). The driver asks :meth:`FaultPolicy.check` once per step, after logging
+its metrics and before writing its checkpoint: ``train.max_consecutive_failures`` failed steps in a row stop the run
+with :class:`StepFailure`, so the newest checkpoint is the one written before the streak went bad. With several
+processes every rank sees the same (rank-averaged) metrics and stops at the same step. The streak is not
+checkpointed: a resumed run starts with none.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rlzoo.checkpoint import latest_checkpoint
+from rlzoo.errors import RlzooError
+
+log = logging.getLogger("rlzoo.faults")
+
+#: the per-response scoring faults of a step (rlzoo.scoring.Scores.metrics)
+UNSCORED = ("verifier/errors", "verifier/timeouts", "verifier/nonfinite_rewards")
+
+
+class StepFailure(RlzooError):
+    """Too many failed steps in a row: the run stopped, its last checkpoint intact."""
+
+
+class FaultPolicy:
+    """Counts failed steps in a row and stops the run after ``max_consecutive`` of them."""
+
+    def __init__(self, max_consecutive: int, responses_per_step: int, run_dir: Path) -> None:
+        self.max_consecutive = max_consecutive
+        self.responses_per_step = responses_per_step
+        self.run_dir = Path(run_dir)
+        self.streak = 0
+
+    def failure(self, metrics: dict[str, float]) -> str | None:
+        """Why the step that logged ``metrics`` failed, or ``None`` if it did not."""
+        skipped = metrics.get("train/nonfinite_steps", 0.0)
+        if skipped > 0:
+            return f"the loss or gradient norm was not finite ({skipped:g} update(s) skipped, train/nonfinite_steps)"
+        counts = {key: metrics.get(key, 0.0) for key in UNSCORED}
+        if sum(counts.values()) >= self.responses_per_step:
+            detail = ", ".join(f"{key} {value:g}" for key, value in counts.items())
+            return f"none of the {self.responses_per_step} responses could be scored ({detail})"
+        return None
+
+    def check(self, step: int, metrics: dict[str, float]) -> None:
+        """Record step ``step``; raise :class:`StepFailure` when it makes ``max_consecutive`` failures in a row."""
+        cause = self.failure(metrics)
+        if cause is None:
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak < self.max_consecutive:
+            log.warning("step %d failed (%d in a row of at most %d): %s", step, self.streak, self.max_consecutive, cause)
+            return
+        checkpoint = latest_checkpoint(self.run_dir)
+        kept = (
+            f"the last checkpoint, {checkpoint}, is intact: fix the cause, then continue with "
+            f"`rlzoo train CONFIG --resume {self.run_dir}`"
+            if checkpoint is not None
+            else "no checkpoint had been written yet"
+        )
+        raise StepFailure(
+            f"stopped at step {step} after {self.streak} failed steps in a row (train.max_consecutive_failures: "
+            f"{self.max_consecutive}): {cause}; {kept}"
+        )

@@ -1,0 +1,43 @@
+"""The failure policy: failed steps are ridden out, a streak of ``max_consecutive`` stops the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlzoo.checkpoint import atomic_write_text
+from rlzoo.faults import FaultPolicy, StepFailure
+
+GOOD = {"train/nonfinite_steps": 0.0, "verifier/errors": 0.0, "verifier/timeouts": 0.0, "verifier/nonfinite_rewards": 0.0}
+NAN_LOSS = {**GOOD, "train/nonfinite_steps": 2.0}
+UNSCORED = {**GOOD, "verifier/errors": 5.0, "verifier/timeouts": 2.0, "verifier/nonfinite_rewards": 1.0}
+
+
+def test_good_steps_and_partial_faults_are_not_failures(tmp_path):
+    policy = FaultPolicy(1, responses_per_step=8, run_dir=tmp_path)
+    for metrics in (GOOD, {**GOOD, "verifier/errors": 7.0}, {"eval/accuracy": 0.5}):
+        policy.check(0, metrics)
+    assert policy.streak == 0
+
+
+@pytest.mark.parametrize(("metrics", "cause"), [(NAN_LOSS, "not finite"), (UNSCORED, "none of the 8 responses")])
+def test_a_streak_stops_the_run_naming_the_cause_and_the_checkpoint(tmp_path, metrics, cause):
+    (tmp_path / "checkpoints" / "step_000004").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000004" / "state.json").write_text('{"completed_steps": 4}')
+    atomic_write_text(tmp_path / "checkpoints" / "latest", "step_000004")
+    policy = FaultPolicy(3, responses_per_step=8, run_dir=tmp_path)
+    policy.check(5, metrics)
+    policy.check(6, metrics)
+    with pytest.raises(StepFailure) as err:
+        policy.check(7, metrics)
+    message = str(err.value)
+    assert "stopped at step 7" in message and "3 failed steps in a row" in message and cause in message
+    assert "train.max_consecutive_failures: 3" in message and "step_000004" in message and "\n" not in message
+
+
+def test_a_good_step_breaks_the_streak(tmp_path):
+    policy = FaultPolicy(2, responses_per_step=8, run_dir=tmp_path)
+    for step in range(9):  # failed, good, failed, ..., good
+        policy.check(step, NAN_LOSS if step % 2 else GOOD)
+    policy.check(9, NAN_LOSS)
+    with pytest.raises(StepFailure, match="no checkpoint had been written yet"):
+        policy.check(10, UNSCORED)  # different causes in a row still make a streak
