@@ -31,7 +31,7 @@ from rlzoo.config import ComponentSpec, RunConfig, dump_config
 from rlzoo.engines import EngineContext, RolloutEngine, TrainingEngine
 from rlzoo.errors import RlzooError
 from rlzoo.faults import FaultPolicy
-from rlzoo.interfaces import RouterPolicy, Task, Verifier
+from rlzoo.interfaces import RouterPolicy, Sample, Task, Verifier
 from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.moe import find_routers
@@ -63,6 +63,9 @@ class Start:
         return self.checkpoint / "model" if self.checkpoint is not None else self.initial_model
 
 
+PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "clip/fraction")  # shown beside the progress bar
+
+
 class TrainingRun:
     """``rlzoo train``: :meth:`setup` builds the run from its config in named steps, :meth:`run` trains."""
 
@@ -77,6 +80,7 @@ class TrainingRun:
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
         self.tokenizer = load_tokenizer(self.start.model_dir)
+        self.train_set, self.eval_set = self._setup_data()
         self.trainer = self._setup_trainer()
         self.rollout = self._setup_rollout()
         self.components = self._setup_components()
@@ -102,6 +106,14 @@ class TrainingRun:
         if not self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, progress=False)
         return Start(run_dir, initial, checkpoint)
+
+    def _setup_data(self) -> tuple[list[Sample], list[Sample]]:
+        """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens``."""
+        config = self.config
+        train_set = fit_prompts(self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train")
+        check_data_parallel(config, self.dist.world, min(config.rollout.prompts_per_step, len(train_set)))
+        eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
+        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval")
 
     def _setup_trainer(self) -> TrainingEngine:
         trainer = create(self.registry, "training_engine", self.config.trainer.engine)
@@ -165,39 +177,37 @@ class TrainingRun:
 
     def run(self) -> Path:
         self.setup()
-        config, dist, c = self.config, self.dist, self.components
-        train_set = self.task.samples("train", None, config.seed)
-        train_set = fit_prompts(train_set, self.tokenizer, config.prompt, "train")  # logs what it drops
-        check_data_parallel(config, dist.world, min(config.rollout.prompts_per_step, len(train_set)))
-        eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
-        eval_set = fit_prompts(eval_set, self.tokenizer, config.prompt, "eval")
+        config, dist, run_dir = self.config, self.dist, self.start.run_dir
         steps, completed = config.train.steps, self.completed_steps
-        responses = min(config.rollout.prompts_per_step, len(train_set)) * config.rollout.group_size
-        faults = FaultPolicy(config.train.max_consecutive_failures, responses, self.start.run_dir)
-        logger = MetricsLogger(self.start.run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
-        bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not (self.progress and dist.is_main), dynamic_ncols=True, mininterval=1.0)
+        responses = min(config.rollout.prompts_per_step, len(self.train_set)) * config.rollout.group_size
+        faults = FaultPolicy(config.train.max_consecutive_failures, responses, run_dir)
+        logger = MetricsLogger(run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
+        show = self.progress and dist.is_main
+        bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not show, mininterval=1.0)
         try:
             for step in bar:
                 metrics = {}
                 if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
-                    metrics.update(self.evaluate(eval_set))
-                metrics.update(loop.rl_step(step, loop.sample_prompts(train_set, step, config), c, config))
+                    metrics.update(self.evaluate())
+                prompts = loop.sample_prompts(self.train_set, step, config)
+                metrics.update(loop.rl_step(step, prompts, self.components, config))
                 logger.log(step, metrics)
-                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward/mean", "eval/accuracy", "clip/fraction") if k in metrics})
+                bar.set_postfix({k: f"{metrics[k]:.3f}" for k in PROGRESS_KEYS if k in metrics})
                 faults.check(step, metrics)  # stops the run before a bad streak reaches a checkpoint
                 if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
-                    save_checkpoint(self.start.run_dir, step + 1, self.trainer, self.tokenizer, config.train.keep_checkpoints, dist)
+                    keep = config.train.keep_checkpoints
+                    save_checkpoint(run_dir, step + 1, self.trainer, self.tokenizer, keep, dist)
             if completed <= steps and dist.is_main:
-                logger.log(steps, {**self.evaluate(eval_set), "final": 1.0})
+                logger.log(steps, {**self.evaluate(), "final": 1.0})
         finally:
             logger.close()
             if dist.is_main:
                 self.rollout.close()
         distributed.teardown(dist)
-        return self.start.run_dir
+        return run_dir
 
-    def evaluate(self, eval_set: list[Any]) -> dict[str, float]:
-        return loop.evaluate(eval_set, self.rollout, self.verifier, self.tokenizer, self.config)
+    def evaluate(self) -> dict[str, float]:
+        return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config)
 
 
 # -- building blocks (also used by `rlzoo sft`) --------------------------------------------------------------------
