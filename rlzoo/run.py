@@ -183,7 +183,10 @@ class TrainingRun:
         faults = FaultPolicy(config.train.max_consecutive_failures, responses, run_dir)
         logger = MetricsLogger(run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
         show = self.progress and dist.is_main
-        bar = tqdm(range(completed, steps), initial=completed, total=steps, desc="rl", disable=not show, dynamic_ncols=True, mininterval=1.0)
+        bar = tqdm(
+            range(completed, steps), initial=completed, total=steps, desc="rl", disable=not show, dynamic_ncols=True,
+            mininterval=1.0,
+        )
         try:
             for step in bar:
                 metrics = {}
