@@ -130,6 +130,9 @@ class TrainingRun:
             tokenizer=self.tokenizer,
             reference=self._setup_reference() if algo.kl_coef > 0 else None,
             dist=self.dist,
+            batch_filter=create(self.registry, "batch_filter", algo.batch_filter),
+            shapers=[create(self.registry, "reward_shaper", spec) for spec in algo.reward_shaping],
+            train_set=self.task.samples("train", None, self.config.seed),  # further generation batches' prompts
         )
 
     def _setup_learner(self) -> Learner:
@@ -164,7 +167,7 @@ class TrainingRun:
     def run(self) -> Path:
         self.setup()
         config, dist, c = self.config, self.dist, self.components
-        train_set = self.task.samples("train", None, config.seed)
+        train_set = c.train_set  # loaded once, by _setup_components
         check_data_parallel(config, dist.world, min(config.rollout.prompts_per_step, len(train_set)))
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
         steps, completed = config.train.steps, self.completed_steps
