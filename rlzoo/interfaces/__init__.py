@@ -9,7 +9,7 @@ from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.ratio import RatioEstimator
 from rlzoo.interfaces.regulariser import Regulariser
-from rlzoo.interfaces.reward_shaper import RewardShaper
+from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.task import Sample, Task
 from rlzoo.interfaces.verifier import Verdict, Verifier
@@ -29,6 +29,7 @@ __all__ = [
     "RecordedRouting",
     "Regulariser",
     "RewardBatch",
+    "ResponseTooLong",
     "RewardShaper",
     "RouterPolicy",
     "Sample",

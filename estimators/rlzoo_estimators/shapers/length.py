@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RewardShaper
 
 
@@ -25,9 +24,5 @@ class LengthPenalty(RewardShaper):
         coef: float = Field(0.001, ge=0.0, description="reward per response token subtracted")
 
     def shape(self, rewards: torch.Tensor, lengths: torch.Tensor, budget: int) -> torch.Tensor:
-        if len(lengths) and int(lengths.max()) > budget:
-            raise RlzooError(
-                f"reward shaper 'length': a response of {int(lengths.max())} tokens exceeds the budget of {budget} "
-                "tokens (rollout.max_new_tokens)"
-            )
+        self.check_within(lengths, budget, "the budget (rollout.max_new_tokens)")
         return -self.params.coef * lengths.to(rewards.dtype)

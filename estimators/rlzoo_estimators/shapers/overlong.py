@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RewardShaper
 
 
@@ -49,10 +48,6 @@ class OverlongShaping(RewardShaper):
 
     def shape(self, rewards: torch.Tensor, lengths: torch.Tensor, budget: int) -> torch.Tensor:
         l_max, l_cache = self.limits(budget)
-        if len(lengths) and int(lengths.max()) > l_max:
-            raise RlzooError(
-                f"reward shaper 'overlong': a response of {int(lengths.max())} tokens exceeds its L_max of {l_max} "
-                f"tokens (max_length {self.params.max_length}, rollout.max_new_tokens {budget})"
-            )
+        self.check_within(lengths, l_max, f"L_max (max_length {self.params.max_length}, max_new_tokens {budget})")
         excess = lengths.to(rewards.dtype) - (l_max - l_cache)
         return torch.clamp(-self.params.penalty * excess / l_cache, max=0.0)
