@@ -55,7 +55,9 @@ class Learner:
         logp, entropy = self.engine.logprobs_and_entropy(select_rows(batch, self.dist.share(torch.arange(count))))
         return self.dist.gather_rows(logp, count), self.dist.gather_rows(entropy, count)
 
-    def update(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+    def update(
+        self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False
+    ) -> dict[str, float]:
         """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``, or
         ``loss_fn(logp, entropy)`` with ``with_entropy`` (both with gradient)."""
         local = select_rows(batch, self.dist.share(rows))

@@ -81,7 +81,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
 
     with timer("old_logprobs"):
-        train_logp, entropy = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
+        train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
         ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
         correction = c.correction.weights(train_logp, rollout_logp, mask)
@@ -103,7 +103,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         c.learner.push_weights(c.rollout)
 
     mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
-    policy = {"policy/entropy": masked_mean(entropy, mask).item()}
+    policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
     metrics = {**mean_of(update_metrics), **rollout.metrics, **mismatch, **policy, **c.learner.step_metrics()}
     return c.dist.mean_metrics({**metrics, **timer.metrics()})  # rank-local values averaged; time/* are rank 0's
 

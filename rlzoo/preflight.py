@@ -320,7 +320,8 @@ def _shaping_problems(config: RunConfig, registry: Registry) -> Problems:
     problems = []
     for i, spec in enumerate(config.algorithm.reward_shaping):
         shaper = registry.create("reward_shaper", spec.name, spec.params, loc=f"algorithm.reward_shaping.{i}")
-        problems += [(f"algorithm.reward_shaping.{i}", p) for p in shaper.budget_problems(config.rollout.max_new_tokens)]
+        budget = config.rollout.max_new_tokens
+        problems += [(f"algorithm.reward_shaping.{i}", p) for p in shaper.budget_problems(budget)]
     return problems
 
 

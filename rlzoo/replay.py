@@ -82,7 +82,9 @@ class RoutingLearner(Learner):
         self.replayed = self.policy.update_routing(self.recorded)
         return logp, entropy
 
-    def update(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+    def update(
+        self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False
+    ) -> dict[str, float]:
         with self._recording(batch, rows, replay=self.replayed) as used:
             metrics = super().update(batch, rows, loss_fn, with_entropy)
         attention = batch.attention_mask[rows]

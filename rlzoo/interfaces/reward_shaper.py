@@ -2,9 +2,9 @@
 
 The loop applies the configured shapers (``algorithm.reward_shaping``, a list) in order after the verifier:
 ``reward <- reward + sum_k shaper_k.shape(reward, lengths, budget)``, with ``lengths`` the responses' token counts
-and ``budget`` the rollout's ``max_new_tokens``. A shaper given a response longer than the length it is built for
-raises :class:`ResponseTooLong` (:meth:`RewardShaper.check_within`) naming itself and the lengths; :meth:`RewardShaper.budget_problems` lets the
-config check reject such a set-up before a run starts.
+and ``budget`` the rollout's ``max_new_tokens``. A shaper given a response longer than the length it is built
+for raises :class:`ResponseTooLong` (:meth:`RewardShaper.check_within`) naming itself and the lengths;
+:meth:`RewardShaper.budget_problems` lets the config check reject such a set-up before a run starts.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class RewardShaper(Component):
     def check_within(self, lengths: torch.Tensor, limit: int, what: str) -> None:
         """Raise :class:`ResponseTooLong` naming this shaper if a response is longer than ``limit`` (``what``)."""
         if len(lengths) and int(lengths.max()) > limit:
+            longest = int(lengths.max())
             raise ResponseTooLong(
-                f"reward shaper {self.name!r}: a response of {int(lengths.max())} tokens exceeds {what} of {limit} tokens"
+                f"reward shaper {self.name!r}: a response of {longest} tokens exceeds {what} of {limit} tokens"
             )
