@@ -178,3 +178,20 @@ def test_preflight_rejects_a_shaper_that_cannot_fit_the_budget(shaper, message, 
     with pytest.raises(ConfigError) as err:
         preflight(config, default_registry())
     assert any(loc == "algorithm.reward_shaping.0" and message in text for loc, text in err.value.problems)
+
+
+def test_dapo_preset_is_complete_and_its_stages_can_be_overridden():
+    from rlzoo.config import build_config
+
+    algo = build_config({"algorithm": {"preset": "dapo"}}).algorithm
+    assert (algo.clipper.params["eps_low"], algo.clipper.params["eps_high"]) == (0.2, 0.28)
+    assert algo.aggregation.name == "token-mean" and algo.kl_coef == 0.0
+    assert algo.batch_filter.name == "dynamic-sampling" and algo.batch_filter.params["max_gen_batches"] == 10
+    assert [s.name for s in algo.reward_shaping] == ["overlong"] and algo.reward_shaping[0].params["penalty"] == 1.0
+    tuned = build_config(
+        {"algorithm": {"preset": "dapo", "batch_filter": {"max_gen_batches": 2}, "reward_shaping": [{"name": "length"}]}}
+    ).algorithm
+    assert tuned.batch_filter.name == "dynamic-sampling" and tuned.batch_filter.params["max_gen_batches"] == 2
+    assert [s.name for s in tuned.reward_shaping] == ["length"]
+    with pytest.raises(ConfigError, match=r"algorithm.reward_shaping.0.bufer"):
+        build_config({"algorithm": {"reward_shaping": [{"name": "overlong", "bufer": 3}]}})
