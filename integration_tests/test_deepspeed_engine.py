@@ -349,3 +349,25 @@ def test_two_processes_match_one(run, two_process_results, model_dir, tokenizer,
     # the multi-process checkpoint resumed exactly on both ranks
     resume = record["resume"]
     assert resume["resumed_loss"] == resume["continued_loss"] and resume["max_weight_gap"] == 0.0
+
+
+@pytest.mark.parametrize("moe", ["none", "deepspeed"])
+def test_entropy_matches_the_torch_engine_and_trains(model_dir, tokenizer, batch, moe):
+    """DeepSpeed (DeepSpeed-MoE included) returns the full distribution's per-token entropy like the torch engine,
+    without gradient and, in the update pass, with it."""
+    reference = TorchTrainingEngine()
+    reference.start(_context(model_dir, tokenizer), helper.trainer_config(GRAD_CLIP))
+    want_logp, want_entropy = reference.logprobs_and_entropy(batch)
+    engine = _deepspeed(model_dir, tokenizer, moe=moe)
+    logp, entropy = engine.logprobs_and_entropy(batch)
+    assert (logp - want_logp).abs().max() <= FORWARD_TOL
+    assert (entropy - want_entropy).abs().max() <= FORWARD_TOL
+    assert (entropy[batch.response_mask > 0] > 0).all()
+    seen = {}
+
+    def loss_fn(logp, entropy):
+        seen["entropy"] = entropy.detach()
+        return -(entropy * batch.response_mask).sum(), {}
+
+    assert engine.train_step(batch, loss_fn, with_entropy=True)["train/nonfinite_steps"] == 0.0
+    assert (seen["entropy"] - entropy).abs().max() <= FORWARD_TOL

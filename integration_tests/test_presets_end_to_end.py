@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import assert_finite_metrics, make_config
 
+import rlzoo
 from rlzoo.config import dump_config
+from rlzoo.interfaces import Sample, Verdict, Verifier
+from rlzoo.metrics import read_metrics
+from rlzoo.registry import Registry
 from rlzoo.presets import PRESETS
 from rlzoo.run import train
 
@@ -20,9 +25,50 @@ def test_preset_runs_end_to_end(preset, tmp_path, cold_start_root):
     config = make_config(tmp_path / preset, cold_start_root, f"algorithm.preset={preset}")
     run_dir = train(config, progress=False)
     rows = assert_finite_metrics(run_dir, config.train.steps)
+    steps = [r for r in rows if "reward/mean" in r]
     if config.algorithm.kl_coef > 0:
-        assert all("kl/ref" in r for r in rows if "reward/mean" in r)
+        assert all("kl/ref" in r for r in steps)
+    assert all(r["policy/entropy"] > 0 and r["filter/gen_batches"] >= 1 for r in steps)  # logged for every preset
+    if preset == "dapo":
+        assert all(0 < r["filter/kept_fraction"] <= 1 and "reward/shaping_mean" in r for r in steps)
     assert (run_dir / "checkpoints" / "latest").is_file()
+
+
+class ConstantVerifier(Verifier):
+    """Every response gets reward 0: no group is ever informative."""
+
+    name = "constant"
+
+    def verify(self, sample: Sample, response: str) -> Verdict:
+        return Verdict(0.0)
+
+
+class _ConstantPlugin:
+    @rlzoo.hookimpl
+    def rlzoo_verifiers(self) -> list[type]:
+        return [ConstantVerifier]
+
+
+def test_dynamic_sampling_with_equal_rewards_skips_updates_and_finishes(tmp_path, cold_start_root, caplog):
+    registry = Registry.discover()
+    registry.add_plugin(_ConstantPlugin(), name="constant", distribution="tests")
+    config = make_config(
+        tmp_path / "constant",
+        cold_start_root,
+        "algorithm.preset=dapo",
+        "algorithm.batch_filter={max_gen_batches: 2}",
+        "algorithm.reward_shaping=[]",
+        "verifier={name: constant}",
+        "train.steps=2",
+        registry=registry,
+    )
+    with caplog.at_level(logging.WARNING, logger="rlzoo.loop"):
+        run_dir = train(config, registry=registry, progress=False)
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(r["filter/skipped"] == 1.0 and r["filter/gen_batches"] == 2.0 for r in rows)
+    assert all("loss/policy" not in r for r in rows)
+    assert sum("skipping" in r.getMessage() for r in caplog.records) == 2  # once per step
 
 
 def test_process_advantages_on_the_chain_task(tmp_path, cold_start_root):
@@ -92,3 +138,6 @@ def test_preset_on_vllm_and_deepspeed_moe(preset, tmp_path, cold_start_root):
     rows = [r for r in assert_finite_metrics(Path(config.output_dir), 2) if "reward/mean" in r]
     assert all(r["mismatch/abs_logp_diff"] < 1e-4 for r in rows)  # fp32: synced vLLM agrees with DeepSpeed
     assert all(r["time/sync"] > 0 and "moe/rollout_train_disagreement" in r for r in rows)
+    assert all(r["policy/entropy"] > 0 for r in rows)  # DeepSpeed-MoE returns the entropy too
+    if preset == "dapo":
+        assert all("filter/kept_fraction" in r and "reward/shaping_mean" in r for r in rows)

@@ -22,7 +22,9 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
 
 
 def train_rows(tmp_path, cold_start_root, *overrides):
-    # lr 1e-2 moves the router enough for experts to flip between minibatches
+    # lr 1e-2 moves the router enough for experts to flip between minibatches. It can also collapse the tiny
+    # policy so that dapo's dynamic sampling finds no informative group and skips an update: every step must train
+    overrides = ("algorithm.batch_filter={name: none}", *overrides)
     config = make_config(tmp_path, cold_start_root, "trainer.lr=1e-2", "algorithm.minibatches_per_rollout=4", *overrides)
     run_dir = train(config, progress=False)
     return [r for r in assert_finite_metrics(run_dir, config.train.steps) if "reward/mean" in r]

@@ -47,6 +47,9 @@ ClipperSpec = _spec("clipper")
 AggregationSpec = _spec("aggregation")
 KLSpec = _spec("kl")
 CorrectionSpec = _spec("correction")
+BatchFilterSpec = _spec("batch_filter")
+RewardShaperSpec = _spec("reward_shaper")
+RegulariserSpec = _spec("regulariser")
 RouterSpec = _spec("router")
 VerifierSpec = _spec("verifier")
 TaskSpec = _spec("task")
@@ -69,6 +72,16 @@ class AlgorithmConfig(Section):
         description="train-inference mismatch correction (e.g. truncated importance sampling)",
     )
     router: RouterSpec | None = Field(None, description="MoE router policy (routing replay); null = none")
+    batch_filter: BatchFilterSpec = Field(
+        default_factory=lambda: BatchFilterSpec(name="none"),
+        description="which scored prompt groups a step trains on (dynamic-sampling: only informative ones)",
+    )
+    reward_shaping: list[RewardShaperSpec] = Field(
+        default_factory=list, description="terms added to the verifier's rewards, in order, before advantages"
+    )
+    regularisers: list[RegulariserSpec] = Field(
+        default_factory=list, description="extra loss terms (e.g. {name: entropy, coef: 0.001})"
+    )
     minibatches_per_rollout: int = Field(4, ge=1, description="gradient steps per rollout batch")
     log_ratio_clamp: float = Field(20.0, gt=0, description="log-ratios are clamped to +-this before exp")
     old_logprobs: Literal["train", "rollout"] = Field(
@@ -320,6 +333,8 @@ def iter_component_specs(model: BaseModel, prefix: str = "") -> Iterator[tuple[s
         loc = f"{prefix}.{field_name}" if prefix else field_name
         if isinstance(value, ComponentSpec):
             yield loc, value
+        elif isinstance(value, list):  # a list of components (algorithm.reward_shaping): loc ends in the index
+            yield from ((f"{loc}.{i}", item) for i, item in enumerate(value) if isinstance(item, ComponentSpec))
         elif isinstance(value, BaseModel):
             yield from iter_component_specs(value, loc)
 
@@ -346,8 +361,8 @@ def resolve_components(config: RunConfig, registry: Registry) -> tuple[RunConfig
         node = data
         *parents, leaf = loc.split(".")
         for part in parents:
-            node = node[part]
-        node[leaf] = spec.model_dump(mode="json")
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(leaf) if isinstance(node, list) else leaf] = spec.model_dump(mode="json")
     return RunConfig.model_validate(data), problems
 
 

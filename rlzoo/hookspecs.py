@@ -58,6 +58,21 @@ def rlzoo_corrections() -> list[type]:
 
 
 @hookspec
+def rlzoo_batch_filters() -> list[type]:
+    """Return :class:`rlzoo.interfaces.BatchFilter` subclasses (which scored prompt groups a step trains on)."""
+
+
+@hookspec
+def rlzoo_reward_shapers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.RewardShaper` subclasses (terms added to the verifier's rewards)."""
+
+
+@hookspec
+def rlzoo_regularisers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Regulariser` subclasses (extra loss terms, e.g. an entropy bonus)."""
+
+
+@hookspec
 def rlzoo_router_policies() -> list[type]:
     """Return :class:`rlzoo.interfaces.RouterPolicy` subclasses."""
 
@@ -90,6 +105,9 @@ HOOK_KINDS: dict[str, str] = {
     "rlzoo_aggregations": "aggregation",
     "rlzoo_kl_estimators": "kl",
     "rlzoo_corrections": "correction",
+    "rlzoo_batch_filters": "batch_filter",
+    "rlzoo_reward_shapers": "reward_shaper",
+    "rlzoo_regularisers": "regulariser",
     "rlzoo_router_policies": "router",
     "rlzoo_verifiers": "verifier",
     "rlzoo_tasks": "task",

@@ -3,6 +3,8 @@
 The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:`TrainingEngine` and the run's
 :class:`~rlzoo.distributed.Dist`:
 
+- :meth:`Learner.old_logprobs` — the behaviour policy's ``[B, T]`` log-probs and entropies of the whole batch
+  (the entropy comes from the same no-gradient pass, so ``policy/entropy`` costs no extra forward);
 - :meth:`Learner.logprobs` — ``[B, T]`` log-probs of the whole batch: each rank computes its share of the rows
   (``Dist.share``) and the shares are gathered, so every rank holds the same full tensor;
 - :meth:`Learner.update` — one optimizer step on the minibatch ``rows``: each rank runs forward and backward on its
@@ -34,12 +36,12 @@ class Learner:
 
     def old_logprobs(
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
-    ) -> torch.Tensor:
-        """``[B, T]`` log-probs of the behaviour policy (before any update of this rollout batch).
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, T]`` log-probs and entropies of the behaviour policy (before any update of this rollout batch).
 
         ``rollout_logp`` are the rollout engine's log-probs and ``rollout_routing`` each row's
         ``Generation.routing`` (``None`` where the engine recorded none); MoE learners use them."""
-        return self.logprobs(batch)
+        return self.logprobs_and_entropy(batch)
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` log-probs of every row of ``batch`` under the current weights, without gradient."""
@@ -47,16 +49,26 @@ class Learner:
         mine = self.dist.share(torch.arange(count))
         return self.dist.gather_rows(self.engine.logprobs(select_rows(batch, mine)), count)
 
-    def update(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``."""
-        return self.engine.train_step(select_rows(batch, self.dist.share(rows)), self._global_loss(loss_fn, len(rows)))
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, T]`` log-probs and entropies of every row of ``batch``, without gradient."""
+        count = batch.input_ids.shape[0]
+        logp, entropy = self.engine.logprobs_and_entropy(select_rows(batch, self.dist.share(torch.arange(count))))
+        return self.dist.gather_rows(logp, count), self.dist.gather_rows(entropy, count)
+
+    def update(
+        self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False
+    ) -> dict[str, float]:
+        """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``, or
+        ``loss_fn(logp, entropy)`` with ``with_entropy`` (both with gradient)."""
+        local = select_rows(batch, self.dist.share(rows))
+        return self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
 
     def _global_loss(self, loss_fn: LossFn, count: int) -> LossFn:
         if not self.dist.active:
             return loss_fn
 
-        def global_loss(local_logp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            loss, metrics = loss_fn(self.dist.gather_rows_differentiable(local_logp, count))
+        def global_loss(*local: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = loss_fn(*(self.dist.gather_rows_differentiable(t, count) for t in local))
             return loss * self.dist.world, metrics
 
         return global_loss

@@ -2,13 +2,16 @@
 
     for step in steps:
         prompts    <- a batch of the task's train prompts
-        rollouts   <- rollout engine samples `group_size` responses per prompt       (time/rollout)
-        rewards    <- verifier scores every response                                (time/verify)
+        repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
+            rollouts <- rollout engine samples `group_size` responses per prompt     (time/rollout)
+            rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
+            keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
+        (no group kept: skip the update)
         advantages <- advantage source, per token                                   (time/advantage)
-        old logp   <- training engine on the rollout batch, or the rollout engine's (time/old_logprobs)
+        old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's  (time/old_logprobs)
         weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         repeat `minibatches_per_rollout` times:                                     (time/train)
-            loss   <- objective(logp, old logp, advantages, mask [, reference logp])
+            loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
             training engine takes one optimizer step
         rollout engine <- the new weights                                           (time/sync)
 
@@ -19,25 +22,39 @@ hides the row split over ranks and, for MoE policies, the router policy's Routin
 
 from __future__ import annotations
 
+import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlzoo.config import RunConfig
 from rlzoo.decode import response_text, token_char_ends
 from rlzoo.distributed import SINGLE, Dist
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TokenBatch
 from rlzoo.engines.tokens import make_token_batch
-from rlzoo.interfaces import AdvantageSource, MismatchCorrection, RewardBatch, Sample, Verifier
+from rlzoo.interfaces import (
+    AdvantageSource,
+    BatchFilter,
+    MismatchCorrection,
+    RewardBatch,
+    RewardShaper,
+    Sample,
+    Verdict,
+    Verifier,
+)
 from rlzoo.learner import Learner
 from rlzoo.metrics import Timer, mean_of
 from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
 from rlzoo.passk import mean_pass_at_k
 from rlzoo.prompts import prompt_ids
 from rlzoo.scoring import score, step_token_ends
+
+_log = logging.getLogger("rlzoo.loop")
 
 
 @dataclass
@@ -53,16 +70,21 @@ class Components:
     tokenizer: Any
     reference: Learner | None = None
     dist: Dist = SINGLE
+    batch_filter: BatchFilter = field(default_factory=BatchFilter)  # the base keeps every group
+    shapers: list[RewardShaper] = field(default_factory=list)
+    train_set: Sequence[Sample] = ()  # where a batch filter's further generation batches draw fresh prompts
 
 
 def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
     """One RL step; with several processes every rank calls it (rank 0 samples and scores)."""
     algo, timer = config.algorithm, Timer()
     rollout = c.dist.from_main(lambda: collect(step, prompts, c, config, timer))
+    if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
+        return c.dist.mean_metrics({**rollout.metrics, **timer.metrics()})
     batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
 
     with timer("old_logprobs"):
-        train_logp = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
+        train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
         ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
         correction = c.correction.weights(train_logp, rollout_logp, mask)
@@ -73,51 +95,129 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         for index, rows in enumerate(minibatches(len(mask), algo.minibatches_per_rollout, shuffle)):
             seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
 
-            def loss_fn(logp: torch.Tensor, rows: torch.Tensor = rows, seed: int = seed) -> tuple[torch.Tensor, dict]:
+            def loss_fn(logp: Tensor, entropy: Tensor | None = None, rows: Tensor = rows, seed: int = seed) -> tuple:
                 reference = ref_logp[rows] if ref_logp is not None else None
                 advantages, weights = rollout.advantages[rows], correction[rows]
-                return c.objective(logp, old_logp[rows], advantages, mask[rows], reference, weights, seed=seed)
+                return c.objective(logp, old_logp[rows], advantages, mask[rows], reference, weights, seed, entropy)
 
-            update_metrics.append(c.learner.update(batch, rows, loss_fn))
+            update_metrics.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
 
     with timer("sync"):
         c.learner.push_weights(c.rollout)
 
     mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
-    metrics = {**mean_of(update_metrics), **rollout.metrics, **mismatch, **c.learner.step_metrics(), **timer.metrics()}
-    return c.dist.mean_metrics(metrics)  # rank-local values (e.g. train/aux_loss) averaged; time/* are rank 0's
+    policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
+    metrics = {**mean_of(update_metrics), **rollout.metrics, **mismatch, **policy, **c.learner.step_metrics()}
+    return c.dist.mean_metrics({**metrics, **timer.metrics()})  # rank-local values averaged; time/* are rank 0's
 
 
 @dataclass
 class RolloutBatch:
-    """What rank 0 samples and scores for one step, sent to every rank."""
+    """What rank 0 samples and scores for one step, sent to every rank. ``batch`` is ``None`` (and the tensors
+    empty) when the batch filter kept no group: the step has nothing to train on."""
 
     generations: list[Generation]
-    batch: TokenBatch
+    batch: TokenBatch | None
     rollout_logp: torch.Tensor  # [B, T] the rollout engine's log-probs of the sampled tokens
-    rewards: torch.Tensor  # [B]
+    rewards: torch.Tensor  # [B] the verifier's rewards plus the reward shapers' terms
     advantages: torch.Tensor  # [B, T]
     metrics: dict[str, float]
 
 
+@dataclass
+class ScoredGroup:
+    """One prompt's ``group_size`` responses, scored and shaped."""
+
+    sample: Sample
+    generations: list[Generation]
+    verdicts: list[Verdict]
+    rewards: torch.Tensor  # [n] the verifier's rewards
+    shaping: torch.Tensor  # [n] the sum of the reward shapers' terms
+
+
 def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
-    """Sample ``group_size`` responses per prompt, score them, compute advantages."""
+    """Sample ``group_size`` responses per prompt, score and shape them, keep the groups the batch filter keeps,
+    compute advantages.
+
+    While fewer than ``len(prompts)`` groups are kept, further generation batches of as many fresh prompts (not
+    yet drawn this step) are sampled, up to the filter's ``max_gen_batches``; each batch has its own reproducible
+    seeds. The first ``len(prompts)`` kept groups are trained on; fewer is an under-filled batch (a warning and
+    ``filter/underfilled``), none a skipped step (``filter/skipped``)."""
+    target, limit = len(prompts), c.batch_filter.max_gen_batches()
+    scored: list[ScoredGroup] = []
+    kept: list[ScoredGroup] = []
+    faults, gen_batch, batch_prompts = Counter(), 0, list(prompts)
+    while batch_prompts:
+        groups, batch_faults = generate_and_score(step, gen_batch, batch_prompts, c, config, timer)
+        rewards = torch.cat([g.rewards + g.shaping for g in groups])
+        group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.generations])
+        keep = c.batch_filter.keep(rewards, group_index)
+        scored, gen_batch = scored + groups, gen_batch + 1
+        faults.update(batch_faults)
+        kept += [g for g, flag in zip(groups, keep.tolist(), strict=True) if flag]
+        if len(kept) >= target or gen_batch >= limit:
+            break
+        batch_prompts = fresh_prompts(c.train_set, {g.sample.prompt for g in scored}, step, gen_batch, target, config)
+    informative, kept = len(kept), kept[:target]
+    if len(kept) < target:
+        _log.warning(
+            "step %d: the batch filter %r kept %d of %d prompt groups after %d generation batch(es) "
+            "(max_gen_batches); %s", step, c.batch_filter.name, len(kept), target, gen_batch,
+            "training on those" if kept else "skipping this step's update",
+        )
+    metrics = {
+        **rollout_metrics(scored, dict(faults)),
+        "filter/kept_fraction": informative / len(scored),
+        "filter/gen_batches": float(gen_batch),
+        "filter/underfilled": float(0 < len(kept) < target),
+        "filter/skipped": float(not kept),
+    }
+    return assemble(kept, c, config, timer, metrics)
+
+
+def generate_and_score(
+    step: int, gen_batch: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer
+) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """One generation batch: ``group_size`` responses per prompt, the verifier's rewards and the shapers' terms;
+    also the verifier's fault counts (``verifier/errors``, ``/timeouts``, ``/nonfinite_rewards``)."""
     sampling = SamplingSettings(
         n=config.rollout.group_size,
         max_new_tokens=config.rollout.max_new_tokens,
         temperature=config.rollout.temperature,
         top_p=config.rollout.top_p,
-        seed=step_seed(config.seed, step, 1),
+        seed=step_seed(config.seed, step, 1) if gen_batch == 0 else step_seed(config.seed, step, 30_000 + gen_batch),
     )
     with timer("rollout"):
         groups = c.rollout.generate([prompt_ids(c.tokenizer, s, config.prompt) for s in prompts], sampling)
     generations = [g for group in groups for g in group]
     samples = [s for s, group in zip(prompts, groups, strict=True) for _ in group]
-    group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group])
-
     with timer("verify"):
-        scores = score(c.verifier, samples, [response_text(c.tokenizer, g.response_ids) for g in generations], config.train.verifier_timeout_s)
+        responses = [response_text(c.tokenizer, g.response_ids) for g in generations]
+        scores = score(c.verifier, samples, responses, config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts], dtype=torch.float32)
+    lengths = torch.tensor([len(g.response_ids) for g in generations])
+    shaping = torch.zeros_like(rewards)
+    for shaper in c.shapers:
+        shaping = shaping + shaper.shape(rewards, lengths, config.rollout.max_new_tokens)
+    out, start = [], 0
+    for sample, group in zip(prompts, groups, strict=True):
+        rows = slice(start, start + len(group))
+        out.append(ScoredGroup(sample, group, scores.verdicts[rows], rewards[rows], shaping[rows]))
+        start += len(group)
+    return out, scores.metrics()
+
+
+def assemble(
+    groups: list[ScoredGroup], c: Components, config: RunConfig, timer: Timer, metrics: dict[str, float]
+) -> RolloutBatch:
+    """The kept groups as one padded batch with per-token advantages (an empty batch when none was kept)."""
+    generations = [g for group in groups for g in group.generations]
+    verdicts = [v for group in groups for v in group.verdicts]
+    if not groups:
+        empty = torch.zeros(0, config.rollout.max_new_tokens)
+        return RolloutBatch([], None, empty, torch.zeros(0), empty, metrics)
+    rewards = torch.cat([g.rewards + g.shaping for g in groups])
+    group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group.generations])
     batch = make_token_batch(
         [g.prompt_ids for g in generations],
         [g.response_ids for g in generations],
@@ -125,29 +225,35 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         response_width=config.rollout.max_new_tokens,
     )
     mask = batch.response_mask
-
     with timer("advantage"):
         step_rewards, step_ends = None, None
         if c.advantage.needs_step_rewards:
-            step_rewards = [v.step_rewards or [] for v in scores.verdicts]
+            step_rewards = [v.step_rewards or [] for v in verdicts]
             step_ends = [
                 step_token_ends(v.step_spans or [], token_char_ends(c.tokenizer, g.response_ids))
-                for v, g in zip(scores.verdicts, generations, strict=True)
+                for v, g in zip(verdicts, generations, strict=True)
             ]
         advantages = c.advantage.compute(RewardBatch(rewards, group_index, mask, step_rewards, step_ends))
+    metrics = {**metrics, "advantage/abs_mean": masked_mean(advantages.abs(), mask).item()}
+    return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), rewards, advantages, metrics)
 
-    lengths = mask.sum(dim=1)
-    metrics = {
+
+def rollout_metrics(groups: list[ScoredGroup], verifier_faults: dict[str, float]) -> dict[str, float]:
+    """Rewards and response lengths of everything sampled this step (kept by the batch filter or not)."""
+    rewards = torch.cat([g.rewards for g in groups])
+    shaping = torch.cat([g.shaping for g in groups])
+    generations = [g for group in groups for g in group.generations]
+    lengths = torch.tensor([len(g.response_ids) for g in generations], dtype=torch.float32)
+    return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
         "reward/correct_fraction": (rewards >= 1.0).float().mean().item(),
-        "advantage/abs_mean": masked_mean(advantages.abs(), mask).item(),
+        "reward/shaping_mean": shaping.mean().item(),
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
-        **scores.metrics(),
+        **verifier_faults,
     }
-    return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), rewards, advantages, metrics)
 
 
 def evaluate(
@@ -201,6 +307,15 @@ def step_seed(seed: int, step: int, stream: int) -> int:
 def sample_prompts(train_set: Sequence[Sample], step: int, config: RunConfig) -> list[Sample]:
     rng = random.Random(step_seed(config.seed, step, 0))
     return rng.sample(list(train_set), k=min(config.rollout.prompts_per_step, len(train_set)))
+
+
+def fresh_prompts(
+    train_set: Sequence[Sample], drawn: set[str], step: int, gen_batch: int, count: int, config: RunConfig
+) -> list[Sample]:
+    """Up to ``count`` prompts of ``train_set`` not yet ``drawn`` this step, for generation batch ``gen_batch``."""
+    rng = random.Random(step_seed(config.seed, step, 20_000 + gen_batch))
+    unseen = [s for s in train_set if s.prompt not in drawn]
+    return rng.sample(unseen, k=min(count, len(unseen)))
 
 
 def _rollout_logprobs(generations: list[Generation], mask: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@
     L_tok   = clipper.clip_batch(PolicyBatch(w, log_w, A, mask, logp, old_logp, rng)).loss * weights
               (per-token clippers only implement clip(w, A), which clip_batch calls by default)
     loss    = aggregation.aggregate(L_tok, mask) + kl_coef * aggregation.aggregate(kl.estimate(logp, ref_logp), mask)
+              + sum_k regulariser_k.loss(logp, H, mask, aggregation)      (e.g. entropy: -coef * aggregate(H_t))
 
 ``objective(...)`` works on plain tensors, so it can be dropped into any training loop::
 
@@ -16,14 +17,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rlzoo.config import AlgorithmConfig
 from rlzoo.errors import ConfigError
-from rlzoo.interfaces import Clipper, KLEstimator, LossAggregation, PolicyBatch, RatioEstimator
+from rlzoo.interfaces import Clipper, KLEstimator, LossAggregation, PolicyBatch, RatioEstimator, Regulariser
 from rlzoo.presets import expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
@@ -48,6 +49,12 @@ class Objective:
     kl: KLEstimator
     kl_coef: float = 0.0
     log_ratio_clamp: float = 20.0
+    regularisers: list[Regulariser] = field(default_factory=list)
+
+    @property
+    def needs_entropy(self) -> bool:
+        """A regulariser needs the per-token entropy ``H`` (pass ``entropy=`` then)."""
+        return any(r.needs_entropy for r in self.regularisers)
 
     def __call__(
         self,
@@ -58,6 +65,7 @@ class Objective:
         ref_logp: torch.Tensor | None = None,
         weights: torch.Tensor | None = None,
         seed: int | None = None,
+        entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``; ``mask`` is 1 on response tokens.
 
@@ -65,7 +73,8 @@ class Objective:
         corrections for a training-inference mismatch. ``seed`` seeds the generator handed to the clipper for
         its random choices (Clip-Cov's draw); a training loop passes one derived from the run's seed, the step and
         the minibatch, so that draws differ between updates and a run is reproducible. Without it the seed is 0:
-        the same inputs always give the same loss.
+        the same inputs always give the same loss. ``entropy`` (``[batch, tokens]``, with gradient) is the
+        per-token entropy of the full distribution, needed when :attr:`needs_entropy`.
         """
         if not (logp.shape == old_logp.shape == advantages.shape == mask.shape):
             raise ValueError(
@@ -105,6 +114,14 @@ class Objective:
                 loss = policy_loss
         else:
             loss = policy_loss
+        if self.regularisers:
+            if self.needs_entropy and entropy is None:
+                raise ValueError("a regulariser needs the per-token entropy: pass entropy=[batch, tokens]")
+            entropy = torch.where(keep, entropy, zero) if entropy is not None else None
+            for regulariser in self.regularisers:
+                term = regulariser.loss(logp, entropy, mask, self.aggregation)
+                metrics[f"loss/{regulariser.name}"] = term.item()
+                loss = loss + term
 
         with torch.no_grad():
             low = (clipped.clipped_low & keep).to(logp.dtype)
@@ -151,4 +168,8 @@ def build_objective(algorithm: AlgorithmConfig | Mapping[str, Any], registry: Re
         kl=make("kl", "kl"),
         kl_coef=algorithm.kl_coef,
         log_ratio_clamp=algorithm.log_ratio_clamp,
+        regularisers=[
+            registry.create("regulariser", spec.name, spec.params, loc=f"algorithm.regularisers.{i}")
+            for i, spec in enumerate(algorithm.regularisers)
+        ],
     )

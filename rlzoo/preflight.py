@@ -64,6 +64,7 @@ def preflight(
     problems += _moe_problems(config, registry, model)
     problems += _deepspeed_problems(config, model, world)
     problems += _batch_problems(config, registry, world)
+    problems += _shaping_problems(config, registry)
     problems += _eval_problems(config)
     problems += _task_problems(config, registry)
     problems += _run_folder_problems(config, resume)
@@ -389,6 +390,16 @@ def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Proble
             f"{rollout.name!r} cannot run under a multi-process launcher (it would set up its own process group "
             f"inside rank 0); use {' or '.join('{name: %s}' % name for name in usable)} for multi-process runs",
         ))
+    return problems
+
+
+def _shaping_problems(config: RunConfig, registry: Registry) -> Problems:
+    """Reward shapers that cannot shape responses of up to ``rollout.max_new_tokens`` tokens."""
+    problems = []
+    for i, spec in enumerate(config.algorithm.reward_shaping):
+        shaper = registry.create("reward_shaper", spec.name, spec.params, loc=f"algorithm.reward_shaping.{i}")
+        budget = config.rollout.max_new_tokens
+        problems += [(f"algorithm.reward_shaping.{i}", p) for p in shaper.budget_problems(budget)]
     return problems
 
 

@@ -29,7 +29,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kl": {"name": "k3"},
         "kl_coef": 0.0,
     },
-    # DAPO (Yu et al. 2025): clip-higher (0.2 / 0.28), token-level loss, no KL.
+    # DAPO (Yu et al. 2025): clip-higher (0.2 / 0.28), token-level loss, dynamic sampling (only groups whose
+    # rewards differ, resampling up to 10 generation batches as verl's recipe), soft overlong punishment over the
+    # last fifth of the response budget (the paper's 4096 of 20480 tokens, penalty 1.0), no KL.
     "dapo": {
         "ratio": {"name": "token"},
         "advantage": {"name": "group", "std_normalize": True},
@@ -37,6 +39,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "aggregation": {"name": "token-mean"},
         "kl": {"name": "k3"},
         "kl_coef": 0.0,
+        "batch_filter": {"name": "dynamic-sampling", "max_gen_batches": 10},
+        "reward_shaping": [{"name": "overlong", "penalty": 1.0}],
     },
     # GSPO (Zheng et al. 2025): length-normalised sequence ratio, tiny clip range (3e-4 / 4e-4), no KL.
     "gspo": {

@@ -51,7 +51,7 @@ class RoutingLearner(Learner):
 
     def old_logprobs(
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.metrics = {}
         rollout = None
         if all(r is not None for r in rollout_routing):
@@ -62,7 +62,7 @@ class RoutingLearner(Learner):
                 "record it (supported: rollout.engine {name: hf} or {name: vllm})"
             )
         with self._recording(batch) as fresh:
-            logp = self.logprobs(batch)
+            logp, entropy = self.logprobs_and_entropy(batch)
         old = fresh.routing
         if rollout is not None:
             self.metrics["moe/rollout_train_disagreement"] = _rate(flip_counts(rollout, old, batch.attention_mask))
@@ -70,7 +70,7 @@ class RoutingLearner(Learner):
         if replay_old is not None:  # R3: the old log-probs under the rollout's experts
             fresh_logp = logp
             with self._recording(batch, replay=replay_old) as used:
-                logp = self.logprobs(batch)
+                logp, entropy = self.logprobs_and_entropy(batch)
             old = used.routing
             self.metrics["mismatch/abs_logp_diff_no_replay"] = masked_mean(
                 (fresh_logp - rollout_logp).abs(), batch.response_mask
@@ -80,11 +80,13 @@ class RoutingLearner(Learner):
                 self.metrics["moe/rollout_train_disagreement_replayed"] = replayed
         self.recorded = RecordedRouting(old=old, rollout=rollout)
         self.replayed = self.policy.update_routing(self.recorded)
-        return logp
+        return logp, entropy
 
-    def update(self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn) -> dict[str, float]:
+    def update(
+        self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False
+    ) -> dict[str, float]:
         with self._recording(batch, rows, replay=self.replayed) as used:
-            metrics = super().update(batch, rows, loss_fn)
+            metrics = super().update(batch, rows, loss_fn, with_entropy)
         attention = batch.attention_mask[rows]
         per_layer = {}
         for layer in used.routing.layers:

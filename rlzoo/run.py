@@ -144,6 +144,9 @@ class TrainingRun:
             tokenizer=self.tokenizer,
             reference=self._setup_reference() if algo.kl_coef > 0 else None,
             dist=self.dist,
+            batch_filter=create(self.registry, "batch_filter", algo.batch_filter),
+            shapers=[create(self.registry, "reward_shaper", spec) for spec in algo.reward_shaping],
+            train_set=self.train_set,  # where further generation batches draw fresh prompts
         )
 
     def _setup_learner(self) -> Learner:

@@ -25,6 +25,8 @@ from rlzoo_estimators.clippers.sapo import SAPOClipper
 from rlzoo_estimators.corrections.icepop import IcePop
 from rlzoo_estimators.corrections.none import NoCorrection
 from rlzoo_estimators.corrections.tis import TruncatedIS
+from rlzoo_estimators.filters.dynamic_sampling import DynamicSampling
+from rlzoo_estimators.filters.none import NoFilter
 from rlzoo_estimators.kl.k1 import K1
 from rlzoo_estimators.kl.k2 import K2
 from rlzoo_estimators.kl.k3 import K3
@@ -32,6 +34,9 @@ from rlzoo_estimators.ratios.gpg import GPGRatio
 from rlzoo_estimators.ratios.sequence import SequenceRatio
 from rlzoo_estimators.ratios.sequence_token import SequenceTokenRatio
 from rlzoo_estimators.ratios.token import TokenRatio
+from rlzoo_estimators.regularisers.entropy import EntropyBonus
+from rlzoo_estimators.shapers.length import LengthPenalty
+from rlzoo_estimators.shapers.overlong import OverlongShaping
 
 
 @rlzoo.hookimpl
@@ -70,3 +75,18 @@ def rlzoo_kl_estimators() -> list[type]:
 @rlzoo.hookimpl
 def rlzoo_corrections() -> list[type]:
     return [NoCorrection, TruncatedIS, IcePop]
+
+
+@rlzoo.hookimpl
+def rlzoo_batch_filters() -> list[type]:
+    return [NoFilter, DynamicSampling]
+
+
+@rlzoo.hookimpl
+def rlzoo_reward_shapers() -> list[type]:
+    return [OverlongShaping, LengthPenalty]
+
+
+@rlzoo.hookimpl
+def rlzoo_regularisers() -> list[type]:
+    return [EntropyBonus]

@@ -20,6 +20,9 @@ EXPECTED = {
     "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"],
     "kl": ["k1", "k2", "k3"],
     "correction": ["icepop", "none", "tis"],
+    "batch_filter": ["dynamic-sampling", "none"],
+    "reward_shaper": ["length", "overlong"],
+    "regulariser": ["entropy"],
 }
 
 

@@ -104,7 +104,8 @@ class TokenBatch:
     response_mask: torch.Tensor
 
 
-LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+#: ``loss_fn(logp) -> (loss, metrics)``; with ``train_step(..., with_entropy=True)``: ``loss_fn(logp, entropy)``
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
 class TrainingEngine(Component):
@@ -129,9 +130,16 @@ class TrainingEngine(Component):
         """``[B, T]`` log-probs of the response tokens, without gradient."""
         raise NotImplementedError
 
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
-        """Forward, ``loss_fn(logp) -> (loss, metrics)``, backward, clip, step. A non-finite loss or gradient
-        skips the update and reports ``train/nonfinite_steps = 1``."""
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, T]`` log-probs of the response tokens and ``[B, T]`` entropies of the full next-token distribution
+        at each response position (0 where masked), without gradient, in one forward pass and without a second
+        ``[B, T, vocab]`` copy of the logits (:func:`rlzoo.engines.tokens.logprobs_from_logits`)."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot compute the policy's entropy")
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+        """Forward, ``loss_fn(logp) -> (loss, metrics)`` (``loss_fn(logp, entropy)`` with ``with_entropy``, the
+        entropy with gradient), backward, clip, step. A non-finite loss or gradient skips the update and reports
+        ``train/nonfinite_steps = 1``."""
         raise NotImplementedError
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:

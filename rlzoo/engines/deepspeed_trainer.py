@@ -46,7 +46,7 @@ from rlzoo.engines.base import EngineContext, LossFn, TokenBatch, TrainingEngine
 from rlzoo.engines.deepspeed_checkpoint import hf_model, load_checkpoint, save_checkpoint
 from rlzoo.engines.deepspeed_config import client_optimizer, deepspeed_config
 from rlzoo.engines.deepspeed_env import init_deepspeed_distributed
-from rlzoo.engines.tokens import response_logprobs
+from rlzoo.engines.tokens import response_logprobs, response_logprobs_and_entropy
 
 
 class DeepSpeedTrainingEngine(TrainingEngine):
@@ -150,6 +150,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         with self._autocast():
             return response_logprobs(self.engine, batch).float().cpu()
 
+    @torch.no_grad()
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast():
+            logp, entropy = response_logprobs_and_entropy(self.engine, batch)
+        return logp.float().cpu(), entropy.float().cpu()
+
     def _all_ranks_true(self, flag: bool) -> bool:
         if self.world_size == 1:
             return flag
@@ -162,10 +168,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     def _device(self) -> torch.device:
         return next(self.engine.module.parameters()).device
 
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         with self._autocast(), self._aux_loss.forward():
-            logp = response_logprobs(self.engine, batch).float()
-        loss, metrics = self._aux_loss.add(*loss_fn(logp), batch.attention_mask)
+            logp, entropy = response_logprobs_and_entropy(self.engine, batch, entropy=with_entropy)
+        outputs = loss_fn(logp.float(), entropy.float()) if with_entropy else loss_fn(logp.float())
+        loss, metrics = self._aux_loss.add(*outputs, batch.attention_mask)
         if not self._all_ranks_true(bool(torch.isfinite(loss))):
             return {**metrics, "train/nonfinite_steps": 1.0}
         self.engine.backward(loss)

@@ -1,4 +1,4 @@
-"""Padding token sequences into a :class:`TokenBatch` and computing response-token log-probs."""
+"""Padding token sequences into a :class:`TokenBatch` and computing response-token log-probs and entropies."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from collections.abc import Sequence
 import torch
 
 from rlzoo.engines.base import TokenBatch
+
+#: rows per chunk of the log-prob / entropy computation (bounds its extra memory at [chunk, T, vocab])
+ENTROPY_CHUNK_ROWS = 4
 
 
 def make_token_batch(
@@ -56,13 +59,63 @@ def response_positions(batch: TokenBatch) -> torch.Tensor:
 
 def response_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     """Log-probs (temperature 1) of each response token under ``model``; 0 at masked positions."""
+    return response_logprobs_and_entropy(model, batch, entropy=False)[0]
+
+
+def response_logprobs_and_entropy(
+    model: torch.nn.Module, batch: TokenBatch, entropy: bool = True, chunk_rows: int = ENTROPY_CHUNK_ROWS
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, T]`` log-probs of the response tokens and, if ``entropy``, ``[B, T]`` entropies of the full next-token
+    distribution (0 at masked positions); see :func:`logprobs_from_logits`."""
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     logits = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device)).logits
-    positions = response_positions(batch).to(device)
+    return logprobs_from_logits(logits, input_ids, batch, entropy, chunk_rows)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    batch: TokenBatch,
+    entropy: bool = False,
+    chunk_rows: int = ENTROPY_CHUNK_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sampled-token log-probs and (optionally) entropies from ``[B, L, V]`` logits, ``chunk_rows`` rows at a time.
+
+        logp_t = log_softmax(z_t)[y_t]            H_t = -sum_v p_v log p_v,  p = softmax(z_t)
+
+    Memory: the model's logits are the only ``[B, L, V]`` tensor. Each chunk gathers its rows' response positions
+    (``[chunk, T, V]``), takes ``log_softmax`` in fp32 and reduces it, so the extra memory of one call is bounded by
+    a chunk's ``[chunk, T, V]`` (twice: log-probs and probabilities), not the batch's. With gradient and
+    ``entropy``, each chunk runs under activation checkpointing: backward recomputes the chunk instead of keeping
+    its ``[chunk, T, V]`` softmax alive until then, so the saved memory is bounded by a chunk too. ``log_softmax``
+    is per row, so the log-probs equal the unchunked computation's exactly.
+    """
+    positions = response_positions(batch).to(logits.device)
+    targets = torch.gather(input_ids, 1, (positions + 1).clamp(max=input_ids.shape[1] - 1))
+    mask = batch.response_mask.to(logits.device)
+    logps, entropies = [], []
+    for start in range(0, logits.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        if entropy and torch.is_grad_enabled() and logits.requires_grad:
+            from torch.utils.checkpoint import checkpoint
+
+            logp, ent = checkpoint(_chunk, logits[rows], positions[rows], targets[rows], True, use_reentrant=False)
+        else:
+            logp, ent = _chunk(logits[rows], positions[rows], targets[rows], entropy)
+        logps.append(logp)
+        entropies.append(ent)
+    logp = torch.cat(logps) * mask
+    return logp, (torch.cat(entropies) * mask if entropy else None)
+
+
+def _chunk(
+    logits: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     # only the rows that predict response tokens go through log_softmax: the vocabulary can be large
     picked = torch.gather(logits, 1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     logp_all = torch.log_softmax(picked.float(), dim=-1)
-    targets = torch.gather(input_ids, 1, (positions + 1).clamp(max=input_ids.shape[1] - 1))
     logp = torch.gather(logp_all, 2, targets.unsqueeze(-1)).squeeze(-1)
-    return logp * batch.response_mask.to(device)
+    if not entropy:
+        return logp, None
+    return logp, -(logp_all.exp() * logp_all).sum(dim=-1)

@@ -16,7 +16,7 @@ import torch
 from rlzoo.checkpoint import load_optimizer, save_optimizer
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext, LossFn, TokenBatch, TrainingEngine
-from rlzoo.engines.tokens import response_logprobs
+from rlzoo.engines.tokens import response_logprobs, response_logprobs_and_entropy
 
 
 class TorchTrainingEngine(TrainingEngine):
@@ -56,11 +56,18 @@ class TorchTrainingEngine(TrainingEngine):
         with self._autocast():
             return response_logprobs(self._model, batch).float().cpu()
 
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+    @torch.no_grad()
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast():
+            logp, entropy = response_logprobs_and_entropy(self._model, batch)
+        return logp.float().cpu(), entropy.float().cpu()
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast(), self._aux_loss.forward():
-            logp = response_logprobs(self._model, batch).float()
-        loss, metrics = self._aux_loss.add(*loss_fn(logp), batch.attention_mask)
+            logp, entropy = response_logprobs_and_entropy(self._model, batch, entropy=with_entropy)
+        outputs = loss_fn(logp.float(), entropy.float()) if with_entropy else loss_fn(logp.float())
+        loss, metrics = self._aux_loss.add(*outputs, batch.attention_mask)
         if not torch.isfinite(loss):
             return {**metrics, "train/nonfinite_steps": 1.0}
         loss.backward()

@@ -3,16 +3,20 @@
 from rlzoo.interfaces.advantage import AdvantageSource, RewardBatch
 from rlzoo.interfaces.aggregation import LossAggregation
 from rlzoo.interfaces.base import Component, Params
+from rlzoo.interfaces.batch_filter import BatchFilter
 from rlzoo.interfaces.clipper import Clipper, ClipResult, PolicyBatch
 from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.ratio import RatioEstimator
+from rlzoo.interfaces.regulariser import Regulariser
+from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.task import Sample, Task
 from rlzoo.interfaces.verifier import Verdict, Verifier
 
 __all__ = [
     "AdvantageSource",
+    "BatchFilter",
     "ClipResult",
     "Clipper",
     "Component",
@@ -23,7 +27,10 @@ __all__ = [
     "PolicyBatch",
     "RatioEstimator",
     "RecordedRouting",
+    "Regulariser",
     "RewardBatch",
+    "ResponseTooLong",
+    "RewardShaper",
     "RouterPolicy",
     "Sample",
     "Task",

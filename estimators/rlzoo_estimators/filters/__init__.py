@@ -1,0 +1,1 @@
+"""Batch filters: none, dynamic-sampling."""

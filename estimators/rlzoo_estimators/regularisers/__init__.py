@@ -1,0 +1,1 @@
+"""Regularisers: entropy."""

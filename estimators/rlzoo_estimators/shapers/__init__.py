@@ -1,0 +1,1 @@
+"""Reward shapers: overlong, length."""
