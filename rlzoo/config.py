@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
-from rlzoo.presets import PRESETS, expand_preset
+from rlzoo.presets import DEFAULT_COMPONENTS, PRESETS, expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
 
@@ -57,23 +57,28 @@ RolloutEngineSpec = _spec("rollout_engine")
 TrainingEngineSpec = _spec("training_engine")
 
 
+def _default(spec: type[ComponentSpec], key: str) -> Any:
+    """The default component of an algorithm field: defined once, in ``rlzoo.presets.DEFAULT_COMPONENTS``."""
+    return lambda: spec(**DEFAULT_COMPONENTS[key])
+
+
 class AlgorithmConfig(Section):
     """One policy-gradient algorithm = ratio x advantage x clipper x aggregation (x KL) (x router policy)."""
 
     preset: str | None = None
-    ratio: RatioSpec = Field(default_factory=lambda: RatioSpec(name="token"))
-    advantage: AdvantageSpec = Field(default_factory=lambda: AdvantageSpec(name="group"))
-    clipper: ClipperSpec = Field(default_factory=lambda: ClipperSpec(name="ppo"))
-    aggregation: AggregationSpec = Field(default_factory=lambda: AggregationSpec(name="seq-mean-token-mean"))
-    kl: KLSpec = Field(default_factory=lambda: KLSpec(name="k3"))
+    ratio: RatioSpec = Field(default_factory=_default(RatioSpec, "ratio"))
+    advantage: AdvantageSpec = Field(default_factory=_default(AdvantageSpec, "advantage"))
+    clipper: ClipperSpec = Field(default_factory=_default(ClipperSpec, "clipper"))
+    aggregation: AggregationSpec = Field(default_factory=_default(AggregationSpec, "aggregation"))
+    kl: KLSpec = Field(default_factory=_default(KLSpec, "kl"))
     kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
     correction: CorrectionSpec = Field(
-        default_factory=lambda: CorrectionSpec(name="none"),
+        default_factory=_default(CorrectionSpec, "correction"),
         description="train-inference mismatch correction (e.g. truncated importance sampling)",
     )
     router: RouterSpec | None = Field(None, description="MoE router policy (routing replay); null = none")
     batch_filter: BatchFilterSpec = Field(
-        default_factory=lambda: BatchFilterSpec(name="none"),
+        default_factory=_default(BatchFilterSpec, "batch_filter"),
         description="which scored prompt groups a step trains on (dynamic-sampling: only informative ones)",
     )
     reward_shaping: list[RewardShaperSpec] = Field(

@@ -4,6 +4,21 @@ A plugin is a module (or object) registered under the ``rlzoo`` entry-point grou
 hooks below with ``@rlzoo.hookimpl``; each returns the component *classes* it contributes. Built-in components
 are found exactly the same way: the core ships none of the algorithm components itself.
 
+The contract every hook shares, stated here once (the docs link to this module):
+
+- **Who calls it, when:** :meth:`rlzoo.registry.Registry.discover`, once per process, the first time a command
+  or :func:`rlzoo.registry.default_registry` needs the registry (``rlzoo plugins list``, ``config check``,
+  ``train``, a test). It imports each entry point, registers it with pluggy and calls every hook it implements.
+- **With what:** no arguments.
+- **What it returns:** a list of component classes (not instances) of the hook's kind: each a subclass of the
+  interface named in the hook's docstring, with ``kind`` equal to that kind and a ``name`` unique within it
+  (two distributions claiming one ``(kind, name)`` is an error naming both). A plugin that fails to import, a hook
+  that raises, or a returned object that breaks this contract is reported by name and skipped; the other
+  plugins load normally.
+- **What happens next:** a config spec ``{name: X, ...}`` of that kind instantiates ``X(X.Params(**rest))``;
+  the loop calls the instance through its interface (see each interface's docstring in
+  :mod:`rlzoo.interfaces` / :mod:`rlzoo.engines`).
+
 Example ``pyproject.toml`` of a plugin distribution::
 
     [project.entry-points.rlzoo]

@@ -181,6 +181,7 @@ DEFAULT_COMPONENTS: dict[str, Any] = {
     "aggregation": {"name": "seq-mean-token-mean"},
     "kl": {"name": "k3"},
     "correction": {"name": "none"},
+    "batch_filter": {"name": "none"},
 }
 
 
