@@ -119,8 +119,15 @@ vllm_and_deepspeed = pytest.mark.skipif(
 )
 
 
+# the README's engines: the main job's preset and the two the zoo issue names run by default (about 30 s each on
+# 2 cores); every other preset is `slow` (pytest -m slow), since each already runs on hf + torch above
+ON_MAIN_JOB_ENGINES = {"gspo", "dapo", "cispo"}
+
+
 @vllm_and_deepspeed
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize(
+    "preset", [p if p in ON_MAIN_JOB_ENGINES else pytest.param(p, marks=pytest.mark.slow) for p in sorted(PRESETS)]
+)
 def test_preset_on_vllm_and_deepspeed_moe(preset, tmp_path, cold_start_root):
     """The main job's engines: vLLM rollouts with live weight sync, DeepSpeed ZeRO-2 with DeepSpeed-MoE layers."""
     config = make_config(
