@@ -18,12 +18,15 @@ The resource limits (``RLIMIT_AS``/``CPU``/``FSIZE``/``NPROC``/``CORE``) are set
 sandbox before the response's code is read; without ``CAP_SYS_RESOURCE`` in the initial namespace nothing
 inside can raise them again. bwrap runs as the trainer's user, except that a root trainer runs it as ``UID``
 when that user can read the interpreter: the kernel never applies ``RLIMIT_NPROC`` to uid 0, and the code is
-then unprivileged outside its namespace too (``KernelSandbox.user``).
+then unprivileged outside its namespace too (``KernelSandbox.user``). Where bwrap must stay root, each response
+runs in a ``pids`` cgroup capped at ``max_processes`` instead (``_pids_cgroup``), when the machine has a
+hierarchy the trainer may write; without one a warning says that only the timeout bounds a fork bomb.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -31,7 +34,10 @@ import tempfile
 
 from rlzoo.errors import RlzooError
 
+from rlzoo_verifiers._pids_cgroup import pids_root
 from rlzoo_verifiers._seccomp import deny_filter
+
+logger = logging.getLogger("rlzoo.verifiers.code")
 
 UID = 65534  # "nobody" inside the sandbox
 ROOT = "/sandbox"
@@ -108,6 +114,15 @@ class KernelSandbox:
             )
         if os.geteuid() == 0 and self._probe(UID) is None:
             self.user = UID
+        self.pids_root: str | None = pids_root() if os.geteuid() == 0 and self.user is None else None
+        """Where :meth:`run` creates a ``pids`` group per response: only where bwrap runs as root, whom
+        ``RLIMIT_NPROC`` does not bind (``None`` there too when the machine offers no writable hierarchy)."""
+        if os.geteuid() == 0 and self.user is None and self.pids_root is None:
+            logger.warning(
+                "the code verifier's sandbox runs as root (the interpreter %s is unreadable to uid %d) and no "
+                "writable pids cgroup exists: max_processes is not enforced, only the timeout bounds a fork bomb "
+                "(docs/security.md)", self.python, UID,
+            )
 
     def command(self, src_dir: str, seccomp_fd: int | None, interpreter_flags: list[str]) -> list[str]:
         """The command that runs the runner on the sources in ``src_dir`` (mounted read-only at ``SRC``)."""

@@ -26,6 +26,7 @@ from rlzoo.errors import DataError, RlzooError
 from rlzoo.interfaces import Params, Sample, Verdict, Verifier
 
 from rlzoo_verifiers._kernel_sandbox import SRC, WORK, KernelSandbox
+from rlzoo_verifiers._pids_cgroup import PidsGroup
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ class CodeVerifier(Verifier):
     only, which code that sets out to undo them can get past (see docs/security.md). In both modes the kernel
     enforces a wall-clock timeout (``timeout_s``; the sandbox is killed), ``RLIMIT_AS`` (``memory_mb``),
     ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (``file_mb``, also caps captured output) and no core dumps; the kernel mode
-    adds ``RLIMIT_NPROC`` (``max_processes``; the kernel does not apply it where bwrap itself must run as root).
+    adds ``RLIMIT_NPROC`` (``max_processes``; where bwrap itself must run as root, whom the kernel exempts from
+    it, a ``pids`` cgroup enforces the same cap when the machine lets the trainer create one).
     The child gets an environment stripped to PATH/HOME/TMPDIR/locale, ``python -I -B`` (plus ``-S``: only the
     standard library is importable, unless ``site_packages: true``) and stdin from /dev/null, and the
     in-process guards (``_sandbox_runner``) as a second layer. Code and tests share one interpreter, so the
@@ -175,6 +177,7 @@ class CodeVerifier(Verifier):
             "file_mb": p.file_mb,
         }
         fds: list[int] = []
+        group: PidsGroup | None = None
         if self.sandbox is not None:
             work = WORK
             started, started_w = os.pipe()
@@ -186,6 +189,9 @@ class CodeVerifier(Verifier):
                     os.chmod(path, mode)
             fds = [started_w] + ([seccomp] if seccomp is not None else [])
             argv = self.sandbox.command(src, seccomp, flags)
+            if self.sandbox.pids_root is not None:
+                group = PidsGroup(self.sandbox.pids_root, p.max_processes)
+                argv = group.wrap(argv)
             config.update(solution=f"{SRC}/solution.py", tests=f"{SRC}/tests.py", started_fd=started_w,
                           nproc=p.max_processes)
             cwd = outer
@@ -248,6 +254,8 @@ class CodeVerifier(Verifier):
                 os.close(fd)
             if self.sandbox is not None:
                 os.close(started)
+            if group is not None:
+                group.remove()
         if code < 0:
             sig = -code
             if sig in (signal.SIGXCPU, signal.SIGKILL):

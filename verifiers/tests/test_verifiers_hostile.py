@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rlzoo.interfaces import Sample
+from rlzoo_verifiers._pids_cgroup import pids_root
 from rlzoo_verifiers.code import CodeVerifier
 
 ADD = Sample("Write add(a, b).", "", meta={"tests": "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"})
@@ -192,11 +193,13 @@ def test_hostile_response(verifier, server, world, response, reason):
 
 
 def test_fork_many(verifier, server, world):
-    """200 sleeping children: ``RLIMIT_NPROC`` (``max_processes``) stops them with EAGAIN unless bwrap runs as
-    root (the kernel exempts uid 0); then the timeout kills the whole PID namespace (``world``: none survive)."""
+    """200 sleeping children: ``RLIMIT_NPROC`` (``max_processes``) stops them with EAGAIN, or where bwrap runs as
+    root (whom the kernel exempts from it) a ``pids`` cgroup does; with neither, the timeout kills the whole PID
+    namespace (``world``: none survive)."""
     response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
     good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
-    enforced = os.geteuid() != 0 or verifier.sandbox.user is not None
+    sandbox = verifier.sandbox
+    enforced = os.geteuid() != 0 or sandbox.user is not None or sandbox.pids_root is not None
     assert (bad.reward, bad.reason) == (0.0, "runtime error" if enforced else "timeout")
     assert good.reward == 1.0
 
@@ -210,6 +213,20 @@ def test_fork_many_is_stopped_by_the_process_limit(server, world):
     response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
     good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
     assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or pids_root() is None, reason="needs root and a writable pids cgroup")
+def test_a_root_sandbox_is_capped_by_a_pids_cgroup(server, world):
+    """bwrap as root (the interpreter is unreadable to the sandbox user, so ``user`` stays None): the pids group
+    stops the forks at once, and no group is left behind."""
+    verifier = CodeVerifier(CodeVerifier.Params(timeout_s=20.0, max_processes=8))
+    verifier.sandbox.user = None  # as if the interpreter were unreadable to uid 65534
+    verifier.sandbox.pids_root = pids_root()
+    before = set(os.listdir(verifier.sandbox.pids_root))
+    response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
+    good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
+    assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
+    assert set(os.listdir(verifier.sandbox.pids_root)) == before
 
 
 @pytest.mark.parametrize("name", ["bypass-reimport-posix-tmp", "closure-original-open", "bypass-network", "secret-env"])
