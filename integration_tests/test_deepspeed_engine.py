@@ -259,6 +259,30 @@ def test_torch_and_deepspeed_engines_add_the_same_aux_loss(moe, model_dir, token
     assert _max_gap(_weights(engine), _weights(reference)) <= WEIGHT_TOL
 
 
+def test_zero3_loads_the_model_partitioned(model_dir, tokenizer, monkeypatch):
+    """At ZeRO-3 the checkpoint is loaded under ``zero.Init`` (no rank materialises the whole fp32 model), and only
+    that load: a model loaded afterwards in the same process (a rollout engine's) is whole."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    import rlzoo.models
+
+    seen = []
+    original = rlzoo.models.load_model
+
+    def recording_load(*args, **kwargs):
+        seen.append(is_deepspeed_zero3_enabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rlzoo.models, "load_model", recording_load)
+    _deepspeed(model_dir, tokenizer, zero_stage=2)
+    engine = _deepspeed(model_dir, tokenizer, zero_stage=3)
+    assert seen == [False, True]
+    assert not is_deepspeed_zero3_enabled()
+    assert all(hasattr(q, "ds_id") and q.numel() == 0 for q in engine.model.parameters())  # partitioned in place
+    whole, _ = original(model_dir)
+    assert all(q.numel() > 0 and not hasattr(q, "ds_id") for q in whole.parameters())
+
+
 def test_invalid_combinations_are_refused(model_dir, tokenizer):
     # what DeepSpeed refuses whatever the world is rejected by the engine's Params, i.e. at config validation
     with pytest.raises(ValidationError, match="ZeRO-3"):

@@ -24,8 +24,9 @@ and client optimizer: :mod:`rlzoo.engines.deepspeed_config`. The router load-bal
 Known limits. ``train/grad_norm`` is the true global norm (ZeRO 0: computed here over all expert shards; ZeRO 1-3:
 DeepSpeed's). At ZeRO 0 with ``ep_size`` > 1 DeepSpeed's own clipping uses the mean over ranks of per-rank norms
 (each counting only that rank's experts), so when clipping binds the update differs slightly from one process (measured gap in
-docs/benchmarks.md); ZeRO 2 clips with the global norm. The model is
-loaded whole on every rank before ZeRO-3 partitions it (no ``zero.Init``), which is fine for small models only. In
+docs/benchmarks.md); ZeRO 2 clips with the global norm. At ZeRO-3 the
+model is loaded under ``deepspeed.zero.Init`` (:func:`partitioned_load`): each parameter is partitioned as it is
+created, so no rank holds the whole fp32 model (at ZeRO 0-2 every rank holds it, as DeepSpeed requires). In
 bf16 the DeepSpeed-MoE path combines the expert outputs in fp32 where transformers does it in bf16, so the two agree
 only to bf16 precision.
 """
@@ -33,8 +34,8 @@ only to bf16 precision.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,7 +104,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self.world_size % p.ep_size:
             raise ValueError(f"ep_size={p.ep_size} must divide the world size {self.world_size}")
 
-        model, _ = load_model(context.model_dir, "float32")  # fp32 master weights, the full model on every rank
+        ds_config = deepspeed_config(trainer_config, p.zero_stage)
+        with partitioned_load(ds_config) if p.zero_stage == 3 else nullcontext():
+            model, _ = load_model(context.model_dir, "float32")  # fp32 master weights
         model.train()
         if p.moe == "deepspeed":
             from rlzoo.models.deepspeed_moe import convert_to_deepspeed_moe
@@ -114,7 +117,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._aux_loss = AuxLoss(model, p.aux_loss_coef)
         optimizer = client_optimizer(model, trainer_config, expert_groups=p.moe == "deepspeed")
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_config(trainer_config, p.zero_stage)
+            model=model, optimizer=optimizer, config=ds_config
         )
         self._check_expert_groups()
 
@@ -238,3 +241,18 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     def load_state(self, directory: Path) -> None:
         """Restore weights (master copies included) and optimizer state written by :meth:`save`. Collective."""
         load_checkpoint(self, directory)
+
+
+@contextmanager
+def partitioned_load(ds_config: dict[str, Any]) -> Iterator[None]:
+    """Models loaded inside are built under ``deepspeed.zero.Init``: every parameter is partitioned over the ranks
+    as it is created and the checkpoint's tensors are scattered into the partitions (transformers'
+    ``HfDeepSpeedConfig``, the same path as its Trainer at ZeRO-3). Scoped to the load: a rollout engine or
+    reference model built later in this process loads whole."""
+    from transformers.integrations import HfDeepSpeedConfig
+
+    handle = HfDeepSpeedConfig(ds_config)  # transformers holds only a weak reference: keep it alive while loading
+    try:
+        yield
+    finally:
+        del handle
