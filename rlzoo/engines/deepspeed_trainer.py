@@ -25,9 +25,10 @@ Known limits. ``train/grad_norm`` is the true global norm (ZeRO 0: computed here
 DeepSpeed's). At ZeRO 0 with ``ep_size`` > 1 DeepSpeed's own clipping uses the mean over ranks of per-rank norms
 (each counting only that rank's experts), so when clipping binds the update differs slightly from one process (measured gap in
 docs/benchmarks.md); ZeRO 2 clips with the global norm. The model is
-loaded whole on every rank before ZeRO-3 partitions it (no ``zero.Init``), which is fine for small models only. In
-bf16 the DeepSpeed-MoE path combines the expert outputs in fp32 where transformers does it in bf16, so the two agree
-only to bf16 precision.
+loaded whole on every rank before ZeRO-3 partitions it (no ``zero.Init``), which is fine for small models only. With
+``ep_size`` 1 the DeepSpeed-MoE blocks compute their experts exactly as transformers does (bit-exact); with
+``ep_size`` > 1 (DeepSpeed's all-to-all dispatch) in bf16 the expert outputs are combined in fp32 where transformers
+does it in bf16, so the two agree only to bf16 precision.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ models whose block is ``gate`` = a ``*TopKRouter`` returning ``(logits, scores, 
   noise, no capacity limit, no token dropping; the capacity is the largest per-expert token count (the maximum
   over the expert-parallel group), so every routed (token, expert) pair is computed. Its expert ``e`` is an
   :class:`ExpertMLP` holding ``gate_up_proj`` = HF ``gate_up_proj[e]`` and ``down_proj`` = HF ``down_proj[e]``,
-  the same fused matmuls as transformers' eager experts.
+  the same fused matmuls as transformers' eager experts. With ``ep_size`` 1 there is nothing to exchange and the block bypasses
+  ``MOELayer``'s capacity-padded dispatch: its experts run grouped by expert on exactly their tokens
+  (:meth:`DeepSpeedMoEBlock._grouped_experts`, the computation of transformers' ``grouped_mm`` experts).
 - With expert parallelism (``ep_size`` > 1) each rank of an expert-parallel group holds ``E / ep_size``
   consecutive experts (rank ``r`` of the group: experts ``r * E/ep .. (r+1) * E/ep - 1``), as DeepSpeed's
   all-to-all dispatch expects.
