@@ -26,9 +26,10 @@ DeepSpeed's). At ZeRO 0 with ``ep_size`` > 1 DeepSpeed's own clipping uses the m
 (each counting only that rank's experts), so when clipping binds the update differs slightly from one process (measured gap in
 docs/benchmarks.md); ZeRO 2 clips with the global norm. At ZeRO-3 the
 model is loaded under ``deepspeed.zero.Init`` (:func:`partitioned_load`): each parameter is partitioned as it is
-created, so no rank holds the whole fp32 model (at ZeRO 0-2 every rank holds it, as DeepSpeed requires). In
-bf16 the DeepSpeed-MoE path combines the expert outputs in fp32 where transformers does it in bf16, so the two agree
-only to bf16 precision.
+created, so no rank holds the whole fp32 model (at ZeRO 0-2 every rank holds it, as DeepSpeed requires). With
+``ep_size`` 1 the DeepSpeed-MoE blocks compute their experts exactly as transformers does (bit-exact); with
+``ep_size`` > 1 (DeepSpeed's all-to-all dispatch) in bf16 the expert outputs are combined in fp32 where transformers
+does it in bf16, so the two agree only to bf16 precision.
 """
 
 from __future__ import annotations

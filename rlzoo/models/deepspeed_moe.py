@@ -11,7 +11,9 @@ models whose block is ``gate`` = a ``*TopKRouter`` returning ``(logits, scores, 
   noise, no capacity limit, no token dropping; the capacity is the largest per-expert token count (the maximum
   over the expert-parallel group), so every routed (token, expert) pair is computed. Its expert ``e`` is an
   :class:`ExpertMLP` holding ``gate_up_proj`` = HF ``gate_up_proj[e]`` and ``down_proj`` = HF ``down_proj[e]``,
-  the same fused matmuls as transformers' eager experts.
+  the same fused matmuls as transformers' eager experts. With ``ep_size`` 1 there is nothing to exchange and the block bypasses
+  ``MOELayer``'s capacity-padded dispatch: its experts run grouped by expert on exactly their tokens
+  (:meth:`DeepSpeedMoEBlock._grouped_experts`, the computation of transformers' ``grouped_mm`` experts).
 - With expert parallelism (``ep_size`` > 1) each rank of an expert-parallel group holds ``E / ep_size``
   consecutive experts (rank ``r`` of the group: experts ``r * E/ep .. (r+1) * E/ep - 1``), as DeepSpeed's
   all-to-all dispatch expects.
@@ -156,10 +158,39 @@ class DeepSpeedMoEBlock(nn.Module):
         shape = hidden_states.shape
         flat = hidden_states.reshape(-1, shape[-1])
         logits, scores, indices = self.gate(flat)
+        if self.ep_size == 1:
+            # nothing to exchange between ranks: skip MOELayer's capacity-padded [E, capacity, H] dispatch (every
+            # expert padded to the busiest one's token count, one small matmul per expert)
+            self.l_aux = load_balancing_loss([logits], self.num_experts, indices.shape[-1], None)
+            return self._grouped_experts(flat, scores, indices).reshape(shape)
         self.moe.deepspeed_moe.gate.routing = (logits, scores, indices)
         output, l_aux, _ = self.moe(flat)
         self.l_aux = l_aux
         return output.reshape(shape)
+
+    def _grouped_experts(self, flat: torch.Tensor, scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """All experts on this rank's tokens, computed as transformers' ``grouped_mm`` experts do.
+
+        The ``N * k`` (token, expert) pairs are sorted by expert, each expert multiplies exactly its tokens
+        (one grouped matmul for ``gate_up_proj``, one for ``down_proj``, over the experts' weights stacked to
+        ``[E, 2I, H]`` / ``[E, H, I]``), the outputs are weighted by the router's scores and summed per token
+        in the original order: ``y_n = sum_j s_nj * down_e(act(gate_e(x_n)) * up_e(x_n))`` with ``e = i_nj``.
+        The same operations in the same order as the Hugging Face block, so the result matches it bit for bit
+        when transformers uses its ``grouped_mm`` experts (its default).
+        """
+        experts = self.local_experts
+        gate_up = torch.stack([e.gate_up_proj.weight for e in experts])  # [E, 2I, H]
+        down = torch.stack([e.down_proj.weight for e in experts])  # [E, H, I]
+        k = indices.shape[-1]
+        ids, perm = torch.sort(indices.reshape(-1))  # [N*k]
+        tokens = flat[perm // k].to(gate_up.dtype)  # [N*k, H]
+        offsets = torch.cumsum(torch.bincount(ids, minlength=self.num_experts), dim=0, dtype=torch.int32)
+        gate, up = _grouped_mm(tokens, gate_up.transpose(-2, -1), offsets).chunk(2, dim=-1)  # [N*k, I] each
+        out = _grouped_mm((experts[0].act_fn(gate) * up).to(down.dtype), down.transpose(-2, -1), offsets)
+        out = out * scores.reshape(-1)[perm].unsqueeze(-1)  # [N*k, H]
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        return out[inverse].view(flat.shape[0], k, -1).sum(dim=1).to(flat.dtype)  # [N, H]
 
     # -- weights in the transformers layout ------------------------------------------------------------------
 
@@ -209,6 +240,11 @@ class DeepSpeedMoEBlock(nn.Module):
         block._modules["experts"] = experts
         block._modules["gate"] = self.gate
         return block
+
+
+def _grouped_mm(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``x[rows of group g] @ weight[g]`` for consecutive row groups ending at ``offsets`` (int32, cumulative)."""
+    return torch.nn.functional.grouped_mm(x, weight, offs=offsets)
 
 
 def _expert_group_rank(ep_size: int) -> int:
