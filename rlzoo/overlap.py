@@ -93,7 +93,7 @@ class OverlappedRollouts(RolloutSchedule):
     def collect(self, step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
         if self.pending is not None and self.pending.step == step:
             prefetch, self.pending = self.pending, None
-            self._join(prefetch, timer)
+            self._join(prefetch)  # done already: settle() waited for it at the end of the previous step
             batch, version = prefetch.batch, prefetch.version
             for name, seconds in prefetch.timer.seconds.items():  # the background phases, as if sampled now
                 timer.seconds[name] += seconds
@@ -121,7 +121,8 @@ class OverlappedRollouts(RolloutSchedule):
 
     def settle(self, timer: Timer, new_weights: bool = False) -> None:
         if self.pending is not None:
-            self._join(self.pending, timer)
+            with timer("prefetch_wait"):  # 0 when the batch was ready before the step's updates ended
+                self._join(self.pending)
         if new_weights:
             self.version += 1
 
@@ -131,10 +132,8 @@ class OverlappedRollouts(RolloutSchedule):
             self.pending = None
 
     @staticmethod
-    def _join(prefetch: _Prefetch, timer: Timer) -> None:
-        if prefetch.thread.is_alive():
-            with timer("prefetch_wait"):
-                prefetch.thread.join()
+    def _join(prefetch: _Prefetch) -> None:
+        prefetch.thread.join()
         if prefetch.error is not None:
             raise prefetch.error
 
