@@ -218,6 +218,13 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    overlap: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="0: sample each step's batch at its start; 1: sample step t+1's batch while step t trains, by "
+        "step t's weights (staleness 1; old log-probs under the sampling weights; rlzoo.overlap, docs/overlap.md)",
+    )
 
 
 class TrainerConfig(Section):

@@ -15,6 +15,10 @@
             training engine takes one optimizer step
         rollout engine <- the new weights                                           (time/sync)
 
+When the rollouts are sampled is the :class:`RolloutSchedule`'s business: by default at the start of their step,
+by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.overlap`) step t+1's batch is sampled while
+step t trains, and its old log-probs are computed under the weights that sampled it.
+
 Every piece is injected by :mod:`rlzoo.run`; this module knows no concrete component. Processes and MoE routing
 are not the loop's business: rank 0 alone samples (``Dist.from_main``), and the :class:`~rlzoo.learner.Learner`
 hides the row split over ranks and, for MoE policies, the router policy's Routing Replay (:mod:`rlzoo.replay`).
@@ -26,6 +30,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,18 +78,45 @@ class Components:
     batch_filter: BatchFilter = field(default_factory=BatchFilter)  # the base keeps every group
     shapers: list[RewardShaper] = field(default_factory=list)
     train_set: Sequence[Sample] = ()  # where a batch filter's further generation batches draw fresh prompts
+    schedule: RolloutSchedule = field(default_factory=lambda: RolloutSchedule())  # when rollouts are sampled
+
+
+class RolloutSchedule:
+    """When a step's rollout batch is sampled and under which weights its old log-probs are computed.
+
+    This base samples each batch at the start of its step (:func:`collect`), with the weights the step trains
+    from, so nothing is in flight across steps. :class:`rlzoo.overlap.OverlappedRollouts` (``rollout.overlap: 1``)
+    samples step t+1's batch while step t trains."""
+
+    def collect(self, step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+        """Step ``step``'s rollout batch (rank 0 only)."""
+        return collect(step, prompts, c, config, timer)
+
+    def behaviour_weights(self) -> AbstractContextManager[None]:
+        """Around the old-log-prob pass of the batch :meth:`collect` returned last: the training engine holds the
+        weights that sampled it."""
+        return nullcontext()
+
+    def settle(self, timer: Timer, new_weights: bool = False) -> None:
+        """Before a step returns: no generation is in flight; ``new_weights``: the rollout engine is about to
+        receive the step's updated weights."""
+
+    def close(self) -> None:
+        """When the run ends (also by an error): wait for any generation still in flight."""
 
 
 def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
     """One RL step; with several processes every rank calls it (rank 0 samples and scores)."""
     algo, timer = config.algorithm, Timer()
-    rollout = c.dist.from_main(lambda: collect(step, prompts, c, config, timer))
+    rollout = c.dist.from_main(lambda: c.schedule.collect(step, prompts, c, config, timer))
     if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
+        c.schedule.settle(timer)
         return c.dist.mean_metrics({**rollout.metrics, **timer.metrics()})
     batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
 
     with timer("old_logprobs"):
-        train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
+        with c.schedule.behaviour_weights():  # the weights that sampled the batch (with overlap: the previous step's)
+            train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
         ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
         correction = c.correction.weights(train_logp, rollout_logp, mask)
@@ -102,6 +134,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
 
             update_metrics.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
 
+    c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
         c.learner.push_weights(c.rollout)
 

@@ -19,6 +19,7 @@ What it checks (each problem is ``(dotted.field, message saying what is allowed)
 - the DeepSpeed engine's ZeRO / expert-parallel combinations and the process count;
 - batches: ``rollout.prompts_per_step x rollout.group_size`` rows split into ``algorithm.minibatches_per_rollout``
   equal minibatches, each with a row for every process (:func:`check_data_parallel`);
+- ``rollout.overlap: 1`` only in one process and with a training engine holding the full weights (not ZeRO-3);
 - evaluation settings vLLM refuses (several greedy samples per prompt);
 - the task's own cheap checks (:meth:`rlzoo.interfaces.Task.check`, e.g. a ``jsonl`` file that does not exist)
   and that its default verifier is installed;
@@ -64,6 +65,7 @@ def preflight(
     problems += _moe_problems(config, registry, model)
     problems += _deepspeed_problems(config, model, world)
     problems += _batch_problems(config, registry, world)
+    problems += _overlap_problems(config, world)
     problems += _shaping_problems(config, registry)
     problems += _eval_problems(config)
     problems += _task_problems(config, registry)
@@ -389,6 +391,27 @@ def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Proble
             "rollout.engine.name",
             f"{rollout.name!r} cannot run under a multi-process launcher (it would set up its own process group "
             f"inside rank 0); use {' or '.join('{name: %s}' % name for name in usable)} for multi-process runs",
+        ))
+    return problems
+
+
+def _overlap_problems(config: RunConfig, world: int) -> Problems:
+    """What :mod:`rlzoo.overlap` cannot honour: several processes, and partitioned (ZeRO-3) weights."""
+    if config.rollout.overlap == 0:
+        return []
+    problems = []
+    if world > 1:
+        problems.append((
+            "rollout.overlap",
+            f"1 runs in one process only; this run has {world} (rank 0 would sample the next batch while the "
+            "ranks meet at the update's collectives): use rollout.overlap: 0 with several processes",
+        ))
+    spec = config.trainer.engine
+    if spec.name == "deepspeed" and spec.params.get("zero_stage", 0) == 3:
+        problems.append((
+            "rollout.overlap",
+            "1 swaps the sampling weights into the training engine's parameters for the old-log-prob pass, which "
+            "ZeRO-3 partitions: use trainer.engine.zero_stage 0, 1 or 2, or rollout.overlap: 0",
         ))
     return problems
 

@@ -36,6 +36,7 @@ from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.moe import find_routers
 from rlzoo.objective import build_objective
+from rlzoo.overlap import OverlappedRollouts
 from rlzoo.preflight import check_data_parallel, preflight
 from rlzoo.prompts import fit_prompts
 from rlzoo.registry import Registry, default_registry
@@ -147,6 +148,16 @@ class TrainingRun:
             batch_filter=create(self.registry, "batch_filter", algo.batch_filter),
             shapers=[create(self.registry, "reward_shaper", spec) for spec in algo.reward_shaping],
             train_set=self.train_set,  # where further generation batches draw fresh prompts
+            schedule=self._setup_schedule(),
+        )
+
+    def _setup_schedule(self) -> loop.RolloutSchedule:
+        """Rollouts at the start of each step, or (``rollout.overlap: 1``) the next step's during this one."""
+        if self.config.rollout.overlap == 0:
+            return loop.RolloutSchedule()
+        train_set, config = self.train_set, self.config
+        return OverlappedRollouts(
+            self.trainer.model, lambda step: loop.sample_prompts(train_set, step, config), config.train.steps
         )
 
     def _setup_learner(self) -> Learner:
@@ -207,6 +218,7 @@ class TrainingRun:
                 logger.log(steps, {**self.evaluate(), "final": 1.0})
         finally:
             logger.close()
+            self.components.schedule.close()  # no generation in flight when the rollout engine closes
             if dist.is_main:
                 self.rollout.close()
         distributed.teardown(dist)
