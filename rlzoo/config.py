@@ -218,6 +218,11 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    per_rank: bool = Field(
+        True,
+        description="multi-process runs: every rank samples and scores its share of each step's prompts with its "
+        "own engine, when the engine can (hf); false, or an engine that cannot: rank 0 samples everything",
+    )
 
 
 class TrainerConfig(Section):
