@@ -1,8 +1,8 @@
 """``rlzoo train`` in 2 processes (``torchrun``, gloo on CPU) logs the same metrics as in 1 process.
 
 The main example config, shrunk (4 prompts x 4 responses, 2 minibatches, 4 steps, 1-digit sums so that most
-steps have non-zero rewards and gradients), with the DeepSpeed training engine. Rank 0 samples with the same
-seeds, so the rollout metrics must be identical; the training metrics may differ by float rounding only (each
+steps have non-zero rewards and gradients), with the DeepSpeed training engine. Rank 0 samples everything
+(``rollout.per_rank: false``) with the same seeds, so the rollout metrics must be identical; the training metrics may differ by float rounding only (each
 rank's forward covers its half of a minibatch, and the gradients are summed across ranks).
 
 Measured on the 2-core CPU machine, largest |1 process - 2 processes| over all steps:
@@ -74,6 +74,7 @@ def config_file(tmp_path_factory, cold_start_root) -> Path:
             f"cold_start.output_dir={cold_start_root / 'arithmetic-1digit'}",
             f"train.steps={STEPS}",
             "algorithm.minibatches_per_rollout=2",
+            "rollout.per_rank=false",  # rank 0 samples with the 1-process seeds (per-rank: test_per_rank_rollout.py)
         ],
     )
     path = tmp_path_factory.mktemp("multiprocess") / "run.yaml"

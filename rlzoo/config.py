@@ -225,6 +225,11 @@ class RolloutConfig(Section):
         description="0: sample each step's batch at its start; 1: sample step t+1's batch while step t trains, by "
         "step t's weights (staleness 1; old log-probs under the sampling weights; rlzoo.overlap, docs/overlap.md)",
     )
+    per_rank: bool = Field(
+        True,
+        description="multi-process runs: every rank samples and scores its share of each step's prompts with its "
+        "own engine, when the engine can (hf); false, or an engine that cannot: rank 0 samples everything",
+    )
 
 
 class TrainerConfig(Section):

@@ -4,13 +4,15 @@
 ``deepspeed`` launcher) runs one process per rank. :func:`setup` reads the launcher's environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and initialises torch.distributed (gloo on CPU,
 nccl on CUDA) before anything else, so the run driver can let rank 0 alone build the cold start, sample, score,
-evaluate, log and write checkpoint metadata while every rank trains its share of each minibatch. The training
-engine (DeepSpeed) then wraps the same process group.
+evaluate, log and write checkpoint metadata while every rank trains its share of each minibatch (and, with a
+rollout engine that runs on every rank, samples its share of each step's prompts). The training engine
+(DeepSpeed) then wraps the same process group.
 
 Without a launcher (``WORLD_SIZE`` unset or 1) :data:`SINGLE` is used: every collective is the identity and no
 process group is created here, so a one-process run computes exactly what it computed before this module existed.
 
-The row split: every rank holds the whole rollout batch (broadcast from rank 0); of any list of row indices (the
+The row split: every rank holds the whole rollout batch (broadcast from rank 0, or gathered from the ranks'
+shares of the prompts, :meth:`Dist.share_items` and :meth:`Dist.all_gather_object`); of any list of row indices (the
 whole batch for old log-probs, a minibatch for an update) rank ``r`` takes ``torch.tensor_split(rows, world)[r]``
 (:meth:`Dist.share`), and :meth:`Dist.gather_rows` puts the ranks' ``[rows_r, ...]`` results back together in
 that order.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,6 +60,12 @@ class Dist:
         if not self.active:
             return rows
         return torch.tensor_split(rows, self.world)[self.rank]
+
+    def share_items(self, items: Sequence[T]) -> list[T]:
+        """This rank's contiguous share of a list (e.g. a step's prompts), split as :meth:`share` splits rows."""
+        sizes = self.share_sizes(len(items))
+        start = sum(sizes[: self.rank])
+        return list(items[start : start + sizes[self.rank]])
 
     def share_sizes(self, count: int) -> list[int]:
         return [len(part) for part in torch.tensor_split(torch.arange(count), self.world)]
@@ -114,6 +122,7 @@ class Dist:
         return self.broadcast(make() if self.is_main else None)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (pickled; ``[obj]`` in one process)."""
         if not self.active:
             return [obj]
         import torch.distributed as dist

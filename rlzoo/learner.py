@@ -11,8 +11,8 @@ The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:
   share; ``loss_fn`` receives the log-probs of the *whole* minibatch (the other ranks' rows without gradient), so
   every aggregation sees the global normaliser, and the loss is multiplied by the world size because the engine
   averages the ranks' gradients while each rank's holds only its rows' part of the sum;
-- :meth:`Learner.push_weights` — the new weights into rank 0's rollout engine (every rank joins when gathering
-  the weights is a collective, ``TrainingEngine.collective_weights``).
+- :meth:`Learner.push_weights` — the new weights into rank 0's rollout engine, or into every rank's when each
+  rank samples (every rank joins when gathering the weights is a collective, ``TrainingEngine.collective_weights``).
 
 In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
 :class:`rlzoo.replay.RoutingLearner`, which adds the router policy's record/replay around the same calls.
@@ -73,11 +73,13 @@ class Learner:
 
         return global_loss
 
-    def push_weights(self, rollout: RolloutEngine) -> None:
-        """Send the current weights to the rollout engine (which lives on rank 0)."""
-        if self.engine.collective_weights or self.dist.is_main:
+    def push_weights(self, rollout: RolloutEngine, every_rank: bool = False) -> None:
+        """Send the current weights to this rank's rollout engine: rank 0's only, or with ``every_rank`` each
+        rank's own (the data-parallel update leaves the same weights on every rank)."""
+        receives = every_rank or self.dist.is_main
+        if self.engine.collective_weights or receives:
             weights = self.engine.named_weights()
-            if self.dist.is_main:
+            if receives:
                 rollout.sync_weights(weights)
 
     def step_metrics(self) -> dict[str, float]:

@@ -4,6 +4,7 @@
         prompts    <- a batch of the task's train prompts
         repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
             rollouts <- rollout engine samples `group_size` responses per prompt     (time/rollout)
+                        (several processes: each rank its share of the prompts, gathered)
             rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
             keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
         (no group kept: skip the update)
@@ -13,15 +14,18 @@
         repeat `minibatches_per_rollout` times:                                     (time/train)
             loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
             training engine takes one optimizer step
-        rollout engine <- the new weights                                           (time/sync)
+        rollout engine(s) <- the new weights                                        (time/sync)
+
+Every piece is injected by :mod:`rlzoo.run`; this module knows no concrete component. With several processes
+each rank samples and scores its contiguous share of the prompts with its own engine and the shares are gathered
+(``Components.rollout_per_rank``), or rank 0 alone samples and the batch is broadcast (``Dist.from_main``);
+either way every rank then holds the whole batch in the same order. MoE routing and the rest of the row split
+are not the loop's business: the :class:`~rlzoo.learner.Learner` hides the split over ranks and, for MoE
+policies, the router policy's Routing Replay (:mod:`rlzoo.replay`).
 
 When the rollouts are sampled is the :class:`RolloutSchedule`'s business: by default at the start of their step,
 by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.overlap`) step t+1's batch is sampled while
 step t trains, and its old log-probs are computed under the weights that sampled it.
-
-Every piece is injected by :mod:`rlzoo.run`; this module knows no concrete component. Processes and MoE routing
-are not the loop's business: rank 0 alone samples (``Dist.from_main``), and the :class:`~rlzoo.learner.Learner`
-hides the row split over ranks and, for MoE policies, the router policy's Routing Replay (:mod:`rlzoo.replay`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class Components:
     tokenizer: Any
     reference: Learner | None = None
     dist: Dist = SINGLE
+    rollout_per_rank: bool = False  # every rank samples its share of the prompts with its own started engine
     batch_filter: BatchFilter = field(default_factory=BatchFilter)  # the base keeps every group
     shapers: list[RewardShaper] = field(default_factory=list)
     train_set: Sequence[Sample] = ()  # where a batch filter's further generation batches draw fresh prompts
@@ -106,9 +111,11 @@ class RolloutSchedule:
 
 
 def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
-    """One RL step; with several processes every rank calls it (rank 0 samples and scores)."""
+    """One RL step; with several processes every rank calls it (each samples its share, or rank 0 samples all)."""
     algo, timer = config.algorithm, Timer()
-    rollout = c.dist.from_main(lambda: c.schedule.collect(step, prompts, c, config, timer))
+    sample = lambda: c.schedule.collect(step, prompts, c, config, timer)  # noqa: E731
+    # every rank samples and scores its share of the prompts (collect gathers the shares), or rank 0 samples all
+    rollout = sample() if c.rollout_per_rank else c.dist.from_main(sample)
     if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
         c.schedule.settle(timer)
         return c.dist.mean_metrics({**rollout.metrics, **timer.metrics()})
@@ -136,7 +143,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
 
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
-        c.learner.push_weights(c.rollout)
+        c.learner.push_weights(c.rollout, every_rank=c.rollout_per_rank)
 
     mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
     policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
@@ -212,22 +219,37 @@ def generate_and_score(
     step: int, gen_batch: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """One generation batch: ``group_size`` responses per prompt, the verifier's rewards and the shapers' terms;
-    also the verifier's fault counts (``verifier/errors``, ``/timeouts``, ``/nonfinite_rewards``)."""
+    also the verifier's fault counts (``verifier/errors``, ``/timeouts``, ``/nonfinite_rewards``).
+
+    With ``c.rollout_per_rank`` rank ``r`` samples and scores ``Dist.share_items(prompts)`` (whole groups, so
+    group-relative advantages are unchanged) with seed ``rank_seed(seed, r)``; the shares are all-gathered in rank
+    order, so every rank returns the groups in the order of ``prompts``, as one engine would."""
+    ranks = c.dist if c.rollout_per_rank else SINGLE
+    seed = step_seed(config.seed, step, 1) if gen_batch == 0 else step_seed(config.seed, step, 30_000 + gen_batch)
     sampling = SamplingSettings(
         n=config.rollout.group_size,
         max_new_tokens=config.rollout.max_new_tokens,
         temperature=config.rollout.temperature,
         top_p=config.rollout.top_p,
-        seed=step_seed(config.seed, step, 1) if gen_batch == 0 else step_seed(config.seed, step, 30_000 + gen_batch),
+        seed=rank_seed(seed, ranks.rank),
     )
-    with timer("rollout"):
-        groups = c.rollout.generate([prompt_ids(c.tokenizer, s, config.prompt) for s in prompts], sampling)
-    generations = [g for group in groups for g in group]
-    samples = [s for s, group in zip(prompts, groups, strict=True) for _ in group]
+    mine = ranks.share_items(prompts)
+    if ranks.active:  # in every rank's log file: which ranks sampled what
+        _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
+    with timer("rollout"):  # includes waiting for the slowest rank's share
+        local = c.rollout.generate([prompt_ids(c.tokenizer, s, config.prompt) for s in mine], sampling) if mine else []
+        shares = ranks.all_gather_object(local)
     with timer("verify"):
-        responses = [response_text(c.tokenizer, g.response_ids) for g in generations]
-        scores = score(c.verifier, samples, responses, config.train.verifier_timeout_s)
-    rewards = torch.tensor([v.reward for v in scores.verdicts], dtype=torch.float32)
+        samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
+        responses = [response_text(c.tokenizer, g.response_ids) for group in local for g in group]
+        all_scores = ranks.all_gather_object(score(c.verifier, samples, responses, config.train.verifier_timeout_s))
+    groups = [group for share in shares for group in share]
+    generations = [g for group in groups for g in group]
+    verdicts = [v for scores in all_scores for v in scores.verdicts]
+    faults = Counter()
+    for scores in all_scores:
+        faults.update(scores.metrics())
+    rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)
     lengths = torch.tensor([len(g.response_ids) for g in generations])
     shaping = torch.zeros_like(rewards)
     for shaper in c.shapers:
@@ -235,9 +257,9 @@ def generate_and_score(
     out, start = [], 0
     for sample, group in zip(prompts, groups, strict=True):
         rows = slice(start, start + len(group))
-        out.append(ScoredGroup(sample, group, scores.verdicts[rows], rewards[rows], shaping[rows]))
+        out.append(ScoredGroup(sample, group, verdicts[rows], rewards[rows], shaping[rows]))
         start += len(group)
-    return out, scores.metrics()
+    return out, dict(faults)
 
 
 def assemble(
@@ -335,6 +357,12 @@ def minibatches(count: int, number: int, seed: int) -> list[torch.Tensor]:
 def step_seed(seed: int, step: int, stream: int) -> int:
     """Independent, reproducible seeds per (run seed, step, purpose): a resumed run draws the same numbers."""
     return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank ``rank``'s sampling seed for a generation batch seeded ``seed``: rank 0 keeps it (one process samples
+    as it always did), the others get independent streams, so no two ranks draw correlated samples."""
+    return seed if rank == 0 else step_seed(seed, rank, 40_000)
 
 
 def sample_prompts(train_set: Sequence[Sample], step: int, config: RunConfig) -> list[Sample]:

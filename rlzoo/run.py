@@ -11,9 +11,11 @@ Run folder::
 
 Several processes (``torchrun --nproc_per_node N -m rlzoo.cli train CONFIG``; docs/distributed.md): every rank
 runs :func:`train` and trains its share of each minibatch with a data-parallel training engine (``deepspeed``).
-Rank 0 alone builds the cold start (the others wait, then load it), owns the rollout engine (samples, scores,
-evaluates), logs ``metrics.jsonl`` and the progress bar, and writes the checkpoint's shared files (tokenizer, RNG,
-``state.json``, ``latest``); every rank writes its own engine state into the same checkpoint folder.
+Every rank samples and scores its share of each step's prompts with its own rollout engine when the engine can
+(``RolloutEngine.runs_per_rank`` and ``rollout.per_rank``); otherwise rank 0 alone owns the rollout engine. Rank 0
+alone builds the cold start (the others wait, then load it), evaluates, logs ``metrics.jsonl`` and the progress
+bar, and writes the checkpoint's shared files (tokenizer, RNG, ``state.json``, ``latest``); every rank writes its
+own engine state into the same checkpoint folder.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class TrainingRun:
 
     def _setup_rollout(self) -> RolloutEngine:
         rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
-        if self.dist.is_main:  # the other ranks hold an engine that is never started
+        self.rollout_per_rank = self.dist.active and self.config.rollout.per_rank and rollout.runs_per_rank
+        if self.dist.is_main or self.rollout_per_rank:  # otherwise this rank holds an engine that is never started
             rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer))
         return rollout
 
@@ -145,6 +148,7 @@ class TrainingRun:
             tokenizer=self.tokenizer,
             reference=self._setup_reference() if algo.kl_coef > 0 else None,
             dist=self.dist,
+            rollout_per_rank=self.rollout_per_rank,
             batch_filter=create(self.registry, "batch_filter", algo.batch_filter),
             shapers=[create(self.registry, "reward_shaper", spec) for spec in algo.reward_shaping],
             train_set=self.train_set,  # where further generation batches draw fresh prompts
@@ -169,7 +173,7 @@ class TrainingRun:
                 raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
             return Learner(self.trainer, self.dist)
         if self.rollout.can_record_routing:  # for the rollout-vs-training diagnostics of every MoE run, and R3
-            if self.dist.is_main:
+            if self.dist.is_main or self.rollout_per_rank:
                 self.rollout.set_record_routing(True)
         elif policy.needs_rollout_routing():
             raise RlzooError(
@@ -219,7 +223,7 @@ class TrainingRun:
         finally:
             logger.close()
             self.components.schedule.close()  # no generation in flight when the rollout engine closes
-            if dist.is_main:
+            if dist.is_main or self.rollout_per_rank:
                 self.rollout.close()
         distributed.teardown(dist)
         return run_dir

@@ -63,11 +63,15 @@ class RolloutEngine(Component):
     - ``can_record_routing``: can return each generation's MoE experts (``Generation.routing``) when asked through
       :meth:`set_record_routing`.
     - ``runs_under_launcher``: can live inside rank 0 of a multi-process run started by torchrun/deepspeed.
+    - ``runs_per_rank``: one engine per rank of such a run can sample at the same time, each in its own process
+      (colocated with that rank's training engine), without a process group of its own. Then every rank samples
+      its share of each step's prompts (``rollout.per_rank``) and receives the weights after every update.
     """
 
     kind = "rollout_engine"
     can_record_routing: ClassVar[bool] = False
     runs_under_launcher: ClassVar[bool] = True
+    runs_per_rank: ClassVar[bool] = False
 
     def start(self, context: EngineContext) -> None:
         raise NotImplementedError

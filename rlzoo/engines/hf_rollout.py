@@ -25,6 +25,7 @@ class HFRolloutEngine(RolloutEngine):
 
     name = "hf"
     can_record_routing = True
+    runs_per_rank = True  # an in-process model: one per rank is one more copy of the policy, nothing shared
 
     class Params(Params):
         batch_size: int = Field(256, ge=1, description="sequences generated per generate() call")
