@@ -487,6 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(ALL_SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the result as JSON to PATH (- = stdout)")
+    parser.add_argument("--figure", metavar="PATH", help="write a per-phase breakdown per system (PNG)")
     parser.add_argument("--work", help="folder for the cold start, runs and logs (default: a new temporary folder)")
     args = parser.parse_args(argv)
     steps, warmup = DEFAULT_STEPS[args.scale]
@@ -501,11 +502,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def plot_phases(result: dict, path: Path) -> None:
+    """Stacked bars: each system's median s/step split into its phases (``time/*``; what the phases do not
+    cover is "other": logging, Python glue, and for TRL everything but the reward function)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = [(name, r) for name, r in result["systems"].items() if r.get("status") == "ok"]
+    phases = ["rollout", "verify", "old_logprobs", "train", "sync"]
+    fig, ax = plt.subplots(figsize=(1.6 * len(systems) + 3, 4))
+    for index, (name, r) in enumerate(systems):
+        bottom = 0.0
+        for colour, phase in enumerate(phases):
+            value = float(r.get("phases_s", {}).get(phase, 0.0))
+            ax.bar(index, value, bottom=bottom, color=f"C{colour}", label=phase if index == 0 else None)
+            bottom += value
+        other = max(float(r["step_s"]) - bottom, 0.0)
+        ax.bar(index, other, bottom=bottom, color="0.8", label="other" if index == 0 else None)
+        ax.text(index, float(r["step_s"]), f"{r['step_s']:.3g} s", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(systems)), [name for name, _ in systems])
+    ax.set_ylabel("median s/step")
+    ax.set_title(f"{result['scale']}: {result['model']['description']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
     result = bench.run()
     bench.say(report(result))
+    if args.figure:
+        plot_phases(result, Path(args.figure))
+        bench.say(f"figure: {args.figure}")
     if args.json == "-":
         print(json.dumps(result, indent=2))
     elif args.json:

@@ -94,7 +94,7 @@ class RolloutSchedule:
     samples step t+1's batch while step t trains."""
 
     def collect(self, step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
-        """Step ``step``'s rollout batch (rank 0 only)."""
+        """Step ``step``'s rollout batch (on rank 0, or on every rank with per-rank rollouts)."""
         return collect(step, prompts, c, config, timer)
 
     def behaviour_weights(self) -> AbstractContextManager[None]:
