@@ -52,9 +52,9 @@ class WatchedLearner(Learner):
         self.seen.append((batch, logp))
         return logp, entropy
 
-    def push_weights(self, rollout):
+    def push_weights(self, rollout, every_rank=False):
         self.history.append(_state(self.engine.model))
-        super().push_weights(rollout)
+        super().push_weights(rollout, every_rank)
 
 
 def _run(tmp_path, overlap: int, steps: int = 3):
