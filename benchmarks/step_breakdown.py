@@ -22,26 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PHASES = ["rollout", "verify", "old_logprobs", "train", "sync"]
-# whole specs, so a config's parameters for another engine never leak into this one
-ENGINES = {
-    "hf": "{name: hf}",
-    "vllm": "{name: vllm, kv_cache_memory_bytes: 67108864}",
-    "torch": "{name: torch}",
-    "deepspeed": "{name: deepspeed, zero_stage: 2, moe: deepspeed}",
-}
+from _common import ENGINES, PHASES, ROOT, available  # benchmarks/ is the script's directory, first on sys.path
+
 COMBINATIONS = [
     ("hf", "torch", []),
     ("vllm", "torch", []),
     ("hf", "deepspeed", []),
     ("vllm", "deepspeed", []),
 ]
-
-
-def available(module: str) -> bool:
-    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
-    return probe.returncode == 0
 
 
 def run_one(config: str, rollout: str, trainer: str, steps: int, cold_start: Path, out: Path, extra: list[str]) -> list[dict]:
