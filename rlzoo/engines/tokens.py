@@ -18,7 +18,13 @@ def make_token_batch(
     pad_token_id: int,
     response_width: int | None = None,
 ) -> TokenBatch:
-    """Right-pad ``prompt + response`` rows. ``response_width`` fixes the response columns (>= longest)."""
+    """Right-pad ``prompt + response`` rows into the narrowest input that holds every row.
+
+    ``response_width`` fixes the response columns of ``response_mask`` (>= the longest response): objectives that
+    normalise by that width (``seq-mean-token-sum-norm``) see ``max_new_tokens`` columns whatever was sampled. The
+    model input stays as wide as the longest ``prompt + response``: columns past it would be padding that every
+    forward and backward pays for, and they change no response token's log-prob (the model is causal and each
+    padded column is masked)."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     width = max((len(r) for r in responses), default=0)
@@ -26,7 +32,7 @@ def make_token_batch(
         if response_width < width:
             raise ValueError(f"response_width {response_width} < longest response {width}")
         width = response_width
-    total = max(len(p) + width for p in prompts)
+    total = max((len(p) + len(r) for p, r in zip(prompts, responses, strict=True)), default=0)
     batch = len(prompts)
     input_ids = torch.full((batch, total), pad_token_id, dtype=torch.long)
     attention = torch.zeros((batch, total), dtype=torch.long)
@@ -91,9 +97,12 @@ def logprobs_from_logits(
     its ``[chunk, T, V]`` softmax alive until then, so the saved memory is bounded by a chunk too. ``log_softmax``
     is per row, so the log-probs equal the unchunked computation's exactly.
     """
-    positions = response_positions(batch).to(logits.device)
-    targets = torch.gather(input_ids, 1, (positions + 1).clamp(max=input_ids.shape[1] - 1))
     mask = batch.response_mask.to(logits.device)
+    width, live = mask.shape[1], live_columns(mask)
+    # columns past the longest response are masked in every row: their log-probs are 0 without computing them
+    positions = response_positions(batch).to(logits.device)[:, :live]
+    targets = torch.gather(input_ids, 1, (positions + 1).clamp(max=input_ids.shape[1] - 1))
+    mask = mask[:, :live]
     logps, entropies = [], []
     for start in range(0, logits.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
@@ -105,8 +114,15 @@ def logprobs_from_logits(
             logp, ent = _chunk(logits[rows], positions[rows], targets[rows], entropy)
         logps.append(logp)
         entropies.append(ent)
-    logp = torch.cat(logps) * mask
-    return logp, (torch.cat(entropies) * mask if entropy else None)
+    pad = (0, width - live)
+    logp = torch.nn.functional.pad(torch.cat(logps) * mask, pad)
+    return logp, (torch.nn.functional.pad(torch.cat(entropies) * mask, pad) if entropy else None)
+
+
+def live_columns(mask: torch.Tensor) -> int:
+    """How many leading columns of a ``[B, T]`` response mask hold a response token in some row."""
+    nonzero = (mask != 0).any(dim=0).nonzero()
+    return int(nonzero.max()) + 1 if len(nonzero) else 0
 
 
 def _chunk(
