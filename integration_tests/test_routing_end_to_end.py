@@ -40,7 +40,8 @@ def test_preset_with_router_policy(preset, policy, trainer, tmp_path, cold_start
     for row in rows:
         assert row["moe/flip_rate"] == 0.0  # the update passes used exactly the replayed experts
         assert row["moe/replay_bytes"] > 0
-        assert row["moe/rollout_train_disagreement"] >= 0.0
+        # R3 needs the rollout's experts, so the rollout records them; replay-old does not, so it records nothing
+        assert ("moe/rollout_train_disagreement" in row) == (policy == "replay-rollout")
     if policy == "replay-rollout":
         assert all(r["moe/rollout_train_disagreement_replayed"] == 0.0 for r in rows)
         assert all(r["mismatch/abs_logp_diff"] <= r["mismatch/abs_logp_diff_no_replay"] + 1e-7 for r in rows)
@@ -50,7 +51,8 @@ def test_preset_with_router_policy(preset, policy, trainer, tmp_path, cold_start
 
 @pytest.mark.parametrize("trainer", [pytest.param(t, marks=needs_deepspeed) if t != "torch" else t for t in TRAINERS])
 def test_without_replay_experts_flip_and_diagnostics_are_logged(trainer, tmp_path, cold_start_root):
-    rows = train_rows(tmp_path, cold_start_root, "algorithm.preset=gspo", *TRAINERS[trainer])
+    diagnostics = "rollout.engine={name: hf, record_routing: true}"  # the rollout's experts: asked for, not needed
+    rows = train_rows(tmp_path, cold_start_root, "algorithm.preset=gspo", diagnostics, *TRAINERS[trainer])
     assert all("moe/flip_rate" in r and "moe/rollout_train_disagreement" in r for r in rows)
     assert any(r["moe/flip_rate"] > 0 for r in rows)
     assert all("moe/replay_bytes" not in r for r in rows)
@@ -99,3 +101,9 @@ def test_a_plugin_policy_replays_only_some_layers(trainer, tmp_path, cold_start_
     assert any(r["moe/flip_rate/layer_0"] > 0.0 for r in rows)  # routed afresh: its experts flip
     assert all(0.0 < r["moe/flip_rate"] < r["moe/flip_rate/layer_0"] for r in rows if r["moe/flip_rate/layer_0"] > 0)
     assert any(r["moe/fresh_flip_rate"] > 0 for r in rows)
+
+
+def test_the_rollout_records_routing_only_when_needed(tmp_path, cold_start_root):
+    """Without R3 or a request, generation runs without capture hooks: no rollout routing, no diagnostics of it."""
+    rows = train_rows(tmp_path, cold_start_root, "algorithm.preset=gspo")
+    assert all("moe/flip_rate" in r and "moe/rollout_train_disagreement" not in r for r in rows)

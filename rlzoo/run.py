@@ -172,14 +172,14 @@ class TrainingRun:
             if policy.replays_routing():
                 raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
             return Learner(self.trainer, self.dist)
-        if self.rollout.can_record_routing:  # for the rollout-vs-training diagnostics of every MoE run, and R3
+        if policy.needs_rollout_routing():  # R3; otherwise the engine records only if its config asks (diagnostics)
+            if not self.rollout.can_record_routing:
+                raise RlzooError(
+                    f"algorithm.router {policy.name!r} needs a rollout engine that records routing; "
+                    f"{self.rollout.name!r} does not (use rollout.engine: {{name: hf}} or {{name: vllm}})"
+                )
             if self.dist.is_main or self.rollout_per_rank:
                 self.rollout.set_record_routing(True)
-        elif policy.needs_rollout_routing():
-            raise RlzooError(
-                f"algorithm.router {policy.name!r} needs a rollout engine that records routing; {self.rollout.name!r} "
-                "does not (use rollout.engine: {name: hf} or {name: vllm})"
-            )
         return RoutingLearner(self.trainer, policy, self.dist)
 
     def _setup_reference(self) -> Learner:

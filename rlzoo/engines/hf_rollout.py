@@ -30,7 +30,9 @@ class HFRolloutEngine(RolloutEngine):
     class Params(Params):
         batch_size: int = Field(256, ge=1, description="sequences generated per generate() call")
         record_routing: bool = Field(
-            False, description="MoE: record the experts used while sampling into Generation.routing (for R3)"
+            False,
+            description="MoE: record the experts used while sampling into Generation.routing. The loop turns it on "
+            "when the router policy needs it (R3); set it for the moe/rollout_train_disagreement diagnostics",
         )
 
     def start(self, context: EngineContext) -> None:

