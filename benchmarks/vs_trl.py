@@ -9,6 +9,10 @@ and then trains, for ``--steps`` rollouts, each system on it:
 
 - ``hf+torch``, ``vllm+torch``, ``vllm+deepspeed`` (the README's), ``hf+deepspeed``: ``rlzoo train`` with those
   engines (specs in ``_common.ENGINES``; the config's own vLLM / DeepSpeed parameters where it names that engine);
+- ``vllm+torch+overlap``, ``vllm+deepspeed+overlap``: the same with ``rollout.overlap: 1`` (step t+1's rollouts
+  sampled while step t trains); its phases overlap, so only its s/step compares, not the phase sum;
+- ``...+rollout-only``: with ``algorithm.old_logprobs: rollout-only`` (vLLM's log-probs as the old ones, no
+  training-engine old pass: one forward over the batch less than TRL, which recomputes them);
 - ``trl``: TRL's ``GRPOTrainer`` (``_workers.run_trl``): sequence-level importance sampling, the config's clip
   range (3e-4 / 4e-4), beta 0, the same group size, rollout batch, minibatches per rollout (TRL's
   ``steps_per_generation``), learning rate, optimizer, completion length and temperature, on CPU in fp32, no
@@ -48,7 +52,11 @@ from _common import ENGINES, PHASES, ROOT, Measured, available, log_tail, run_me
 
 SCALES = {"tiny": ROOT / "examples" / "bench" / "tiny.yaml", "long": ROOT / "examples" / "bench" / "long.yaml"}
 DEFAULT_STEPS = {"tiny": (20, 3), "long": (8, 2)}  # (steps, warm-up) per run
-RLZOO_SYSTEMS = ["hf+torch", "vllm+torch", "vllm+deepspeed", "hf+deepspeed"]
+#: what a system name's options after ``rollout+trainer`` set (e.g. ``vllm+torch+overlap``)
+OPTIONS = {"overlap": "rollout.overlap=1", "rollout-only": "algorithm.old_logprobs=rollout-only"}
+RLZOO_SYSTEMS = ["hf+torch", "vllm+torch", "vllm+deepspeed", "hf+deepspeed", "vllm+torch+overlap",
+                 "vllm+deepspeed+overlap", "vllm+torch+rollout-only", "vllm+deepspeed+rollout-only",
+                 "vllm+torch+rollout-only+overlap"]
 ALL_SYSTEMS = [*RLZOO_SYSTEMS, "trl", "floor", "replay"]
 DEFAULT_SYSTEMS = ["hf+torch", "vllm+torch", "vllm+deepspeed", "trl", "floor", "replay"]
 WORKERS = Path(__file__).resolve().parent / "_workers.py"
@@ -135,8 +143,9 @@ class Bench:
                 "eval_accuracy": report.get("eval_accuracy")}
 
     def run_rlzoo(self, system: str, repeat: int) -> dict[str, Any]:
-        rollout, trainer = system.split("+")
-        measured, out = self.rlzoo_train(f"{system}-r{repeat}", rollout, trainer, [])
+        rollout, trainer, *options = system.split("+")
+        extra = [OPTIONS[option] for option in options]
+        measured, out = self.rlzoo_train(f"{system}-r{repeat}", rollout, trainer, extra)
         return self.rlzoo_record(measured, out)
 
     def rlzoo_record(self, measured: Measured, out: Path) -> dict[str, Any]:

@@ -89,8 +89,12 @@ class AlgorithmConfig(Section):
     )
     minibatches_per_rollout: int = Field(4, ge=1, description="gradient steps per rollout batch")
     log_ratio_clamp: float = Field(20.0, gt=0, description="log-ratios are clamped to +-this before exp")
-    old_logprobs: Literal["train", "rollout"] = Field(
-        "train", description="recompute old log-probs with the training engine, or use the rollout engine's"
+    old_logprobs: Literal["train", "rollout", "rollout-only"] = Field(
+        "train",
+        description="train: recompute old log-probs with the training engine; rollout: use the rollout engine's "
+        "(the training engine's pass still runs, for the mismatch metrics and corrections); rollout-only: use the "
+        "rollout engine's and skip that pass (no mismatch/* or policy/entropy metrics; only with a correction that "
+        "does not read it and a router policy that does not replay the old pass)",
     )
 
     @field_validator("preset")

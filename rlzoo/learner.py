@@ -4,7 +4,8 @@ The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:
 :class:`~rlzoo.distributed.Dist`:
 
 - :meth:`Learner.old_logprobs` — the behaviour policy's ``[B, T]`` log-probs and entropies of the whole batch
-  (the entropy comes from the same no-gradient pass, so ``policy/entropy`` costs no extra forward);
+  (the entropy comes from the same no-gradient pass, so ``policy/entropy`` costs no extra forward), or
+  :meth:`Learner.without_old_pass` when the rollout engine's log-probs stand in for them;
 - :meth:`Learner.logprobs` — ``[B, T]`` log-probs of the whole batch: each rank computes its share of the rows
   (``Dist.share``) and the shares are gathered, so every rank holds the same full tensor;
 - :meth:`Learner.update` — one optimizer step on the minibatch ``rows``: each rank runs forward and backward on its
@@ -42,6 +43,10 @@ class Learner:
         ``rollout_logp`` are the rollout engine's log-probs and ``rollout_routing`` each row's
         ``Generation.routing`` (``None`` where the engine recorded none); MoE learners use them."""
         return self.logprobs_and_entropy(batch)
+
+    def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
+        """Instead of :meth:`old_logprobs` when the rollout engine's log-probs are the old ones and nothing needs
+        the training engine's (``algorithm.old_logprobs: rollout-only``): prepare the updates of ``batch``."""
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` log-probs of every row of ``batch`` under the current weights, without gradient."""

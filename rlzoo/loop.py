@@ -10,6 +10,7 @@
         (no group kept: skip the update)
         advantages <- advantage source, per token                                   (time/advantage)
         old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's  (time/old_logprobs)
+                      (old_logprobs: rollout-only skips the training engine's pass)
         weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         repeat `minibatches_per_rollout` times:                                     (time/train)
             loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
@@ -122,11 +123,17 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
 
     with timer("old_logprobs"):
-        with c.schedule.behaviour_weights():  # the weights that sampled the batch (with overlap: the previous step's)
-            train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, [g.routing for g in rollout.generations])
+        routings = [g.routing for g in rollout.generations]
+        if algo.old_logprobs == "rollout-only":  # the rollout engine's log-probs are the old ones: no pass
+            c.learner.without_old_pass(batch, routings)
+            train_logp, old_entropy = None, None
+        else:
+            with c.schedule.behaviour_weights():  # the weights that sampled the batch (overlap: the previous step's)
+                train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, routings)
         old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
         ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
-        correction = c.correction.weights(train_logp, rollout_logp, mask)
+        # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
+        correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
 
     update_metrics = []
     with timer("train"):
@@ -145,8 +152,10 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     with timer("sync"):
         c.learner.push_weights(c.rollout, every_rank=c.rollout_per_rank)
 
-    mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
-    policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
+    mismatch, policy = {}, {}
+    if train_logp is not None:  # the training engine's own pass ran
+        mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
+        policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
     metrics = {**mean_of(update_metrics), **rollout.metrics, **mismatch, **policy, **c.learner.step_metrics()}
     return c.dist.mean_metrics({**metrics, **timer.metrics()})  # rank-local values averaged; time/* are rank 0's
 

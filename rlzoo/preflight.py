@@ -19,6 +19,7 @@ What it checks (each problem is ``(dotted.field, message saying what is allowed)
 - the DeepSpeed engine's ZeRO / expert-parallel combinations and the process count;
 - batches: ``rollout.prompts_per_step x rollout.group_size`` rows split into ``algorithm.minibatches_per_rollout``
   equal minibatches, each with a row for every process (:func:`check_data_parallel`);
+- ``algorithm.old_logprobs: rollout-only`` only with a correction and a router policy that need no old pass;
 - ``rollout.overlap: 1`` only in one process and with a training engine holding the full weights (not ZeRO-3);
 - evaluation settings vLLM refuses (several greedy samples per prompt);
 - the task's own cheap checks (:meth:`rlzoo.interfaces.Task.check`, e.g. a ``jsonl`` file that does not exist)
@@ -66,6 +67,7 @@ def preflight(
     problems += _deepspeed_problems(config, model, world)
     problems += _batch_problems(config, registry, world)
     problems += _overlap_problems(config, world)
+    problems += _old_pass_problems(config, registry)
     problems += _shaping_problems(config, registry)
     problems += _eval_problems(config)
     problems += _task_problems(config, registry)
@@ -391,6 +393,30 @@ def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Proble
             "rollout.engine.name",
             f"{rollout.name!r} cannot run under a multi-process launcher (it would set up its own process group "
             f"inside rank 0); use {' or '.join('{name: %s}' % name for name in usable)} for multi-process runs",
+        ))
+    return problems
+
+
+def _old_pass_problems(config: RunConfig, registry: Registry) -> Problems:
+    """``algorithm.old_logprobs: rollout-only`` skips the training engine's old pass: nothing may need it."""
+    if config.algorithm.old_logprobs != "rollout-only":
+        return []
+    problems = []
+    correction = config.algorithm.correction
+    if registry.get("correction", correction.name).cls.reads_train_logprobs:
+        usable = [i.name for i in registry.components("correction") if not i.cls.reads_train_logprobs]
+        problems.append((
+            "algorithm.correction.name",
+            f"{correction.name!r} weighs the training engine's old log-probs against the rollout's, which "
+            f"algorithm.old_logprobs: rollout-only does not compute; use {', '.join(map(repr, usable))} or "
+            "old_logprobs: rollout",
+        ))
+    router = config.algorithm.router
+    if router is not None and registry.create("router", router.name, router.params, loc="algorithm.router").needs_old_pass():
+        problems.append((
+            "algorithm.router.name",
+            f"{router.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
+            "rollout-only does not run; use 'none' or 'replay-rollout', or old_logprobs: rollout",
         ))
     return problems
 

@@ -53,14 +53,7 @@ class RoutingLearner(Learner):
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.metrics = {}
-        rollout = None
-        if all(r is not None for r in rollout_routing):
-            rollout = routing_for_batch(rollout_routing, batch, self.model)
-        elif self.policy.needs_rollout_routing():
-            raise RlzooError(
-                f"router policy {self.policy.name!r} needs the rollout engine's routing; this rollout engine did not "
-                "record it (supported: rollout.engine {name: hf} or {name: vllm})"
-            )
+        rollout = self._rollout_routing(batch, rollout_routing)
         with self._recording(batch) as fresh:
             logp, entropy = self.logprobs_and_entropy(batch)
         old = fresh.routing
@@ -82,6 +75,26 @@ class RoutingLearner(Learner):
         self.replayed = self.policy.update_routing(self.recorded)
         return logp, entropy
 
+    def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
+        """No old pass: the policy decides from the rollout's experts alone (``recorded.old`` is ``None``), and
+        the flip rates of layers routed afresh have no reference, so only replayed layers report them."""
+        self.metrics = {}
+        if self.policy.needs_old_pass():
+            raise RlzooError(f"router policy {self.policy.name!r} replays the old pass, which this run skips")
+        self.recorded = RecordedRouting(old=None, rollout=self._rollout_routing(batch, rollout_routing))
+        self.replayed = self.policy.update_routing(self.recorded)
+
+    def _rollout_routing(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> Routing | None:
+        """The rollout engine's experts as a batch routing; ``None`` where it recorded none (an error for R3)."""
+        if all(r is not None for r in rollout_routing):
+            return routing_for_batch(rollout_routing, batch, self.model)
+        if self.policy.needs_rollout_routing():
+            raise RlzooError(
+                f"router policy {self.policy.name!r} needs the rollout engine's routing; this rollout engine did not "
+                "record it (supported: rollout.engine {name: hf} or {name: vllm})"
+            )
+        return None
+
     def update(
         self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False
     ) -> dict[str, float]:
@@ -91,8 +104,11 @@ class RoutingLearner(Learner):
         per_layer = {}
         for layer in used.routing.layers:
             reference = self.replayed if self.replayed is not None and layer in self.replayed.layers else self.recorded.old
+            if reference is None:  # routed afresh and no old pass recorded (old_logprobs: rollout-only)
+                continue
             per_layer[layer] = flip_counts(reference.select(rows).only_layers([layer]), used.routing.only_layers([layer]), attention)
-        metrics["moe/flip_rate"] = _rate(tuple(map(sum, zip(*per_layer.values()))))
+        if per_layer:
+            metrics["moe/flip_rate"] = _rate(tuple(map(sum, zip(*per_layer.values()))))
         metrics.update({f"moe/flip_rate/layer_{layer}": _rate(counts) for layer, counts in per_layer.items()})
         if self.replayed is not None:
             layers = self.replayed.layers

@@ -8,6 +8,8 @@ per-token policy loss, e.g. truncated importance sampling ``w = min(exp(old_trai
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from rlzoo.interfaces.base import Component
@@ -17,6 +19,9 @@ class MismatchCorrection(Component):
     """``weights(old_train, old_rollout, mask) -> [batch, tokens]`` loss multipliers (1 = no correction)."""
 
     kind = "correction"
+    #: whether :meth:`weights` depends on ``old_train``; a correction that does not allows
+    #: ``algorithm.old_logprobs: rollout-only`` (no training-engine pass to compute it from)
+    reads_train_logprobs: ClassVar[bool] = True
 
     def weights(self, old_train: torch.Tensor, old_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

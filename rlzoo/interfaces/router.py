@@ -58,6 +58,11 @@ class RouterPolicy(Component):
         """Whether the policy uses the rollout engine's experts (the run then requires an engine that records)."""
         return self.source == "rollout"
 
+    def needs_old_pass(self) -> bool:
+        """Whether :meth:`update_routing` reads ``recorded.old``, the training engine's old pass (R2); without one
+        (``algorithm.old_logprobs: rollout-only``) the policy is asked with ``recorded.old`` ``None``."""
+        return self.source == "old"
+
     def old_pass_routing(self, recorded: RecordedRouting) -> Routing | None:
         """Experts to replay in the old-log-prob pass (``recorded.old`` is ``None``); ``None`` routes afresh."""
         return recorded.rollout if self.source == "rollout" else None

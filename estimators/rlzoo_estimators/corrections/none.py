@@ -12,6 +12,7 @@ class NoCorrection(MismatchCorrection):
 
     name = "none"
     formula = "w = 1"
+    reads_train_logprobs = False
 
     def weights(self, old_train: torch.Tensor, old_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(old_train)
