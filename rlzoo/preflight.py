@@ -387,12 +387,15 @@ def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Proble
     if problem is not None:
         problems.append(("algorithm.minibatches_per_rollout", problem))
     rollout = registry.get("rollout_engine", config.rollout.engine.name).cls
-    if world > 1 and not rollout.runs_under_launcher:
+    per_rank = config.rollout.per_rank and rollout.runs_per_rank
+    if world > 1 and not rollout.runs_under_launcher and not per_rank:
         usable = [i.name for i in registry.components("rollout_engine") if i.cls.runs_under_launcher]
+        hint = " or rollout.per_rank: true" if rollout.runs_per_rank else ""
         problems.append((
             "rollout.engine.name",
-            f"{rollout.name!r} cannot run under a multi-process launcher (it would set up its own process group "
-            f"inside rank 0); use {' or '.join('{name: %s}' % name for name in usable)} for multi-process runs",
+            f"{rollout.name!r} cannot run inside rank 0 alone of a multi-process run (building it is collective "
+            f"over the run's process group); use {' or '.join('{name: %s}' % name for name in usable)}{hint} for "
+            "multi-process runs",
         ))
     return problems
 

