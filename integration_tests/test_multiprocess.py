@@ -63,8 +63,9 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def config_file(tmp_path_factory, cold_start_root) -> Path:
+def write_launch_config(folder: Path, cold_start_root: Path, steps: int, *overrides: str) -> Path:
+    """The launched tests' config in ``folder``: the main example shrunk (``FAST``), 1-digit sums so most steps
+    have non-zero rewards and gradients, 2 minibatches, one shared cold start, then ``overrides``."""
     data = apply_overrides(
         read_yaml(EXAMPLE),
         [
@@ -72,14 +73,20 @@ def config_file(tmp_path_factory, cold_start_root) -> Path:
             "task.digits=1",
             "cold_start.steps=100",
             f"cold_start.output_dir={cold_start_root / 'arithmetic-1digit'}",
-            f"train.steps={STEPS}",
+            f"train.steps={steps}",
             "algorithm.minibatches_per_rollout=2",
-            "rollout.per_rank=false",  # rank 0 samples with the 1-process seeds (per-rank: test_per_rank_rollout.py)
+            *overrides,
         ],
     )
-    path = tmp_path_factory.mktemp("multiprocess") / "run.yaml"
+    path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory, cold_start_root) -> Path:
+    # rank 0 samples with the 1-process seeds (per-rank: test_per_rank_rollout.py)
+    return write_launch_config(tmp_path_factory.mktemp("multiprocess"), cold_start_root, STEPS, "rollout.per_rank=false")
 
 
 def _free_port() -> int:

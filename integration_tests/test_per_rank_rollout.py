@@ -19,11 +19,8 @@ import re
 import statistics
 
 import pytest
-import yaml
-from conftest import EXAMPLE, FAST
-from test_multiprocess import finish, launch
+from test_multiprocess import finish, launch, write_launch_config
 
-from rlzoo.config import apply_overrides, read_yaml
 from rlzoo.console import log_path
 from rlzoo.distributed import Dist
 from rlzoo.metrics import read_metrics
@@ -37,22 +34,7 @@ FILTER = "algorithm.batch_filter={name: dynamic-sampling, max_gen_batches: 3}"
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory, cold_start_root):
-    data = apply_overrides(
-        read_yaml(EXAMPLE),
-        [
-            *FAST,
-            "task.digits=1",
-            "cold_start.steps=100",
-            f"cold_start.output_dir={cold_start_root / 'arithmetic-1digit'}",  # test_multiprocess.py's, if built
-            f"train.steps={STEPS}",
-            "algorithm.minibatches_per_rollout=2",
-            ZERO2,
-            FILTER,
-        ],
-    )
-    path = tmp_path_factory.mktemp("per-rank") / "run.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_launch_config(tmp_path_factory.mktemp("per-rank"), cold_start_root, STEPS, ZERO2, FILTER)
 
 
 @pytest.fixture(scope="module")

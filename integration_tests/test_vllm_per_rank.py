@@ -1,9 +1,8 @@
 """``rlzoo train`` in 2 processes with a vLLM engine on every rank (``rollout.per_rank`` with ``vllm``).
 
 Each rank builds its own in-process vLLM engine inside the run's process group (``external_launcher``,
-``data_parallel_size`` 1), samples its share of each generation batch, records the MoE routing of its samples
-(the example is a Qwen3-MoE, so the loop turns capture on) and receives its own copy of the weights after every
-update. The test checks that both ranks sampled (each rank's log file), that every step logs finite metrics, and
+``data_parallel_size`` 1), samples its share of each generation batch and receives its own copy of the
+weights after every update. The test checks that both ranks sampled (each rank's log file), that every step logs finite metrics, and
 that the rollout log-probs match the trainer's after each weight sync. Routing replay (R3) is not exercised.
 Needs vLLM and DeepSpeed (the torch trainer trains in one process only).
 """
@@ -14,11 +13,8 @@ import math
 import re
 
 import pytest
-import yaml
-from conftest import EXAMPLE, FAST
-from test_multiprocess import finish, launch
+from test_multiprocess import finish, launch, write_launch_config
 
-from rlzoo.config import apply_overrides, read_yaml
 from rlzoo.console import log_path
 from rlzoo.distributed import Dist
 from rlzoo.metrics import read_metrics
@@ -31,22 +27,13 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, cold_start_root):
-    data = apply_overrides(
-        read_yaml(EXAMPLE),
-        [
-            *FAST,
-            "task.digits=1",
-            "cold_start.steps=100",
-            f"cold_start.output_dir={cold_start_root / 'arithmetic-1digit'}",
-            f"train.steps={STEPS}",
-            "algorithm.minibatches_per_rollout=2",
-            "trainer.engine={name: deepspeed, zero_stage: 2}",
-            "rollout.engine={name: vllm, kv_cache_memory_bytes: 16777216}",
-        ],
-    )
     root = tmp_path_factory.mktemp("vllm-per-rank")
-    (root / "run.yaml").write_text(yaml.safe_dump(data))
-    finish(launch(2, root / "run.yaml", "--set", f"output_dir={root / 'run'}"))
+    config = write_launch_config(
+        root, cold_start_root, STEPS,
+        "trainer.engine={name: deepspeed, zero_stage: 2}",
+        "rollout.engine={name: vllm, kv_cache_memory_bytes: 16777216}",
+    )
+    finish(launch(2, config, "--set", f"output_dir={root / 'run'}"))
     return root / "run"
 
 

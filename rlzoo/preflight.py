@@ -416,10 +416,11 @@ def _old_pass_problems(config: RunConfig, registry: Registry) -> Problems:
         ))
     router = config.algorithm.router
     if router is not None and registry.create("router", router.name, router.params, loc="algorithm.router").needs_old_pass():
+        usable = [i.name for i in registry.components("router") if not i.cls().needs_old_pass()]
         problems.append((
             "algorithm.router.name",
             f"{router.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
-            "rollout-only does not run; use 'none' or 'replay-rollout', or old_logprobs: rollout",
+            f"rollout-only does not run; use {', '.join(map(repr, usable))}, or old_logprobs: rollout",
         ))
     return problems
 
