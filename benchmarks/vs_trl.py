@@ -9,11 +9,11 @@ and then trains, for ``--steps`` rollouts, each system on it:
 
 - ``hf+torch``, ``vllm+torch``, ``vllm+deepspeed`` (the README's), ``hf+deepspeed``: ``rlzoo train`` with those
   engines (specs in ``_common.ENGINES``; the config's own vLLM / DeepSpeed parameters where it names that engine);
-- ``vllm+torch+overlap``, ``vllm+deepspeed+overlap``: the same with ``rollout.overlap: 1`` (step t+1's rollouts
+- ``...+overlap`` (e.g. ``vllm+torch+overlap``): the same with ``rollout.overlap: 1`` (step t+1's rollouts
   sampled while step t trains); its phases overlap, so only its s/step compares, not the phase sum;
-- ``...+rollout-only``: with ``algorithm.old_logprobs: rollout-only`` (vLLM's log-probs as the old ones, no
-  training-engine old pass: one forward over the batch less than TRL, which recomputes them); both options combine
-  (``vllm+torch+rollout-only+overlap``, ``vllm+deepspeed+rollout-only+overlap``);
+- ``...+rollout-only``: with ``algorithm.old_logprobs: rollout-only`` (the rollout engine's log-probs as the old
+  ones, no training-engine old pass: one forward over the batch less than TRL, which recomputes them); both options
+  combine, in that order (``vllm+deepspeed+rollout-only+overlap``);
 - ``trl``: TRL's ``GRPOTrainer`` (``_workers.run_trl``): sequence-level importance sampling, the config's clip
   range (3e-4 / 4e-4), beta 0, the same group size, rollout batch, minibatches per rollout (TRL's
   ``steps_per_generation``), learning rate, optimizer, completion length and temperature, on CPU in fp32, no
@@ -55,9 +55,12 @@ SCALES = {"tiny": ROOT / "examples" / "bench" / "tiny.yaml", "long": ROOT / "exa
 DEFAULT_STEPS = {"tiny": (20, 3), "long": (8, 2)}  # (steps, warm-up) per run
 #: what a system name's options after ``rollout+trainer`` set (e.g. ``vllm+torch+overlap``)
 OPTIONS = {"overlap": "rollout.overlap=1", "rollout-only": "algorithm.old_logprobs=rollout-only"}
-RLZOO_SYSTEMS = ["hf+torch", "vllm+torch", "vllm+deepspeed", "hf+deepspeed", "vllm+torch+overlap",
-                 "vllm+deepspeed+overlap", "vllm+torch+rollout-only", "vllm+deepspeed+rollout-only",
-                 "vllm+torch+rollout-only+overlap", "vllm+deepspeed+rollout-only+overlap"]
+#: every rollout+trainer pair, alone and with each combination of options (in this order)
+RLZOO_SYSTEMS = [
+    "+".join((rollout, trainer, *options))
+    for rollout in ("hf", "vllm") for trainer in ("torch", "deepspeed")
+    for options in ((), ("rollout-only",), ("overlap",), ("rollout-only", "overlap"))
+]
 ALL_SYSTEMS = [*RLZOO_SYSTEMS, "trl", "floor", "replay"]
 DEFAULT_SYSTEMS = ["hf+torch", "vllm+torch", "vllm+deepspeed", "trl", "floor", "replay"]
 WORKERS = Path(__file__).resolve().parent / "_workers.py"

