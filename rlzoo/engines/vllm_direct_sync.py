@@ -2,8 +2,8 @@
 
 vLLM's ``reload_weights`` (the ``reload`` path) replays a full checkpoint load layer by layer: it rebuilds every layer
 on the meta device, routes each checkpoint tensor through the parameter's ``weight_loader`` (one call per expert and
-projection: ~100 calls per sync on the 2-layer tiny MoE), re-processes the layer and copies the result back. At the
-main job's size that bookkeeping costs ~50 ms, a quarter of a step.
+projection: ~100 calls per sync on the 2-layer tiny MoE), re-processes the layer and copies the result back. On small
+models that bookkeeping is most of the sync (``benchmarks/sync_speed.py``; numbers in docs/benchmarks.md).
 
 This path assembles each of vLLM's fused tensors from the checkpoint names itself and writes it in place:
 
@@ -12,7 +12,8 @@ This path assembles each of vLLM's fused tensors from the checkpoint names itsel
   (tensor parallel size 1, as on CPU);
 - ``experts.{e}.gate_proj`` / ``up_proj`` → ``w13_weight[e]`` (gate rows first) and ``experts.{e}.down_proj``
   → ``w2_weight[e]`` of the module under ``experts`` that holds them (``experts.routed_experts`` in vLLM 0.32): vLLM's
-  ``FusedMoE.make_expert_params_mapping`` convention; the CPU grouped-GEMM prepack is then re-applied (:meth:`RlzooWorkerExtension.rlzoo_repack_cpu_moe`);
+  ``FusedMoE.make_expert_params_mapping`` convention; the CPU grouped-GEMM prepack is then re-applied
+  (:meth:`rlzoo.engines.vllm_worker.RlzooWorkerExtension.rlzoo_repack_cpu_moe`);
 - every other name is a parameter of the same name (norms, embeddings, routers, ``lm_head``).
 
 On CPU vLLM keeps a linear layer's weight only inside a packed kernel handle (``layer.cpu_linear``, built by
@@ -35,7 +36,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-_EXPERT = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT = re.compile(
+    r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
+)
 #: checkpoint projection → (fused parameter, shard index within it); w1/w3/w2 are Mixtral's names for the same
 _EXPERT_SHARDS = {"gate_proj": ("w13_weight", 0), "w1": ("w13_weight", 0), "up_proj": ("w13_weight", 1),
                   "w3": ("w13_weight", 1), "down_proj": ("w2_weight", 0), "w2": ("w2_weight", 0)}
