@@ -517,7 +517,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plot_phases(result: dict, path: Path) -> None:
     """Stacked bars: each system's median s/step split into its phases (``time/*``; what the phases do not
-    cover is "other": logging, Python glue, and for TRL everything but the reward function)."""
+    cover is "other": logging, Python glue, and for TRL everything but the reward function).
+
+    A system with ``overlap`` runs its rollout while it trains, so its phases do not add up to its step: it gets two
+    narrow bars side by side (background: rollout + verify; foreground: old log-probs + train + sync) under a black
+    line at its step time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -525,20 +529,37 @@ def plot_phases(result: dict, path: Path) -> None:
 
     systems = [(name, r) for name, r in result["systems"].items() if r.get("status") == "ok"]
     phases = ["rollout", "verify", "old_logprobs", "train", "sync"]
-    fig, ax = plt.subplots(figsize=(1.6 * len(systems) + 3, 4))
-    for index, (name, r) in enumerate(systems):
+    fig, ax = plt.subplots(figsize=(1.5 * len(systems) + 3, 4.8))
+    labelled: set[str] = set()
+
+    def stack(x: float, width: float, r: dict, names: list[str]) -> float:
         bottom = 0.0
-        for colour, phase in enumerate(phases):
+        for phase in names:
             value = float(r.get("phases_s", {}).get(phase, 0.0))
-            ax.bar(index, value, bottom=bottom, color=f"C{colour}", label=phase if index == 0 else None)
+            label = phase if phase not in labelled else None
+            labelled.add(phase)
+            ax.bar(x, value, width=width, bottom=bottom, color=f"C{phases.index(phase)}", label=label)
             bottom += value
-        other = max(float(r["step_s"]) - bottom, 0.0)
-        ax.bar(index, other, bottom=bottom, color="0.8", label="other" if index == 0 else None)
-        ax.text(index, float(r["step_s"]), f"{r['step_s']:.3g} s", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(systems)), [name for name, _ in systems])
+        return bottom
+
+    for index, (name, r) in enumerate(systems):
+        step = float(r["step_s"])
+        if "overlap" in name.split("+"):
+            stack(index - 0.2, 0.38, r, ["rollout", "verify"])
+            stack(index + 0.2, 0.38, r, ["old_logprobs", "train", "sync"])
+            label = "step, phases overlapped" if "overlapped" not in labelled else None
+            labelled.add("overlapped")
+            ax.hlines(step, index - 0.42, index + 0.42, colors="black", linewidth=2, label=label)
+        else:
+            bottom = stack(index, 0.8, r, phases)
+            other = max(step - bottom, 0.0)
+            ax.bar(index, other, width=0.8, bottom=bottom, color="0.8", label="other" if "other" not in labelled else None)
+            labelled.add("other")
+        ax.text(index, step, f"{step:.3g} s", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(systems)), [name.replace("+", "+\n") for name, _ in systems], fontsize=8)
     ax.set_ylabel("median s/step")
     ax.set_title(f"{result['scale']}: {result['model']['description']}", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
