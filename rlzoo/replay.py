@@ -34,7 +34,7 @@ from rlzoo.engines import LossFn, TokenBatch, TrainingEngine
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.learner import Learner
-from rlzoo.moe import Routing, flip_counts, record_routing, replay_routing, routing_for_batch
+from rlzoo.moe import Routing, flip_counts, record_routing, replay_routing, require_routers, routing_for_batch
 from rlzoo.objective import masked_mean
 
 
@@ -45,6 +45,9 @@ class RoutingLearner(Learner):
         super().__init__(engine, dist)
         self.policy = policy
         self.model = engine.model
+        # found once: the model's modules do not change during a run, and every pass records (and may replay)
+        self.routers = require_routers(self.model)
+        self.gates: dict[int, str] = {}  # each router's gate function, detected on its first replayed call
         self.recorded = RecordedRouting(old=None, rollout=None)
         self.replayed: Routing | None = None
         self.metrics: dict[str, float] = {}
@@ -132,8 +135,10 @@ class RoutingLearner(Learner):
         with ExitStack() as stack:
             replaying = None
             if replay is not None:
-                replaying = stack.enter_context(replay_routing(self.model, replay.select(mine)))
-            used = stack.enter_context(record_routing(self.model))
+                replaying = stack.enter_context(
+                    replay_routing(self.model, replay.select(mine), self.routers, self.gates)
+                )
+            used = stack.enter_context(record_routing(self.model, self.routers))
             yield recorded
         recorded.routing = self._gather(used)
         recorded.fresh = self._gather(replaying.fresh) if replaying is not None else recorded.routing

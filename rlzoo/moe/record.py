@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from rlzoo.moe.hooks import ForwardCalls, HookHandles, check_output, input_shape
-from rlzoo.moe.routers import layout, require_routers
+from rlzoo.moe.routers import RouterInfo, layout_of, require_routers
 from rlzoo.moe.routing import Routing
 
 
@@ -26,9 +26,9 @@ class RoutingRecorder:
     Router calls outside a root forward (gradient-checkpointing recomputation in backward) are ignored.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, routers: list[RouterInfo] | None = None) -> None:
         self.model = model
-        self.routers = require_routers(model)
+        self.routers = require_routers(model) if routers is None else routers
         self._calls = ForwardCalls(self.routers)
         self._hooks = HookHandles()
         self.on_call: Any = None  # optional callback(Routing) after each root forward
@@ -79,14 +79,16 @@ class RoutingRecorder:
 
 
 @contextmanager
-def record_routing(model: nn.Module) -> Iterator[Routing]:
+def record_routing(model: nn.Module, routers: list[RouterInfo] | None = None) -> Iterator[Routing]:
     """Record the experts of every forward pass inside the block into the yielded :class:`Routing`.
 
     The yielded object is filled in place after each forward; several forwards (micro-batches) are concatenated
     as rows, padded on the right with invalid positions to the widest. Indices stay on the router's device.
+    ``routers``: the model's :func:`require_routers`, when the caller already holds them (found afresh if not).
     """
-    routing = Routing.empty(*layout(model))
-    recorder = RoutingRecorder(model)
+    routers = require_routers(model) if routers is None else routers
+    routing = Routing.empty(*layout_of(routers))
+    recorder = RoutingRecorder(model, routers)
     recorder.on_call = lambda _r: routing._assign(recorder.routing())
     with recorder:
         yield routing

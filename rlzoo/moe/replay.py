@@ -35,12 +35,18 @@ class RoutingReplay:
     ``flip_rate(routing, replay.fresh, mask)`` is the expert flip rate that replay removed.
     """
 
-    def __init__(self, model: nn.Module, routing: Routing) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        routing: Routing,
+        routers: list[RouterInfo] | None = None,
+        gates: dict[int, str] | None = None,
+    ) -> None:
         self.model = model
-        self.routers = require_routers(model)
+        self.routers = require_routers(model) if routers is None else routers
         self._fresh = ForwardCalls(self.routers)
         self._hooks = HookHandles()
-        self._gates: dict[int, str] = {}
+        self._gates: dict[int, str] = {} if gates is None else gates
         self._current: dict[int, tuple[torch.Tensor, torch.Tensor | None]] | None = None
         self._cursor = 0
         self.calls = 0
@@ -146,7 +152,12 @@ class RoutingReplay:
 
 
 @contextmanager
-def replay_routing(model: nn.Module, routing: Routing) -> Iterator[RoutingReplay]:
+def replay_routing(
+    model: nn.Module,
+    routing: Routing,
+    routers: list[RouterInfo] | None = None,
+    gates: dict[int, str] | None = None,
+) -> Iterator[RoutingReplay]:
     """Inside the block every router of ``model`` uses the experts recorded in ``routing``.
 
     Per router call: ``indices = where(valid, recorded, fresh)``; ``scores`` = the router's gate function
@@ -154,7 +165,10 @@ def replay_routing(model: nn.Module, routing: Routing) -> Iterator[RoutingReplay
     indices, so the result equals the router's own output whenever the recorded and fresh experts agree, and the
     router weight still receives gradient. The hooks are removed on exit. See :class:`RoutingReplay` for how
     forwards map onto the routing's rows.
+
+    For a caller replaying many times on one model: ``routers`` (the model's :func:`require_routers`) skips finding
+    them again, and ``gates`` (a dict kept between calls, filled per layer) skips detecting the gate functions again.
     """
-    replay = RoutingReplay(model, routing)
+    replay = RoutingReplay(model, routing, routers, gates)
     with replay:
         yield replay

@@ -93,5 +93,9 @@ def require_routers(model: nn.Module) -> list[RouterInfo]:
 
 def layout(model: nn.Module) -> Layout:
     """The routing layout of ``model`` (raises :class:`RoutingError` as :func:`require_routers`)."""
-    routers = require_routers(model)
+    return layout_of(require_routers(model))
+
+
+def layout_of(routers: list[RouterInfo]) -> Layout:
+    """The routing layout of the routers :func:`require_routers` returned."""
     return Layout(tuple(r.layer for r in routers), routers[0].num_experts, routers[0].top_k)
