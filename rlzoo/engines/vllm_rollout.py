@@ -325,16 +325,17 @@ class VLLMRolloutEngine(RolloutEngine):
         started = time.perf_counter()
         dtype = getattr(torch, self.context.dtype)
         weights = [(name, t.detach().to(dtype=dtype)) for name, t in named_tensors]
-        if self._direct_sync:
-            self.last_sync_info = self._copy_weights(weights)
-        if not self._direct_sync:
-            self.last_sync_info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
+        info = self._copy_weights(weights) if self._direct_sync else None
+        if info is None:
+            info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
+        self.last_sync_info = info
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
         self._synced = True
         self.last_sync_seconds = time.perf_counter() - started
 
-    def _copy_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
-        """The direct path; under ``auto`` a model it cannot map switches this engine to ``reload`` for good."""
+    def _copy_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, int] | None:
+        """The direct path; under ``auto`` a model it cannot map switches this engine to ``reload`` for good
+        (``None``: nothing was written, sync with ``reload``)."""
         from rlzoo.engines.vllm_direct_sync import DirectSyncUnsupported
 
         try:
@@ -344,4 +345,4 @@ class VLLMRolloutEngine(RolloutEngine):
                 raise RlzooError(f"rollout.engine.weight_sync 'direct': {exc}; use 'auto' or 'reload'") from exc
             logger.info("direct weight sync does not fit this model (%s): using vLLM's reload_weights", exc)
             self._direct_sync = False
-            return {}
+            return None
