@@ -3,13 +3,18 @@ old-log-prob pass is skipped; the updates are exactly those of ``old_logprobs: r
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import assert_finite_metrics, make_config
+from pydantic import Field
 from safetensors.torch import load_file
 
+import rlzoo
 from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.errors import ConfigError
+from rlzoo.interfaces import Params, RouterPolicy
 from rlzoo.learner import Learner
 from rlzoo.preflight import preflight
 from rlzoo.registry import default_registry
@@ -68,3 +73,29 @@ def test_preflight_rejects_what_needs_the_skipped_pass(override, field, tmp_path
     config = make_config(tmp_path / "run", cold_start_root, "algorithm.old_logprobs=rollout", override)
     preflight(config, default_registry())
 
+
+
+
+class LayerSubset(RouterPolicy):
+    """A third party's policy: replays the rollout's experts in the layers named (a parameter with no default)."""
+
+    name = "regtest-layers"
+    source = "rollout"
+
+    class Params(Params):
+        layers: list[int] = Field(description="MoE layers to replay (no default)")
+
+
+def test_preflight_suggests_only_router_policies_it_can_build(tmp_path, cold_start_root):
+    """A policy that cannot be built without parameters is left out of the suggestions, not a traceback."""
+    registry = default_registry()
+    registry.add_plugin(
+        SimpleNamespace(rlzoo_router_policies=rlzoo.hookimpl(lambda: [LayerSubset])), name="p", distribution="regtest"
+    )
+    config = make_config(
+        tmp_path / "run", cold_start_root, "algorithm.old_logprobs=rollout-only", "algorithm.router={name: replay-old}"
+    )
+    with pytest.raises(ConfigError) as caught:
+        preflight(config, registry)
+    message = str(caught.value)
+    assert "algorithm.router.name" in message and "'replay-rollout'" in message and "regtest-layers" not in message

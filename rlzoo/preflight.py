@@ -416,13 +416,22 @@ def _old_pass_problems(config: RunConfig, registry: Registry) -> Problems:
         ))
     router = config.algorithm.router
     if router is not None and registry.create("router", router.name, router.params, loc="algorithm.router").needs_old_pass():
-        usable = [i.name for i in registry.components("router") if not i.cls().needs_old_pass()]
+        usable = [i.name for i in registry.components("router") if _runs_without_old_pass(i.cls)]
         problems.append((
             "algorithm.router.name",
             f"{router.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
             f"rollout-only does not run; use {', '.join(map(repr, usable))}, or old_logprobs: rollout",
         ))
     return problems
+
+
+def _runs_without_old_pass(policy_class: type) -> bool:
+    """Whether a router policy, with its default parameters, works without the old pass (one that cannot be built
+    without parameters of its own is not suggested)."""
+    try:
+        return not policy_class().needs_old_pass()
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return False
 
 
 def _overlap_problems(config: RunConfig, world: int) -> Problems:

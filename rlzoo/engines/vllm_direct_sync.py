@@ -165,7 +165,8 @@ def copy_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
         staged.append((target.module, param_name, param, value, removed))
     for module, param_name, param, value, removed in staged:
         if removed:  # the kernel handle is the only copy: give the layer a weight to rebuild the handle from
-            module._parameters[param_name] = torch.nn.Parameter(value.to(param.dtype).clone(), requires_grad=False)
+            fresh = value.to(param.dtype, copy=True)  # never the caller's storage: the trainer updates it next
+            module._parameters[param_name] = torch.nn.Parameter(fresh, requires_grad=False)
         else:
             param.data[: value.shape[0]].copy_(value)
     # every packed handle built from a written weight, a tied LM head sharing the embedding's weight included
