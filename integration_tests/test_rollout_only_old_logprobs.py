@@ -17,7 +17,7 @@ from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Params, RouterPolicy
 from rlzoo.learner import Learner
 from rlzoo.preflight import preflight
-from rlzoo.registry import default_registry
+from rlzoo.registry import Registry, default_registry
 from rlzoo.run import train
 
 
@@ -88,7 +88,7 @@ class LayerSubset(RouterPolicy):
 
 def test_preflight_suggests_only_router_policies_it_can_build(tmp_path, cold_start_root):
     """A policy that cannot be built without parameters is left out of the suggestions, not a traceback."""
-    registry = default_registry()
+    registry = Registry.discover()  # its own: the shared default registry must not see the extra policy
     registry.add_plugin(
         SimpleNamespace(rlzoo_router_policies=rlzoo.hookimpl(lambda: [LayerSubset])), name="p", distribution="regtest"
     )
@@ -99,3 +99,8 @@ def test_preflight_suggests_only_router_policies_it_can_build(tmp_path, cold_sta
         preflight(config, registry)
     message = str(caught.value)
     assert "algorithm.router.name" in message and "'replay-rollout'" in message and "regtest-layers" not in message
+    dense = make_config(tmp_path / "dense", cold_start_root, "model.tiny.architecture=qwen3",
+                        "algorithm.router={name: replay-old}", task="arithmetic-dense")
+    with pytest.raises(ConfigError) as caught:
+        preflight(dense, registry)
+    assert "'none'" in str(caught.value) and "regtest-layers" not in str(caught.value)

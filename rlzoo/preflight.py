@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.config import VLLM_HEAD_DIMS, RunConfig
 from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.interfaces import RouterPolicy
 from rlzoo.registry import Registry
 
 Problems = list[tuple[str, str]]
@@ -304,7 +306,7 @@ def _moe_problems(config: RunConfig, registry: Registry, model: ModelFacts) -> P
     policy = registry.create("router", spec.name, spec.params, loc="algorithm.router")
     problems = []
     if policy.replays_routing() and model.moe is False:
-        allowed = [i.name for i in registry.components("router") if not i.cls().replays_routing()]
+        allowed = _router_names(registry, lambda policy: not policy.replays_routing())
         problems.append((
             "algorithm.router.name",
             f"{spec.name!r} replays expert routing, but the model is dense (no mixture-of-experts router); on a "
@@ -416,7 +418,7 @@ def _old_pass_problems(config: RunConfig, registry: Registry) -> Problems:
         ))
     router = config.algorithm.router
     if router is not None and registry.create("router", router.name, router.params, loc="algorithm.router").needs_old_pass():
-        usable = [i.name for i in registry.components("router") if _runs_without_old_pass(i.cls)]
+        usable = _router_names(registry, lambda policy: not policy.needs_old_pass())
         problems.append((
             "algorithm.router.name",
             f"{router.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
@@ -425,13 +427,18 @@ def _old_pass_problems(config: RunConfig, registry: Registry) -> Problems:
     return problems
 
 
-def _runs_without_old_pass(policy_class: type) -> bool:
-    """Whether a router policy, with its default parameters, works without the old pass (one that cannot be built
-    without parameters of its own is not suggested)."""
-    try:
-        return not policy_class().needs_old_pass()
-    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
-        return False
+def _router_names(registry: Registry, fits: Callable[[RouterPolicy], bool]) -> list[str]:
+    """Router policies to suggest: those that, with their default parameters, ``fits`` accepts. A policy that
+    cannot be built without parameters of its own is not suggested."""
+    names = []
+    for info in registry.components("router"):
+        try:
+            policy = info.cls()
+        except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+            continue
+        if fits(policy):
+            names.append(info.name)
+    return names
 
 
 def _overlap_problems(config: RunConfig, world: int) -> Problems:
