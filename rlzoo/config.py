@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
+from rlzoo.memory_estimate import parse_bytes
 from rlzoo.presets import DEFAULT_COMPONENTS, PRESETS, expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
@@ -232,7 +233,7 @@ class RolloutConfig(Section):
     per_rank: bool = Field(
         True,
         description="multi-process runs: every rank samples and scores its share of each step's prompts with its "
-        "own engine, when the engine can (hf); false, or an engine that cannot: rank 0 samples everything",
+        "own engine, when the engine can (hf, vllm); false, or an engine that cannot: rank 0 samples everything",
     )
 
 
@@ -243,6 +244,40 @@ class TrainerConfig(Section):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0)
     dtype: Literal["float32", "bfloat16"] = "float32"
+    max_tokens_per_micro_batch: int = Field(
+        16384,
+        ge=1,
+        description="token budget of one forward: every pass (update, old / reference log-probs) runs in "
+        "micro-batches whose padded token count stays under it (a longer single sequence gets a micro-batch of its "
+        "own); the gradients of a minibatch's micro-batches accumulate into one optimizer step",
+    )
+    packing: bool = Field(
+        True,
+        description="pack several sequences into one row of a micro-batch (position ids restarting per sequence) "
+        "where the model's attention supports it; otherwise rows are length-sorted",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each decoder layer in backward (the model's gradient checkpointing)"
+    )
+    logits_chunk_tokens: int = Field(
+        1024,
+        ge=1,
+        description="positions per chunk through the output layer: the largest logits tensor is [chunk, vocab]",
+    )
+    device_memory: str | None = Field(
+        None,
+        description="memory of one GPU, e.g. 80GB (10^9 bytes), 80GiB or 80e9: the preflight refuses a run whose "
+        "estimated memory per rank (rlzoo.memory_estimate) exceeds it; null: no check",
+    )
+
+    @field_validator("device_memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # YAML reads 8.0e+10 as a number
+        if isinstance(value, str):
+            parse_bytes(value)  # a ValueError names the accepted forms
+        return value
 
 
 class LoopConfig(Section):

@@ -16,6 +16,7 @@ from torch import nn
 
 from rlzoo.interfaces.base import Params
 from rlzoo.moe import RouterLogits, find_routers
+from rlzoo.moe.balance import BalanceTerms
 
 METRIC = "train/aux_loss"
 
@@ -40,6 +41,28 @@ class AuxLoss:
         """Wrap the training forward (not the no-grad log-prob passes): its router logits are collected."""
         with self._logits.collect():
             yield
+
+    def terms(self, token_mask: torch.Tensor) -> BalanceTerms | None:
+        """The last :meth:`forward`'s :class:`BalanceTerms` over its ``token_mask`` positions (``None`` if dense)."""
+        terms = self._logits.terms(token_mask)
+        self._logits.clear()
+        return terms
+
+    def add_whole(
+        self, loss: torch.Tensor, metrics: dict[str, float], whole: BalanceTerms | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Like :meth:`add`, for a minibatch whose micro-batches' terms summed to ``whole`` (value only)."""
+        if whole is None:
+            return loss, metrics
+        aux = whole.loss()
+        metrics = {**metrics, METRIC: float(aux)}
+        return (loss + self.coef * aux if self.coef > 0 else loss), metrics
+
+    def share(self, part: BalanceTerms | None, whole: BalanceTerms | None) -> torch.Tensor | float:
+        """``coef x`` this micro-batch's share of the minibatch's aux loss (its gradient is the whole loss's part)."""
+        if part is None or whole is None or self.coef == 0:
+            return 0.0
+        return self.coef * part.share(whole)
 
     def add(
         self, loss: torch.Tensor, metrics: dict[str, float], attention_mask: torch.Tensor

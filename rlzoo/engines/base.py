@@ -136,14 +136,16 @@ class TrainingEngine(Component):
 
     def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, T]`` log-probs of the response tokens and ``[B, T]`` entropies of the full next-token distribution
-        at each response position (0 where masked), without gradient, in one forward pass and without a second
-        ``[B, T, vocab]`` copy of the logits (:func:`rlzoo.engines.tokens.logprobs_from_logits`)."""
+        at each response position (0 where masked), without gradient, from the same forwards and without a
+        ``[B, T, vocab]`` logits tensor (:func:`rlzoo.engines.tokens.hidden_logprobs`)."""
         raise NotImplementedError(f"training engine {self.name!r} cannot compute the policy's entropy")
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
-        """Forward, ``loss_fn(logp) -> (loss, metrics)`` (``loss_fn(logp, entropy)`` with ``with_entropy``, the
-        entropy with gradient), backward, clip, step. A non-finite loss or gradient skips the update and reports
-        ``train/nonfinite_steps = 1``."""
+        """One optimizer step on ``batch``: ``loss_fn(logp) -> (loss, metrics)`` (``loss_fn(logp, entropy)`` with
+        ``with_entropy``, the entropy with gradient) sees the log-probs of the whole batch, and the step follows the
+        gradient of that loss, however the engine cuts the batch into forwards (the in-process engines: micro-batches
+        under ``trainer.max_tokens_per_micro_batch``, :mod:`rlzoo.engines.module_engine`). A non-finite loss or
+        gradient skips the update and reports ``train/nonfinite_steps = 1``."""
         raise NotImplementedError
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:

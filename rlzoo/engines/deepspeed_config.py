@@ -16,7 +16,10 @@ def deepspeed_config(trainer_config: Any, zero_stage: int) -> dict[str, Any]:
     """The ``config`` of ``deepspeed.initialize`` for ``trainer_config`` (a :class:`rlzoo.config.TrainerConfig`)."""
     clip = trainer_config.grad_clip
     return {
-        "train_micro_batch_size_per_gpu": 1,  # the engine is fed whole batches; these only satisfy the config
+        # micro-batches vary in rows (a token budget, rlzoo.engines.micro_batches) and in number per minibatch: the
+        # engine marks the accumulation boundary itself (set_gradient_accumulation_boundary); these only satisfy
+        # DeepSpeed's batch-size arithmetic, and gradient_accumulation_steps 1 keeps each backward unscaled
+        "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": float(clip) if clip is not None else 0.0,
         "zero_optimization": {"stage": zero_stage},

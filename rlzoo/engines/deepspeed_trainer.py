@@ -44,14 +44,14 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
-from rlzoo.engines.base import EngineContext, LossFn, TokenBatch, TrainingEngine
+from rlzoo.engines.base import EngineContext
 from rlzoo.engines.deepspeed_checkpoint import hf_model, load_checkpoint, save_checkpoint
 from rlzoo.engines.deepspeed_config import client_optimizer, deepspeed_config
 from rlzoo.engines.deepspeed_env import init_deepspeed_distributed
-from rlzoo.engines.tokens import response_logprobs, response_logprobs_and_entropy
+from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
 
 
-class DeepSpeedTrainingEngine(TrainingEngine):
+class DeepSpeedTrainingEngine(ModuleTrainingEngine):
     """DeepSpeed ZeRO 0-3 (torch AdamW as client optimizer), optionally with DeepSpeed-MoE expert parallelism."""
 
     name = "deepspeed"
@@ -109,6 +109,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         with partitioned_load(ds_config) if p.zero_stage == 3 else nullcontext():
             model, _ = load_model(context.model_dir, "float32")  # fp32 master weights
         model.train()
+        self._prepare_model(model)
         if p.moe == "deepspeed":
             from rlzoo.models.deepspeed_moe import convert_to_deepspeed_moe
 
@@ -142,23 +143,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         """The unwrapped model (DeepSpeed-MoE blocks in place of the HF ones under ``moe: deepspeed``)."""
         return self.engine.module
 
-    def _autocast(self):
-        if self.config.dtype == "bfloat16":
-            return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
-        return nullcontext()
-
-    # -- forward passes ---------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        with self._autocast():
-            return response_logprobs(self.engine, batch).float().cpu()
-
-    @torch.no_grad()
-    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        with self._autocast():
-            logp, entropy = response_logprobs_and_entropy(self.engine, batch)
-        return logp.float().cpu(), entropy.float().cpu()
+    def _module(self) -> torch.nn.Module:
+        return self.engine
 
     def _all_ranks_true(self, flag: bool) -> bool:
         if self.world_size == 1:
@@ -169,30 +155,36 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         dist.all_reduce(value, op=dist.ReduceOp.MIN)
         return bool(value.item() > 0)
 
-    def _device(self) -> torch.device:
-        return next(self.engine.module.parameters()).device
+    def _forward_count(self, count: int) -> int:
+        """The most micro-batches any rank needs: ZeRO-3 gathers parameters and expert parallelism exchanges
+        tokens in every forward, and ZeRO reduces gradients in every backward, so every rank runs as many."""
+        if self.world_size == 1:
+            return count
+        import torch.distributed as dist
 
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
-        with self._autocast(), self._aux_loss.forward():
-            logp, entropy = response_logprobs_and_entropy(self.engine, batch, entropy=with_entropy)
-        outputs = loss_fn(logp.float(), entropy.float()) if with_entropy else loss_fn(logp.float())
-        loss, metrics = self._aux_loss.add(*outputs, batch.attention_mask)
-        if not self._all_ranks_true(bool(torch.isfinite(loss))):
-            return {**metrics, "train/nonfinite_steps": 1.0}
+        value = torch.tensor([float(count)], device=self._device())
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        # DeepSpeed's own accumulation: gradients are reduced, and the step applies, at the boundary only
+        self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss)
+
+    def _optimizer_step(self) -> dict[str, float]:
         if self.params.zero_stage == 0:
             grad_norm = self._global_grad_norm()
             if not math.isfinite(grad_norm):
                 self.engine.optimizer.zero_grad(set_to_none=True)
-                return {**metrics, "train/nonfinite_steps": 1.0, "train/grad_norm": float("nan")}
+                return {NONFINITE: 1.0, "train/grad_norm": float("nan")}
             self.engine.step()
         else:
             self.engine.step()  # ZeRO checks the reduced gradients and skips a non-finite step itself
             norm = self.engine.get_global_grad_norm()
             grad_norm = float(norm) if norm is not None else float("nan")
             if not self.engine.was_step_applied() or not math.isfinite(grad_norm):
-                return {**metrics, "train/nonfinite_steps": 1.0, "train/grad_norm": float("nan")}
-        return {**metrics, "train/nonfinite_steps": 0.0, "train/grad_norm": grad_norm}
+                return {NONFINITE: 1.0, "train/grad_norm": float("nan")}
+        return {NONFINITE: 0.0, "train/grad_norm": grad_norm}
 
     def _global_grad_norm(self) -> float:
         """L2 norm of the (already averaged) gradients at ZeRO 0, expert shards of every EP rank included."""

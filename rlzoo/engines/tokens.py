@@ -135,3 +135,45 @@ def _chunk(
     if not entropy:
         return logp, None
     return logp, -(logp_all.exp() * logp_all).sum(dim=-1)
+
+
+def hidden_logprobs(
+    hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, entropy: bool, chunk_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[N]`` log-probs of ``targets`` and, if ``entropy``, ``[N]`` entropies, from the last hidden states
+    ``[N, H]`` through the output layer ``head``, ``chunk_tokens`` positions at a time.
+
+        z = head(h)        logp = log_softmax(z)[y]        H = -sum_v p_v log p_v
+
+    No ``[N, vocab]`` tensor exists: each chunk projects to the vocabulary, takes ``log_softmax`` (in at least fp32)
+    and reduces it. With gradient, each chunk runs under activation checkpointing, so backward recomputes the
+    chunk's ``[chunk, vocab]`` logits instead of keeping every chunk's alive: the largest extra tensor of the whole
+    computation is one chunk's. Each position is independent, so chunking changes no value.
+    """
+    logps, entropies = [], []
+    checkpointed = torch.is_grad_enabled() and hidden.requires_grad
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        piece = slice(start, start + chunk_tokens)
+        if checkpointed:
+            from torch.utils.checkpoint import checkpoint
+
+            logp, ent = checkpoint(_head_chunk, hidden[piece], head, targets[piece], entropy, use_reentrant=False)
+        else:
+            logp, ent = _head_chunk(hidden[piece], head, targets[piece], entropy)
+        logps.append(logp)
+        entropies.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+        return empty, (empty if entropy else None)
+    return torch.cat(logps), (torch.cat(entropies) if entropy else None)
+
+
+def _head_chunk(
+    hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = head(hidden)  # [chunk, vocab]
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    logp = torch.gather(logp_all, 1, targets.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return logp, None
+    return logp, -(logp_all.exp() * logp_all).sum(dim=-1)

@@ -1,13 +1,13 @@
 """Training with plain torch: one process, AdamW, gradient clipping, fp32 or bf16 autocast.
 
-For MoE models the router load-balancing term is added as in every engine (:mod:`rlzoo.engines.aux_loss`).
+For MoE models the router load-balancing term is added as in every engine (:mod:`rlzoo.engines.aux_loss`); passes
+run in micro-batches under ``trainer.max_tokens_per_micro_batch`` (:mod:`rlzoo.engines.module_engine`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,11 @@ import torch
 
 from rlzoo.checkpoint import load_optimizer, save_optimizer
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
-from rlzoo.engines.base import EngineContext, LossFn, TokenBatch, TrainingEngine
-from rlzoo.engines.tokens import response_logprobs, response_logprobs_and_entropy
+from rlzoo.engines.base import EngineContext
+from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
 
 
-class TorchTrainingEngine(TrainingEngine):
+class TorchTrainingEngine(ModuleTrainingEngine):
     """Plain torch AdamW on one device; the reference for what the distributed engines must reproduce."""
 
     name = "torch"
@@ -34,6 +34,7 @@ class TorchTrainingEngine(TrainingEngine):
         self.config = trainer_config
         self._model, _ = load_model(context.model_dir, "float32")  # fp32 master weights
         self._model.train()
+        self._prepare_model(self._model)
         self.optimizer = torch.optim.AdamW(
             self._model.parameters(),
             lr=trainer_config.lr,
@@ -46,38 +47,23 @@ class TorchTrainingEngine(TrainingEngine):
     def model(self) -> torch.nn.Module:
         return self._model
 
-    def _autocast(self):
-        if self.config.dtype == "bfloat16":
-            return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
-        return nullcontext()
+    def _module(self) -> torch.nn.Module:
+        return self._model
 
-    @torch.no_grad()
-    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        with self._autocast():
-            return response_logprobs(self._model, batch).float().cpu()
-
-    @torch.no_grad()
-    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        with self._autocast():
-            logp, entropy = response_logprobs_and_entropy(self._model, batch)
-        return logp.float().cpu(), entropy.float().cpu()
-
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+    def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        with self._autocast(), self._aux_loss.forward():
-            logp, entropy = response_logprobs_and_entropy(self._model, batch, entropy=with_entropy)
-        outputs = loss_fn(logp.float(), entropy.float()) if with_entropy else loss_fn(logp.float())
-        loss, metrics = self._aux_loss.add(*outputs, batch.attention_mask)
-        if not torch.isfinite(loss):
-            return {**metrics, "train/nonfinite_steps": 1.0}
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
         loss.backward()
+
+    def _optimizer_step(self) -> dict[str, float]:
         clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), clip)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            return {**metrics, "train/nonfinite_steps": 1.0, "train/grad_norm": float("nan")}
+            return {NONFINITE: 1.0, "train/grad_norm": float("nan")}
         self.optimizer.step()
-        return {**metrics, "train/nonfinite_steps": 0.0, "train/grad_norm": grad_norm.item()}
+        return {NONFINITE: 0.0, "train/grad_norm": grad_norm.item()}
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         from rlzoo.models.export import checkpoint_weights

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +30,42 @@ def load_balancing_loss(
     ``attention_mask [B, S]`` (``N = B*S`` row-major, as routers flatten tokens) weights each token; ``None``
     counts every token.
     """
+    return balance_terms(router_logits, num_experts, top_k, attention_mask).loss()
+
+
+@dataclass
+class BalanceTerms:
+    """The sums the load-balancing loss is made of: per expert, the tokens whose top-k holds it (``counts``) and
+    the router probability summed over tokens (``prob_sum``, differentiable); ``rows`` tokens in all (x layers).
+
+    Sums add across micro-batches, so a minibatch's loss is :meth:`loss` of the summed terms; the top-k counts carry
+    no gradient, hence ``sum over micro-batches of`` :meth:`share` ``(whole)`` has the whole loss's value and
+    gradient while each micro-batch's graph is freed after its own backward."""
+
+    counts: torch.Tensor
+    prob_sum: torch.Tensor
+    rows: torch.Tensor
+
+    def loss(self) -> torch.Tensor:
+        rows = self.rows.clamp(min=1.0)  # no token (a stand-in forward): 0, not NaN
+        return torch.sum((self.counts / rows) * (self.prob_sum / rows)) * self.counts.shape[0]
+
+    def share(self, whole: BalanceTerms) -> torch.Tensor:
+        """This micro-batch's part of ``whole.loss()``: ``E * sum_e f_e(whole) * prob_sum_e(this) / rows(whole)``."""
+        rows = whole.rows.clamp(min=1.0)
+        return torch.sum((whole.counts / rows) * (self.prob_sum / rows)) * self.counts.shape[0]
+
+    def detach(self) -> BalanceTerms:
+        return BalanceTerms(self.counts.detach(), self.prob_sum.detach(), self.rows.detach())
+
+    def __add__(self, other: BalanceTerms) -> BalanceTerms:
+        return BalanceTerms(self.counts + other.counts, self.prob_sum + other.prob_sum, self.rows + other.rows)
+
+
+def balance_terms(
+    router_logits: Sequence[torch.Tensor], num_experts: int, top_k: int, attention_mask: torch.Tensor | None
+) -> BalanceTerms:
+    """:class:`BalanceTerms` of all layers' ``[N, E]`` router logits, weighted as :func:`load_balancing_loss`."""
     device = router_logits[0].device
     counts = torch.zeros(num_experts, dtype=torch.float32, device=device)
     prob_sum = torch.zeros(num_experts, dtype=torch.float32, device=device)
@@ -41,7 +78,7 @@ def load_balancing_loss(
         counts = counts.scatter_add(0, chosen.reshape(-1), w.repeat_interleave(top_k))
         prob_sum = prob_sum + (probs * w.unsqueeze(-1)).sum(dim=0)
         rows = rows + w.sum()
-    return torch.sum((counts / rows) * (prob_sum / rows)) * num_experts
+    return BalanceTerms(counts, prob_sum, rows)
 
 
 class RouterLogits:
@@ -77,6 +114,11 @@ class RouterLogits:
 
     def loss(self, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """:func:`load_balancing_loss` of the collected logits; ``None`` when nothing was collected (dense model)."""
+        terms = self.terms(attention_mask)
+        return None if terms is None else terms.loss()
+
+    def terms(self, attention_mask: torch.Tensor | None) -> BalanceTerms | None:
+        """:func:`balance_terms` of the collected logits; ``None`` when nothing was collected (dense model)."""
         if not self.logits:
             return None
-        return load_balancing_loss(self.logits, self.routers[0].num_experts, self.routers[0].top_k, attention_mask)
+        return balance_terms(self.logits, self.routers[0].num_experts, self.routers[0].top_k, attention_mask)

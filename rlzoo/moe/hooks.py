@@ -8,12 +8,45 @@ ignored: that forward was already recorded.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rlzoo.moe.routers import RouterInfo, RoutingError
 from rlzoo.moe.routing import Routing, index_dtype
+
+
+@dataclass
+class ForwardLayout:
+    """Where each position of a forward's ``[b, w]`` input comes from in the batch the engine was given: batch
+    row ``rows`` (-1: padding), position ``positions``, of a ``[batch_size, seq_len]`` batch. A training engine
+    that cuts a batch into packed or reordered micro-batches announces it around each forward
+    (:func:`forward_layout`), so records and replays stay in the batch's own layout."""
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    batch_size: int
+    seq_len: int
+
+
+_layouts: list[ForwardLayout] = []
+
+
+@contextmanager
+def forward_layout(layout: ForwardLayout) -> Iterator[None]:
+    """Forwards inside the block have ``layout``; without one a forward's rows are the batch's next rows."""
+    _layouts.append(layout)
+    try:
+        yield
+    finally:
+        _layouts.pop()
+
+
+def current_layout() -> ForwardLayout | None:
+    return _layouts[-1] if _layouts else None
 
 
 def input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
@@ -54,10 +87,13 @@ class ForwardCalls:
         self.active: dict[int, torch.Tensor] | None = None  # layer -> [N, k], during a root forward
         self.shape: tuple[int, int] | None = None
         self.calls: list[Routing] = []
+        self.layouts: list[ForwardLayout | None] = []
+        self._layout: ForwardLayout | None = None
 
     def begin(self, shape: tuple[int, int] | None) -> None:
         self.active = {}
         self.shape = shape
+        self._layout = current_layout()
 
     def put(self, layer: int, indices: torch.Tensor) -> None:
         if self.active is not None:  # None outside a root forward: checkpoint recomputation, already recorded
@@ -75,7 +111,19 @@ class ForwardCalls:
         b, s = self.shape if self.shape is not None and self.shape[0] * self.shape[1] == n else (1, n)
         routing = Routing(stacked.reshape(b, s, len(self.layers), self.top_k), self.layers, self.num_experts)
         self.calls.append(routing)
+        self.layouts.append(self._layout)
         return routing
+
+    def routing(self) -> Routing:
+        """Every call's routing as one batch: written back through the layouts the engine announced, else the
+        calls' rows concatenated (micro-batches in row order, or a prefill then one call per decoded token)."""
+        if not self.calls:
+            return Routing.empty(self.layers, self.num_experts, self.top_k)
+        if all(layout is not None for layout in self.layouts):
+            last = self.layouts[-1]
+            parts = [(c, lay.rows, lay.positions) for c, lay in zip(self.calls, self.layouts, strict=True)]
+            return Routing.scatter(parts, last.batch_size, last.seq_len)
+        return self.calls[0] if len(self.calls) == 1 else Routing.cat(self.calls)
 
 
 class HookHandles:

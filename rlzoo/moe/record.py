@@ -42,9 +42,7 @@ class RoutingRecorder:
         return self._calls.calls
 
     def routing(self) -> Routing:
-        if not self.calls:
-            return Routing.empty(self.layers, self._calls.num_experts, self._calls.top_k)
-        return self.calls[0] if len(self.calls) == 1 else Routing.cat(self.calls)
+        return self._calls.routing()
 
     def attach(self) -> RoutingRecorder:
         calls = self._calls

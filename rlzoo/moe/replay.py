@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from rlzoo.moe.gates import detect_gate, gate_weights
-from rlzoo.moe.hooks import ForwardCalls, HookHandles, check_output, input_shape
+from rlzoo.moe.hooks import ForwardCalls, HookHandles, check_output, current_layout, input_shape
 from rlzoo.moe.routers import RouterInfo, RoutingError, require_routers
 from rlzoo.moe.routing import Routing
 
@@ -72,11 +72,13 @@ class RoutingReplay:
 
     @property
     def fresh(self) -> Routing:
-        if not self._fresh.calls:
-            return Routing.empty(self._fresh.layers, self._fresh.num_experts, self._fresh.top_k)
-        return self._fresh.calls[0] if len(self._fresh.calls) == 1 else Routing.cat(self._fresh.calls)
+        return self._fresh.routing()
 
     def _begin(self, shape: tuple[int, int] | None) -> None:
+        layout = current_layout()
+        if layout is not None:  # a micro-batch: its positions say which records it replays
+            self._start(layout.rows.shape, self.routing.gather(layout.rows, layout.positions))
+            return
         routing = self.routing
         if shape is None:
             if routing.batch_size != 1:
@@ -94,6 +96,10 @@ class RoutingReplay:
             self._cursor = 0
         part = routing.select(slice(self._cursor, self._cursor + b)).with_seq_len(s)
         self._cursor += b
+        self._start((b, s), part)
+
+    def _start(self, shape: tuple[int, int], part: Routing) -> None:
+        b, s = shape
         self.calls += 1
         flat = part.indices.reshape(b * s, len(part.layers), part.top_k)
         valid = None if part.valid is None else part.valid.reshape(b * s)

@@ -141,6 +141,29 @@ class Routing:
             return cls(indices, first.layers, first.num_experts)
         return cls(indices, first.layers, first.num_experts, torch.cat([p.valid_mask() for p in padded], dim=0))
 
+    def gather(self, rows: torch.Tensor, positions: torch.Tensor) -> Routing:
+        """The routing of a forward whose ``[b, w]`` positions hold ``(rows, positions)`` of this routing's batch
+        (-1: padding, and positions past this routing's width: routed afresh) — a packed or reordered micro-batch."""
+        ok = (rows >= 0) & (positions >= 0) & (positions < self.seq_len)
+        r, p = rows.clamp(min=0), positions.clamp(min=0, max=max(self.seq_len - 1, 0))
+        valid = ok & self.valid_mask()[r, p]
+        return Routing(self.indices[r, p], self.layers, self.num_experts, valid)
+
+    @classmethod
+    def scatter(
+        cls, parts: Sequence[tuple[Routing, torch.Tensor, torch.Tensor]], batch_size: int, seq_len: int
+    ) -> Routing:
+        """The inverse of :meth:`gather`: ``(routing of a forward, its rows, its positions)`` parts written into a
+        ``[batch_size, seq_len]`` routing; positions no part covers are invalid. A later part overwrites."""
+        first = parts[0][0]
+        indices = first.indices.new_zeros((batch_size, seq_len, len(first.layers), first.top_k))
+        valid = torch.zeros((batch_size, seq_len), dtype=torch.bool, device=first.indices.device)
+        for part, rows, positions in parts:
+            ok = (rows >= 0) & part.valid_mask()
+            indices[rows[ok], positions[ok]] = part.indices[ok]
+            valid[rows[ok], positions[ok]] = True
+        return cls(indices, first.layers, first.num_experts, valid)
+
     def _assign(self, other: Routing) -> None:
         self.indices, self.layers, self.num_experts, self.valid = other.indices, other.layers, other.num_experts, other.valid
 

@@ -1,0 +1,235 @@
+"""What the in-process training engines share: every pass in micro-batches under a token budget, and one optimizer
+step per minibatch with the gradients of its micro-batches accumulated.
+
+Passes without gradient (old / reference log-probs, entropies) run micro-batch by micro-batch
+(:func:`rlzoo.engines.micro_batches.plan_micro_batches`), each result scattered back to the batch's ``[rows, T]``
+layout. One optimizer step on a minibatch (:meth:`ModuleTrainingEngine.train_step`)::
+
+    one micro-batch:  forward -> loss_fn(logp [, H]) (+ aux) -> backward                         (as one pass)
+    several:          1. each micro-batch without gradient: logp, H of the whole minibatch; aux terms summed
+                      2. loss, metrics = loss_fn(logp, H) on those as leaves; g = dloss/dlogp, dloss/dH
+                      3. each micro-batch again, with gradient: backward of
+                             sum(logp * g_logp) + sum(H * g_H) + aux_loss_coef * its share of the aux loss
+                         the gradients accumulate (DeepSpeed: its accumulation boundary is the last one)
+    clip, optimizer step
+
+Step 3's gradient is the chain rule through the minibatch's loss, so the loss and gradient equal one pass over the
+minibatch for every loss: the normalisers of every aggregation, sequence ratios, batch-level clippers (KL-Cov's and
+Clip-Cov's top-k selections, GMPO) and regularisers all see the whole minibatch, whatever the component (a third
+party's included); the MoE aux loss is linear in each token's router probabilities once the whole minibatch's
+top-k counts are known (:class:`rlzoo.moe.balance.BalanceTerms`). The price is one extra forward without gradient
+per minibatch, paid only when it needs more than one micro-batch.
+
+Each forward runs the model with ``output_hidden_states`` and ``logits_to_keep=1`` and takes the response
+positions' last hidden states through the output layer in chunks (:func:`rlzoo.engines.tokens.hidden_logprobs`):
+no ``[rows, length, vocab]`` logits tensor exists. Each forward announces its layout to the MoE hooks
+(:func:`rlzoo.moe.hooks.forward_layout`), so Routing Replay records and replays in the batch's own layout.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from rlzoo.engines.aux_loss import AuxLoss
+from rlzoo.engines.base import LossFn, TokenBatch, TrainingEngine
+from rlzoo.engines.micro_batches import (
+    PACKABLE_ATTENTION,
+    MicroBatch,
+    padding_fraction,
+    plan_micro_batches,
+    with_count,
+)
+from rlzoo.engines.tokens import hidden_logprobs
+from rlzoo.errors import RlzooError
+from rlzoo.moe.hooks import ForwardLayout, forward_layout
+
+NONFINITE = "train/nonfinite_steps"
+
+
+class ModuleTrainingEngine(TrainingEngine):
+    """A training engine whose policy is an in-process ``nn.Module``; subclasses say how to run, step and sync it.
+
+    A subclass sets ``config`` (the trainer config), ``_aux_loss`` and calls :meth:`_prepare_model` in ``start``,
+    and implements :meth:`_module`, :meth:`_backward` and :meth:`_optimizer_step`."""
+
+    config: Any
+    _aux_loss: AuxLoss
+    _packing: bool = False
+
+    # -- what a subclass provides ---------------------------------------------------------------------------------
+
+    def _module(self) -> torch.nn.Module:
+        """The callable that runs the model's forward (the model itself, or a wrapper such as DeepSpeed's)."""
+        raise NotImplementedError
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch's loss; ``last``: the minibatch's last micro-batch (the step follows)."""
+        raise NotImplementedError
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """Clip and step with the accumulated gradients: ``{train/nonfinite_steps, train/grad_norm}``."""
+        raise NotImplementedError
+
+    def _zero_grad(self) -> None:
+        """Before a minibatch's first backward (engines that clear gradients in their step need nothing)."""
+
+    def _forward_count(self, count: int) -> int:
+        """The number of forwards every process runs for a pass of which this process needs ``count``."""
+        return count
+
+    def _all_ranks_true(self, flag: bool) -> bool:
+        return flag
+
+    # -- set-up ---------------------------------------------------------------------------------------------------
+
+    def _prepare_model(self, model: torch.nn.Module) -> None:
+        """Activation checkpointing as configured; packing where the model's attention honours packed positions."""
+        if self.config.activation_checkpointing:
+            if not getattr(model, "supports_gradient_checkpointing", False):
+                raise RlzooError(
+                    f"trainer.activation_checkpointing: {type(model).__name__} does not support gradient "
+                    "checkpointing; set it to false"
+                )
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        attention = getattr(model.config, "_attn_implementation", None)
+        self._packing = bool(self.config.packing) and attention in PACKABLE_ATTENTION
+
+    def _autocast(self):
+        if self.config.dtype == "bfloat16":
+            return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- passes ---------------------------------------------------------------------------------------------------
+
+    def _plan(self, batch: TokenBatch) -> list[MicroBatch]:
+        plan = plan_micro_batches(batch, self.config.max_tokens_per_micro_batch, self._packing)
+        return with_count(plan, self._forward_count(len(plan)), self.context.pad_token_id)
+
+    def _forward(
+        self, batch: TokenBatch, mb: MicroBatch, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens."""
+        device = self._device()
+        layout = ForwardLayout(mb.source_row, mb.source_pos, *batch.input_ids.shape)
+        with forward_layout(layout):
+            out = self._module()(
+                input_ids=mb.input_ids.to(device),
+                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
+                position_ids=mb.position_ids.to(device),
+                output_hidden_states=True,
+                logits_to_keep=1,  # the logits come from the hidden states below, chunk by chunk
+                use_cache=False,
+            )
+        hidden = out.hidden_states[-1]  # [b, w, H], after the final norm
+        picked = hidden.reshape(-1, hidden.shape[-1])[mb.predict.to(device)]  # [N, H]
+        head = self.model.get_output_embeddings()
+        return hidden_logprobs(picked, head, mb.target.to(device), entropy, self.config.logits_chunk_tokens)
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        return self._no_grad_pass(batch, entropy=False)[0]
+
+    @torch.no_grad()
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._no_grad_pass(batch, entropy=True)
+
+    def _no_grad_pass(self, batch: TokenBatch, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+        ent = torch.zeros_like(logp) if entropy else None
+        for mb in self._plan(batch):
+            with self._autocast():
+                mb_logp, mb_ent = self._forward(batch, mb, entropy)
+            if mb.dummy:
+                continue
+            logp[mb.out_row, mb.out_col] = mb_logp.double().cpu()
+            if ent is not None:
+                ent[mb.out_row, mb.out_col] = mb_ent.double().cpu()
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        return logp.to(dtype), (ent.to(dtype) if ent is not None else None)
+
+    # -- the optimizer step ---------------------------------------------------------------------------------------
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+        self._zero_grad()
+        metrics = self.accumulate_gradients(batch, loss_fn, with_entropy)
+        if metrics.get(NONFINITE):
+            return metrics
+        return {**metrics, **self._optimizer_step()}
+
+    def accumulate_gradients(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+        """Forward and backward of ``batch`` in micro-batches (module docstring); the step is not taken. A
+        non-finite loss on any rank runs no backward and reports ``train/nonfinite_steps = 1``."""
+        plan = self._plan(batch)
+        shape = {"train/padding_fraction": padding_fraction(plan), "train/micro_batches": float(len(plan))}
+        if len(plan) == 1:
+            return {**shape, **self._one_pass(batch, plan[0], loss_fn, with_entropy)}
+        return {**shape, **self._accumulated(batch, plan, loss_fn, with_entropy)}
+
+    def _one_pass(self, batch: TokenBatch, mb: MicroBatch, loss_fn: LossFn, with_entropy: bool) -> dict[str, float]:
+        with self._autocast(), self._aux_loss.forward():
+            logp, ent = self._forward(batch, mb, with_entropy)
+        outputs = loss_fn(*self._scatter(batch, mb, logp, ent))
+        loss, metrics = self._aux_loss.add(*outputs, mb.token_mask)
+        if mb.dummy:  # this rank had no rows: a zero-weighted forward keeps its collectives in step
+            loss = loss + 0.0 * logp.sum()
+        if not self._all_ranks_true(bool(torch.isfinite(loss))):
+            return {**metrics, NONFINITE: 1.0}
+        self._backward(loss, last=True)
+        return {**metrics, NONFINITE: 0.0}
+
+    def _accumulated(
+        self, batch: TokenBatch, plan: list[MicroBatch], loss_fn: LossFn, with_entropy: bool
+    ) -> dict[str, float]:
+        whole = None
+        with torch.no_grad():  # 1. the whole minibatch's log-probs and aux terms
+            logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64, device=self._device())
+            ent = torch.zeros_like(logp)
+            for mb in plan:
+                with self._autocast(), self._aux_loss.forward():
+                    mb_logp, mb_ent = self._forward(batch, mb, with_entropy)
+                terms = self._aux_loss.terms(mb.token_mask)
+                if mb.dummy:
+                    continue
+                whole = terms if whole is None else whole + terms
+                logp[mb.out_row, mb.out_col] = mb_logp.double()
+                if with_entropy:
+                    ent[mb.out_row, mb.out_col] = mb_ent.double()
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        leaves = [logp.to(dtype).requires_grad_()] + ([ent.to(dtype).requires_grad_()] if with_entropy else [])
+        outputs = loss_fn(*leaves)  # 2. the minibatch's loss, and its gradient at the log-probs
+        loss, metrics = self._aux_loss.add_whole(*outputs, whole)
+        if not self._all_ranks_true(bool(torch.isfinite(loss))):
+            return {**metrics, NONFINITE: 1.0}
+        grads = torch.autograd.grad(outputs[0], leaves, allow_unused=True)
+        grads = [torch.zeros_like(leaf) if g is None else g.detach() for g, leaf in zip(grads, leaves, strict=True)]
+        for index, mb in enumerate(plan):  # 3. backward micro-batch by micro-batch
+            with self._autocast(), self._aux_loss.forward():
+                mb_logp, mb_ent = self._forward(batch, mb, with_entropy)
+            surrogate = self._aux_loss.share(self._aux_loss.terms(mb.token_mask), whole)
+            if mb.dummy:
+                surrogate = 0.0 * mb_logp.sum()
+            else:
+                surrogate = surrogate + (mb_logp * grads[0][mb.out_row, mb.out_col].to(mb_logp.dtype)).sum()
+                if with_entropy:
+                    surrogate = surrogate + (mb_ent * grads[1][mb.out_row, mb.out_col].to(mb_ent.dtype)).sum()
+            self._backward(surrogate, last=index == len(plan) - 1)
+        return {**metrics, NONFINITE: 0.0}
+
+    def _scatter(
+        self, batch: TokenBatch, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None
+    ) -> list[torch.Tensor]:
+        """One micro-batch's ``[N]`` results in the batch's ``[rows, T]`` layout, differentiably (0 elsewhere)."""
+        shape = batch.response_mask.shape
+        out = []
+        for values in (logp, ent) if ent is not None else (logp,):
+            full = values.new_zeros(shape)
+            if not mb.dummy:
+                full = full.index_put((mb.out_row.to(values.device), mb.out_col.to(values.device)), values)
+            out.append(full)
+        return out
