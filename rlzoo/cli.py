@@ -8,9 +8,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlzoo.errors import RlzooError
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
+
+if TYPE_CHECKING:
+    from rlzoo.memory_estimate import MemoryEstimate
 
 
 def _registry():
@@ -48,16 +52,43 @@ def _load(args: argparse.Namespace):
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from rlzoo.config import dump_config
-    from rlzoo.preflight import preflight
+    from rlzoo.preflight import device_memory_limit, preflight
 
+    device_memory = _device_memory(args.device_memory)
     config = _load(args)
     # the same checks `rlzoo train` makes before it starts (train reads the process count from its launcher)
-    preflight(
+    memory = preflight(
         config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes,
-        model_config=Path(args.model_config) if args.model_config else None,
+        model_config=Path(args.model_config) if args.model_config else None, device_memory=device_memory,
     )
+    limit = device_memory_limit(config, device_memory)
+    if memory is not None:
+        print("".join(f"# {line}\n" for line in _memory_report(memory, args.processes, limit)), end="")
     print(dump_config(config), end="")
     return 0
+
+
+def _device_memory(text: str | None) -> int | None:
+    """``--device-memory`` in bytes; a bad value is a config error naming the flag."""
+    from rlzoo.errors import ConfigError
+    from rlzoo.memory_estimate import parse_bytes
+
+    try:
+        return parse_bytes(text) if text is not None else None
+    except ValueError as err:
+        raise ConfigError([("--device-memory", str(err))]) from None
+
+
+def _memory_report(memory: MemoryEstimate, processes: int, limit: tuple[str, int] | None) -> list[str]:
+    """The estimate per rank as YAML comment lines (the printed config stays valid YAML): for a model of GPU size,
+    or whenever a device memory is known; nothing for the tiny CPU models."""
+    from rlzoo.memory_estimate import GPU_SCALE_PARAMETERS, format_bytes
+
+    if limit is None and memory.parameters < GPU_SCALE_PARAMETERS:
+        return []
+    device = f"; fits {format_bytes(limit[1])} ({limit[0]})" if limit is not None else ""
+    head = f"GPU memory per rank, estimated (rlzoo.memory_estimate), {processes} process(es){device}:"
+    return [head, *(f"  {line}" for line in memory.lines(limit[1] if limit is not None else None))]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -171,6 +202,11 @@ def parser() -> argparse.ArgumentParser:
         "--model-config", metavar="CONFIG_JSON",
         help="check the model's shapes from this config.json instead of the model.path folder, for a recipe whose "
         "model is not on this machine (weights, tokenizer and chat template are then not checked)",
+    )
+    check.add_argument(
+        "--device-memory", metavar="SIZE",
+        help="memory of one GPU (80GB, 80GiB, 80e9): refuse the config if its estimated memory per rank exceeds it "
+        "(replaces trainer.device_memory)",
     )
     check.set_defaults(func=cmd_config_check)
 

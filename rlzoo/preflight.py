@@ -24,7 +24,9 @@ What it checks (each problem is ``(dotted.field, message saying what is allowed)
 - evaluation settings vLLM refuses (several greedy samples per prompt);
 - the task's own cheap checks (:meth:`rlzoo.interfaces.Task.check`, e.g. a ``jsonl`` file that does not exist)
   and that its default verifier is installed;
-- the run folder: ``--resume`` names a folder with a complete checkpoint; otherwise ``output_dir`` holds no run.
+- the run folder: ``--resume`` names a folder with a complete checkpoint; otherwise ``output_dir`` holds no run;
+- GPU memory: with a device memory (``trainer.device_memory``, or ``rlzoo config check --device-memory``), the
+  estimate per rank (:mod:`rlzoo.memory_estimate`) fits in it.
 """
 
 from __future__ import annotations
@@ -39,31 +41,40 @@ from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.config import VLLM_HEAD_DIMS, RunConfig
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import RouterPolicy
+from rlzoo.memory_estimate import (
+    MOE_KEYS, REQUIRED_SIZES, MemoryEstimate, ModelShape, estimate, format_bytes, parse_bytes, rollout_weight_bytes,
+)
 from rlzoo.registry import Registry
 
 Problems = list[tuple[str, str]]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # transformers configs naming the expert count
 
 
 def preflight(
     config: RunConfig, registry: Registry, *, resume: Path | None = None, world: int = 1,
-    model_config: Path | None = None,
-) -> None:
-    """Raise :class:`ConfigError` listing every problem that would stop ``rlzoo train`` with this config.
+    model_config: Path | None = None, device_memory: int | None = None,
+) -> MemoryEstimate | None:
+    """Raise :class:`ConfigError` listing every problem that would stop ``rlzoo train`` with this config; return
+    the run's GPU memory estimate per rank (:mod:`rlzoo.memory_estimate`), or ``None`` if the model's sizes are
+    unknown.
 
     ``config`` is the resolved config (:func:`rlzoo.config.load_config`); ``resume`` the ``--resume`` run folder;
     ``world`` the number of processes the run is launched with (``WORLD_SIZE``). ``model_config`` (``rlzoo config
     check --model-config FILE``) is a ``config.json`` that stands in for the ``model.path`` folder, for a recipe
     whose model is not on this machine: the model's shapes are checked from it, and the folder's weights, tokenizer
-    and chat template are not checked at all (``rlzoo train`` has no such option).
+    and chat template are not checked at all (``rlzoo train`` has no such option). ``device_memory`` (bytes;
+    ``rlzoo config check --device-memory``) replaces ``trainer.device_memory``.
     """
     problems: Problems = []
     problems += _engine_problems(config, registry)
     model, model_problems = _model_problems(config, model_config)
     problems += model_problems
+    memory = estimate(config, model.shape, world) if model.shape is not None else None
+    limit = device_memory_limit(config, device_memory)
+    if limit is not None and (memory is not None or not model_problems):
+        problems += _memory_problems(config, memory, *limit)
     problems += _prompt_problems(config, registry, model)
     problems += _moe_problems(config, registry, model)
     problems += _deepspeed_problems(config, model, world)
@@ -76,6 +87,7 @@ def preflight(
     problems += _run_folder_problems(config, resume)
     if problems:
         raise ConfigError(problems)
+    return memory
 
 
 # -- engines ---------------------------------------------------------------------------------------------------
@@ -119,6 +131,7 @@ class ModelFacts:
     head_dim: int | None
     max_positions: int | None
     chat_template: bool | None = None  # whether its tokenizer has a chat template
+    shape: ModelShape | None = None  # its sizes, for the memory estimate
 
 
 def _model_problems(config: RunConfig, model_config: Path | None = None) -> tuple[ModelFacts, Problems]:
@@ -130,7 +143,10 @@ def _model_problems(config: RunConfig, model_config: Path | None = None) -> tupl
         )]
     if config.model.path is None:
         tiny = config.model.tiny
-        facts = ModelFacts(tiny.architecture == "qwen3_moe", tiny.head_dim, tiny.max_position_embeddings, False)
+        facts = ModelFacts(
+            tiny.architecture == "qwen3_moe", tiny.head_dim, tiny.max_position_embeddings, False,
+            ModelShape.from_tiny(tiny),
+        )
         problems = [(f"model.tiny.{field}", message) for field, message in tiny.shape_problems(for_vllm=vllm)]
         if not config.cold_start.enabled:
             problems.append((
@@ -202,6 +218,7 @@ def _read_model_config(file: Path, loc: str) -> tuple[dict | None, ModelFacts, P
         moe=any(isinstance(hf.get(k), int) and hf[k] > 0 for k in MOE_KEYS),
         head_dim=head_dim,
         max_positions=hf.get("max_position_embeddings"),
+        shape=ModelShape.from_hf(hf),
     )
     return hf, facts, []
 
@@ -529,3 +546,92 @@ def _run_folder_problems(config: RunConfig, resume: Path | None) -> Problems:
             f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir",
         )]
     return []
+
+
+# -- GPU memory ------------------------------------------------------------------------------------------------
+
+
+def device_memory_limit(config: RunConfig, override: int | None = None) -> tuple[str, int] | None:
+    """``(where it was set, bytes)`` of one GPU's memory: ``override`` (``--device-memory``), else
+    ``trainer.device_memory`` (validated by the config); ``None``: no limit to check."""
+    if override is not None:
+        return "--device-memory", override
+    if config.trainer.device_memory is not None:
+        return "trainer.device_memory", parse_bytes(config.trainer.device_memory)
+    return None
+
+
+def _memory_problems(config: RunConfig, memory: MemoryEstimate | None, loc: str, limit: int) -> Problems:
+    """The estimate per rank must fit in ``limit``; the message names what lowers its largest parts."""
+    if memory is None:
+        return [(loc, f"the model's config.json lacks the sizes the memory estimate needs ({', '.join(REQUIRED_SIZES)}"
+                      "); set trainer.device_memory: null to skip the check")]
+    problems = _vllm_budget_problems(config, memory, limit)
+    if memory.fits(limit):
+        return problems
+    parts, total = memory.bytes_on(limit), memory.total(limit)
+    groups: dict[str, list[str]] = {}  # the parts one change shrinks
+    for name, hint in _memory_hints(config).items():
+        if parts.get(name, 0) >= total / 100:  # the parts that matter
+            groups.setdefault(hint, []).append(name)
+    ranked = sorted(groups.items(), key=lambda group: -sum(parts[name] for name in group[1]))
+    hints = [f"{' + '.join(names)} ({format_bytes(sum(parts[n] for n in names))}): {hint}" for hint, names in ranked]
+    return [*problems, (loc, "\n".join([
+        f"{format_bytes(limit)} per GPU is less than the run's estimated {format_bytes(total)} per "
+        "rank (rlzoo.memory_estimate); to fit:",
+        *(f"    - {hint}" for hint in hints),
+        "    estimate per rank:",
+        *(f"      {line}" for line in memory.lines(limit)),
+    ]))]
+
+
+def _vllm_budget_problems(config: RunConfig, memory: MemoryEstimate, limit: int) -> Problems:
+    """vLLM's ``gpu_memory_utilization`` share of the GPU must hold its copy of the weights, and then its KV cache."""
+    budget, weights = memory.device_fraction * limit, rollout_weight_bytes(config, memory.parameters)
+    if not memory.device_fraction or budget > weights:
+        return []
+    return [("rollout.engine.gpu_memory_utilization", (
+        f"{memory.device_fraction:g} x {format_bytes(limit)} = {format_bytes(budget)} cannot hold vLLM's "
+        f"{config.model.dtype} weights ({format_bytes(weights)}) and a KV cache: raise it above "
+        f"{weights / limit:.2f}, or use GPUs with more memory"
+    ))]
+
+
+def _memory_hints(config: RunConfig) -> dict[str, str]:
+    """For each part of the estimate that the config can shrink: the fields to change."""
+    t = config.trainer
+    checkpointing = "" if t.activation_checkpointing else ", or set trainer.activation_checkpointing: true"
+    hints = {
+        "activations": f"lower trainer.max_tokens_per_micro_batch (now {t.max_tokens_per_micro_batch}){checkpointing}",
+        "logits": f"lower trainer.logits_chunk_tokens (now {t.logits_chunk_tokens})",
+        "reference": f"algorithm.kl_coef: 0 drops the KL reference model (now {config.algorithm.kl_coef})",
+        "rollout": _rollout_hint(config),
+    }
+    hints.update(dict.fromkeys(("optimizer", "gradients", "weights", "master_copy"), _training_state_hint(config)))
+    return hints
+
+
+def _training_state_hint(config: RunConfig) -> str:
+    """What partitions the fp32 weights, gradients and AdamW state over more ranks."""
+    spec = config.trainer.engine
+    stage = spec.params.get("zero_stage", 0)
+    if spec.name != "deepspeed":
+        return f"trainer.engine: {{name: deepspeed, zero_stage: 3}} on more processes ({spec.name!r} keeps them whole)"
+    if spec.params.get("moe") == "deepspeed":
+        return (f"raise trainer.engine.ep_size (now {spec.params.get('ep_size', 1)}) with more processes, or "
+                f"trainer.engine.zero_stage (now {stage}; DeepSpeed-MoE allows 0-2)")
+    if stage < 3:
+        return f"raise trainer.engine.zero_stage (now {stage}), and run more processes"
+    return "run more processes (ZeRO-3 partitions them over every rank)"
+
+
+def _rollout_hint(config: RunConfig) -> str:
+    """What shrinks the rollout engine's share of the GPU."""
+    spec = config.rollout.engine
+    if spec.name == "vllm" and spec.params.get("gpu_memory_utilization") is not None:
+        return f"lower rollout.engine.gpu_memory_utilization (now {spec.params['gpu_memory_utilization']})"
+    if spec.name == "vllm":
+        return f"lower rollout.engine.kv_cache_memory_bytes (now {spec.params['kv_cache_memory_bytes']})"
+    if spec.name == "hf":
+        return f"lower rollout.engine.batch_size (now {spec.params['batch_size']}); its copy of the weights stays"
+    return f"the rollout engine {spec.name!r} holds its own copy of the weights"

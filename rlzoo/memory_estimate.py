@@ -1,0 +1,346 @@
+"""GPU memory per rank of a run, estimated from the model's shapes and the run config before anything is built.
+
+:func:`estimate` is a pure function of a :class:`ModelShape` (read from the model's transformers ``config.json``, or
+``model.tiny``), the resolved :class:`rlzoo.config.RunConfig` and the number of processes. It returns a
+:class:`MemoryEstimate`: named parts in bytes for the most loaded rank (rank 0, which always holds a rollout engine),
+plus vLLM's share of the device. :mod:`rlzoo.preflight` compares it with ``trainer.device_memory`` (or ``rlzoo
+config check --device-memory``). It is arithmetic, not a measurement: what it leaves out is listed below.
+
+Notation: ``P`` parameters, of which ``Pe`` routed-expert parameters (``Pd = P - Pe`` the rest); ``N`` processes
+(data-parallel ranks); ``s`` the DeepSpeed ZeRO stage (0 for the ``torch`` engine); ``ep`` DeepSpeed-MoE's
+``ep_size`` (1 unless ``moe: deepspeed``); ``c`` the bytes of ``trainer.dtype`` (2 for bfloat16, 4 for float32);
+``T`` = ``trainer.max_tokens_per_micro_batch``; ``h`` hidden size, ``L`` decoder layers, ``V`` vocabulary,
+``q = heads x head_dim``, ``kv = kv_heads x head_dim``, ``I`` the dense MLP width, ``E`` experts, ``k`` experts
+per token, ``Im`` one expert's MLP width.
+
+Parameter count (Qwen3 / Llama layout; biases, and attention other than grouped-query, are not modelled)::
+
+    P = V h (embedding) + V h (output layer, unless tied) + h (final norm)
+        + L (h q + 2 h kv + q h + 2 h + 2 head_dim)             attention, the two RMSNorms, q/k norms
+        + dense layers x 3 h I + MoE layers x (E h + E 3 h Im)   SwiGLU MLP; router and routed experts
+
+The training engines keep fp32 master weights and run the forward under bf16 autocast. Per rank, with
+``local = Pd + Pe / ep`` (the weights a rank holds whole) and ``shard = P / N`` (its ZeRO partition)::
+
+    weights       4 x (shard if s == 3 else local)
+    master_copy   4 x shard if s in (1, 2)             DeepSpeed ZeRO 1-2 clone the rank's fp32 partition
+    gradients     4 x (shard if s >= 2 else local)
+    optimizer     8 x (shard if s >= 1 else local)     AdamW's two moments, fp32
+    gathered      ZeRO-3 only: 4 x 2 x the largest module (a decoder layer, the embedding or the output layer),
+                  the one computing and the one prefetched
+    weight_copies bfloat16 only: 2 x the non-expert weights (autocast caches the bf16 cast of every fp32 weight
+                  it uses until the forward ends, whatever ZeRO partitions), plus 2 x the expert weights that
+                  stay alive: all local experts with ``moe: deepspeed`` (its experts are Linear modules, cached
+                  like the rest) or without activation checkpointing (saved for backward), else one layer's
+
+Activations of one micro-batch of ``T`` tokens (SDPA / flash attention assumed: nothing quadratic in the length).
+Saved for backward, per token and decoder layer::
+
+    a = 4 x 4 h                          fp32: the layer input, the attention residual sum, the two RMSNorm
+                                         outputs (the residual stream is fp32 because the weights are)
+      + c x (2 h + 4 q + 4 kv + mlp)     the normed states cast into the projections; q, k: projection, norm,
+                                         rotary, and the attention output / v
+      mlp = 4 I                          dense: gate, up, act(gate), act(gate) x up
+          | k (2 h + 4 Im) + E x 4 / c   MoE: each routed copy's input, output and four intermediates; fp32 router
+
+    activations = T x L x a                              without activation checkpointing
+                = T x L x 4 h + T x a                    with it: each layer's fp32 input, one layer recomputed
+
+Output layer, in chunks of ``trainer.logits_chunk_tokens`` positions::
+
+    logits = logits_chunk_tokens x V x 4 bytes x 4       fp32 logits, log-softmax, softmax (entropy), gradient
+
+The KL reference (``algorithm.kl_coef > 0``) is a second training engine of the same kind, loaded from the initial
+model (:mod:`rlzoo.run`): its ``weights`` and ``master_copy`` as above; it never steps (no gradients, no optimizer
+state). The rollout engine shares the GPU with the trainer (rlzoo colocates them; rank 0 always holds one)::
+
+    vllm  gpu_memory_utilization x device memory (vLLM's budget for its weights, activations and KV cache), if set;
+          else kv_cache_memory_bytes + P x model.dtype bytes / tensor_parallel_size
+    other a private copy of the policy: P x model.dtype bytes, plus for ``hf`` generate's KV cache:
+          rows x (prompt.max_prompt_tokens + rollout.max_new_tokens) x L x 2 kv x model.dtype bytes, with
+          rows = min(batch_size, the rows this rank samples)
+
+Fixed parts: ``communication`` (more than one process: DeepSpeed's default reduce bucket, 5e8 elements in fp32, or
+the local weights if smaller) and ``runtime`` (:data:`RUNTIME_BYTES`: CUDA context, kernels' workspaces).
+
+Not modelled: allocator fragmentation, vLLM's CUDA graphs beyond its budget, the old / reference log-prob passes
+(no-grad forwards, smaller than the update's), the batch tensors, DeepSpeed buffers other than the reduce bucket,
+shared experts, multi-head latent attention and other layouts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlzoo.config import RunConfig, TinyModelConfig
+
+GB, GiB = 10**9, 2**30
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")  # config.json keys
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")  # transformers configs naming the expert count
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+MASTER_BYTES = 4  # fp32 master weights and gradients
+ADAM_BYTES = 8  # AdamW's two fp32 moments per parameter
+LOGITS_COPIES = 4  # fp32 logits, log-softmax, softmax, their gradient
+FP32_HIDDEN_PER_LAYER = 4  # fp32 [h] tensors a decoder layer saves per token (see the module docstring)
+REDUCE_BUCKET_ELEMENTS = 5 * 10**8  # DeepSpeed's default reduce_bucket_size (rlzoo does not change it)
+RUNTIME_BYTES = 1 * GiB  # CUDA context and kernels' workspaces, per GPU
+TINY_VOCAB = 256  # the cold start's character tokenizer: the task's characters and three specials, at most this
+GPU_SCALE_PARAMETERS = 10**8  # `rlzoo config check` prints the estimate for models at least this large
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e\+?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GB"`` (10^9), ``"80GiB"`` (2^30), ``"80e9"`` or ``"85899345920"`` as bytes; ``ValueError`` otherwise."""
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a memory size: write e.g. 80GB, 80GiB or 80e9 (bytes)")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"{text!r} is not a positive memory size")
+    return size
+
+
+def format_bytes(size: float) -> str:
+    """Bytes in decimal units (GPU makers' ``80 GB``): ``12.3 GB``, or ``456 MB`` below a gigabyte."""
+    return f"{size / GB:.1f} GB" if size >= GB else f"{size / 10**6:.0f} MB"
+
+
+# -- the model -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that decide its memory; ``experts == 0`` for a dense model."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int  # the dense MLP's width
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0  # one routed expert's MLP width
+    moe_layers: int = 0  # decoder layers whose MLP is a mixture of experts
+    tied_embeddings: bool = False
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelShape | None:
+        """From a transformers ``config.json`` (its ``text_config`` if nested); ``None`` if a size is missing."""
+        hf = hf["text_config"] if isinstance(hf.get("text_config"), dict) else hf
+
+        def size(key: str, default: int | None = None) -> int | None:
+            value = hf.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+        vocab, hidden, layers, heads = (size(k) for k in REQUIRED_SIZES)
+        if None in (vocab, hidden, layers, heads):
+            return None
+        experts = next((size(k) for k in MOE_KEYS if size(k)), 0)
+        intermediate = size("intermediate_size", 4 * hidden)
+        listed = hf.get("mlp_only_layers")
+        dense = set(listed if isinstance(listed, list) else []) | set(range(size("first_k_dense_replace", 0)))
+        step = size("decoder_sparse_step", 1)
+        moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0) if experts else 0
+        return cls(
+            vocab=vocab, hidden=hidden, layers=layers, heads=heads,
+            kv_heads=size("num_key_value_heads", heads),
+            head_dim=size("head_dim", hidden // heads),
+            intermediate=intermediate,
+            experts=experts,
+            top_k=size("num_experts_per_tok", 1) if experts else 0,
+            moe_intermediate=size("moe_intermediate_size", intermediate) if experts else 0,
+            moe_layers=moe_layers,
+            tied_embeddings=hf.get("tie_word_embeddings") is True,
+        )
+
+    @classmethod
+    def from_tiny(cls, tiny: TinyModelConfig) -> ModelShape:
+        """``model.tiny`` as :mod:`rlzoo.models.tiny` builds it (untied; the vocabulary at most :data:`TINY_VOCAB`)."""
+        moe = tiny.architecture == "qwen3_moe"
+        return cls(
+            vocab=TINY_VOCAB, hidden=tiny.hidden_size, layers=tiny.num_hidden_layers,
+            heads=tiny.num_attention_heads, kv_heads=tiny.num_key_value_heads, head_dim=tiny.head_dim,
+            intermediate=tiny.intermediate_size,
+            experts=tiny.num_experts if moe else 0,
+            top_k=tiny.num_experts_per_tok if moe else 0,
+            moe_intermediate=tiny.moe_intermediate_size if moe else 0,
+            moe_layers=tiny.num_hidden_layers if moe else 0,
+        )
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def attention_parameters(self) -> int:
+        """One layer's attention, its two RMSNorms and Qwen3's q / k norms."""
+        h = self.hidden
+        return h * self.q + 2 * h * self.kv + self.q * h + 2 * h + 2 * self.head_dim
+
+    def layer_expert_parameters(self) -> int:
+        """The routed experts of one MoE layer (a SwiGLU MLP each)."""
+        return self.experts * 3 * self.hidden * self.moe_intermediate
+
+    def embedding_parameters(self) -> int:
+        return self.vocab * self.hidden
+
+    def largest_layer_parameters(self) -> int:
+        """The largest decoder layer: attention + its MLP (the experts and router of an MoE layer)."""
+        dense = 3 * self.hidden * self.intermediate if self.moe_layers < self.layers else 0
+        moe = self.experts * self.hidden + self.layer_expert_parameters() if self.moe_layers else 0
+        return self.attention_parameters() + max(dense, moe)
+
+    def expert_parameters(self) -> int:
+        """``Pe``: all routed experts."""
+        return self.moe_layers * self.layer_expert_parameters()
+
+    def parameters(self) -> int:
+        """``P``: every parameter (see the module docstring's formula)."""
+        h = self.hidden
+        embeddings = self.embedding_parameters() * (1 if self.tied_embeddings else 2) + h
+        mlps = (self.layers - self.moe_layers) * 3 * h * self.intermediate + self.moe_layers * self.experts * h
+        return embeddings + self.layers * self.attention_parameters() + mlps + self.expert_parameters()
+
+
+# -- the estimate ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Named parts in bytes, per rank; ``device_fraction``: vLLM's ``gpu_memory_utilization``, a share of the
+    device rather than bytes (0 when vLLM's size is given in bytes, or the rollout engine is not vLLM)."""
+
+    parts: dict[str, int]
+    parameters: int
+    device_fraction: float = 0.0
+
+    def total(self, device_memory: int | None = None) -> int:
+        """All parts; vLLM's share counts only when ``device_memory`` is given."""
+        share = self.device_fraction * device_memory if device_memory is not None else 0
+        return sum(self.parts.values()) + int(share)
+
+    def fits(self, device_memory: int) -> bool:
+        return self.total(device_memory) <= device_memory
+
+    def bytes_on(self, device_memory: int | None = None) -> dict[str, int]:
+        """The parts in bytes, vLLM's share of ``device_memory`` (if given) counted in ``rollout``."""
+        share = int(self.device_fraction * device_memory) if device_memory is not None else 0
+        return dict(self.parts, rollout=self.parts["rollout"] + share)
+
+    def lines(self, device_memory: int | None = None) -> list[str]:
+        """The breakdown, one part per line, largest first, then the total."""
+        parts = {name: size for name, size in self.bytes_on(device_memory).items() if size or name == "rollout"}
+        if not parts["rollout"] and not self.device_fraction:
+            del parts["rollout"]
+        share = f"  ({self.device_fraction:g} x device memory: vLLM's gpu_memory_utilization)"
+        notes = {"rollout": share} if self.device_fraction else {}
+        lines = [f"{name:<14}{format_bytes(size) if size else '?':>9}{notes.get(name, '')}"
+                 for name, size in sorted(parts.items(), key=lambda item: -item[1])]
+        unknown = " + vLLM's share" if self.device_fraction and device_memory is None else ""
+        return [*lines, f"{'total':<14}{format_bytes(self.total(device_memory)):>9}{unknown}"]
+
+
+def estimate(config: RunConfig, shape: ModelShape, world: int = 1) -> MemoryEstimate:
+    """GPU memory of the most loaded rank of ``config`` (resolved) on ``world`` processes, by the module's formula."""
+    parts = _training_parts(config, shape, world)
+    parts["activations"] = _activation_bytes(config, shape)
+    parts["logits"] = config.trainer.logits_chunk_tokens * shape.vocab * 4 * LOGITS_COPIES
+    parts["reference"] = parts["weights"] + parts["master_copy"] if config.algorithm.kl_coef > 0 else 0
+    rollout, fraction = _rollout_bytes(config, shape, world)
+    parts["rollout"] = rollout
+    local = _local_parameters(config, shape)
+    parts["communication"] = MASTER_BYTES * min(REDUCE_BUCKET_ELEMENTS, local) if world > 1 else 0
+    parts["runtime"] = RUNTIME_BYTES
+    return MemoryEstimate(parts, shape.parameters(), fraction)
+
+
+def _trainer_layout(config: RunConfig) -> tuple[int, int, bool]:
+    """``(ZeRO stage, ep_size, DeepSpeed-MoE)`` of the training engine; the ``torch`` engine is stage 0."""
+    spec = config.trainer.engine
+    if spec.name != "deepspeed":
+        return 0, 1, False
+    moe = spec.params.get("moe") == "deepspeed"
+    return spec.params.get("zero_stage", 0), spec.params.get("ep_size", 1) if moe else 1, moe
+
+
+def _local_parameters(config: RunConfig, shape: ModelShape) -> int:
+    """``Pd + Pe / ep``: the parameters a rank holds whole (expert parallelism splits the experts)."""
+    ep = _trainer_layout(config)[1]
+    return shape.parameters() - shape.expert_parameters() + shape.expert_parameters() // ep
+
+
+def _training_parts(config: RunConfig, shape: ModelShape, world: int) -> dict[str, int]:
+    """weights, master_copy, gradients, optimizer, gathered and weight_copies (module docstring)."""
+    stage, ep, ds_moe = _trainer_layout(config)
+    local, shard = _local_parameters(config, shape), shape.parameters() // max(world, 1)
+    largest = max(shape.largest_layer_parameters(), shape.embedding_parameters())
+    parts = {
+        "weights": MASTER_BYTES * (shard if stage == 3 else local),
+        "master_copy": MASTER_BYTES * shard if stage in (1, 2) else 0,
+        "gradients": MASTER_BYTES * (shard if stage >= 2 else local),
+        "optimizer": ADAM_BYTES * (shard if stage >= 1 else local),
+        "gathered": MASTER_BYTES * 2 * largest if stage == 3 else 0,
+        "weight_copies": 0,
+    }
+    if config.trainer.dtype != "float32":
+        experts = shape.expert_parameters() // ep
+        if not ds_moe and config.trainer.activation_checkpointing:
+            experts = shape.layer_expert_parameters() if shape.moe_layers else 0
+        non_expert = shape.parameters() - shape.expert_parameters()
+        parts["weight_copies"] = DTYPE_BYTES[config.trainer.dtype] * (non_expert + experts)
+    return parts
+
+
+def layer_activation_bytes(shape: ModelShape, dtype: str) -> int:
+    """``a``: bytes one decoder layer saves for backward per token (the module docstring's formula)."""
+    c, h = DTYPE_BYTES[dtype], shape.hidden
+    if shape.moe_layers:
+        mlp = shape.top_k * (2 * h + 4 * shape.moe_intermediate) * c + shape.experts * 4
+    else:
+        mlp = 4 * shape.intermediate * c
+    return FP32_HIDDEN_PER_LAYER * h * 4 + c * (2 * h + 4 * shape.q + 4 * shape.kv) + mlp
+
+
+def _activation_bytes(config: RunConfig, shape: ModelShape) -> int:
+    """One micro-batch of ``trainer.max_tokens_per_micro_batch`` tokens through the decoder layers."""
+    tokens, layer = config.trainer.max_tokens_per_micro_batch, layer_activation_bytes(shape, config.trainer.dtype)
+    if config.trainer.activation_checkpointing:
+        return tokens * shape.layers * shape.hidden * 4 + tokens * layer
+    return tokens * shape.layers * layer
+
+
+def rollout_weight_bytes(config: RunConfig, parameters: int) -> int:
+    """The rollout engine's copy of the policy on one GPU: ``model.dtype``, split by vLLM's tensor parallelism."""
+    spec = config.rollout.engine
+    split = spec.params.get("tensor_parallel_size", 1) if spec.name == "vllm" else 1
+    return parameters * DTYPE_BYTES[config.model.dtype] // split
+
+
+def _rollout_bytes(config: RunConfig, shape: ModelShape, world: int) -> tuple[int, float]:
+    """``(bytes, share of the device)`` of the rollout engine on this rank's GPU."""
+    spec, dtype_bytes = config.rollout.engine, DTYPE_BYTES[config.model.dtype]
+    weights = rollout_weight_bytes(config, shape.parameters())
+    if spec.name == "vllm":
+        fraction = spec.params.get("gpu_memory_utilization")
+        if fraction is not None:
+            return 0, float(fraction)
+        return spec.params["kv_cache_memory_bytes"] + weights, 0.0
+    if spec.name != "hf":  # a plugin engine: assumed to hold a copy of the policy; its caches are unknown
+        return weights, 0.0
+    r = config.rollout
+    sampled = r.prompts_per_step * r.group_size // (world if r.per_rank else 1)
+    rows = min(spec.params["batch_size"], max(sampled, 1))
+    length = (config.prompt.max_prompt_tokens or 0) + r.max_new_tokens
+    return weights + rows * length * shape.layers * 2 * shape.kv * dtype_bytes, 0.0
