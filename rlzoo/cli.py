@@ -31,7 +31,8 @@ def _registry():
 def cmd_plugins_list(args: argparse.Namespace) -> int:
     registry = _registry()
     rows = [
-        {"kind": i.kind, "name": i.name, "distribution": i.distribution, "plugin": i.plugin, "summary": i.summary}
+        {"kind": i.kind, "name": i.name, "distribution": i.distribution, "plugin": i.plugin, "summary": i.summary,
+         "duplicate": i.duplicate}
         for i in registry.components()
     ]
     if args.json:
@@ -40,7 +41,8 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     widths = [max([len(r[k]) for r in rows] + [len(k)]) for k in ("kind", "name", "distribution")]
     print(f"{'kind':<{widths[0]}}  {'name':<{widths[1]}}  {'distribution':<{widths[2]}}  summary")
     for r in rows:
-        print(f"{r['kind']:<{widths[0]}}  {r['name']:<{widths[1]}}  {r['distribution']:<{widths[2]}}  {r['summary']}")
+        mark = "[registered twice: a config naming it fails] " if r["duplicate"] else ""
+        print(f"{r['kind']:<{widths[0]}}  {r['name']:<{widths[1]}}  {r['distribution']:<{widths[2]}}  {mark}{r['summary']}")
     return 0
 
 

@@ -8,6 +8,8 @@ classes; it never builds a model, loads weights or imports an engine's library (
 
 What it checks (each problem is ``(dotted.field, message saying what is allowed)``):
 
+- components: every component the config names is constructed (no engine is started), so one whose constructor
+  raises is reported as ``<field>: <kind> <name> (<distribution>) failed to set up: <message>``;
 - engines: the packages the chosen rollout / training engine needs are installed;
 - the model: ``model.path`` is a Hugging Face folder (``config.json``, weights, a tokenizer whose ids fit the
   model's ``vocab_size``), or, without it, the cold start is enabled and ``model.tiny`` meets
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.config import VLLM_HEAD_DIMS, RunConfig
+from rlzoo.config import VLLM_HEAD_DIMS, RunConfig, iter_component_specs
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import RouterPolicy
 from rlzoo.memory_estimate import (
@@ -68,6 +70,7 @@ def preflight(
     ``rlzoo config check --device-memory``) replaces ``trainer.device_memory``.
     """
     problems: Problems = []
+    problems += _construction_problems(config, registry)
     problems += _engine_problems(config, registry)
     model, model_problems = _model_problems(config, model_config)
     problems += model_problems
@@ -99,6 +102,20 @@ def missing_package(registry: Registry, kind: str, name: str) -> str | None:
         if importlib.util.find_spec(package) is None:
             return package
     return None
+
+
+def _construction_problems(config: RunConfig, registry: Registry) -> Problems:
+    """Every component the config names is constructed (engines too: constructing one starts nothing), so a
+    component that fails at set-up is reported here, by field, before ``rlzoo train`` starts any engine."""
+    problems: Problems = []
+    for loc, spec in iter_component_specs(config):
+        try:
+            registry.create(spec.kind, spec.name, spec.params, loc=loc)
+        except ConfigError as err:
+            problems += err.problems
+        except RlzooError as err:
+            problems.append((loc, str(err)))
+    return problems
 
 
 def _engine_problems(config: RunConfig, registry: Registry) -> Problems:

@@ -1,8 +1,11 @@
 """The component registry: every component, built-in or third-party, is found through pluggy.
 
 Plugins are loaded from the ``rlzoo`` entry-point group. A plugin that fails to import is recorded (by entry
-point and distribution) and skipped, so one broken package never takes the others down. Two plugins that
-register the same ``kind`` + ``name`` is an error naming both distributions.
+point and distribution) and skipped, so one broken package never takes the others down; a name nobody registered
+is reported together with those failures. Two plugins that register the same ``kind`` + ``name`` are both listed
+(marked) and stop only a config that uses that name, with an error naming both distributions. A misspelt
+parameter is reported with the component's valid parameter names; a component whose constructor raises is
+reported as ``<config field>: <kind> <name> (<distribution>): <message>``.
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ import functools
 import importlib.metadata
 import traceback
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pluggy
 from pydantic import ValidationError
 
 from rlzoo import hookspecs
-from rlzoo.errors import ConfigError, DuplicateComponentError, RegistryError, UnknownComponentError
+from rlzoo.errors import ConfigError, DuplicateComponentError, RegistryError, RlzooError, UnknownComponentError
 from rlzoo.interfaces.base import Component, Params
 
 ENTRY_POINT_GROUP = "rlzoo"
@@ -32,6 +35,7 @@ class ComponentInfo:
     cls: type[Component]
     plugin: str
     distribution: str
+    duplicate: bool = False  # another plugin registers the same kind and name: using it is an error
 
     @property
     def summary(self) -> str:
@@ -49,11 +53,22 @@ class PluginLoadError:
         return f"plugin {self.plugin!r} from {self.distribution} failed to load: {self.error}"
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+def format_validation_error(
+    err: ValidationError, prefix: str = "", params: type[Params] | None = None
+) -> list[tuple[str, str]]:
+    """``(dotted location, message)`` per error; with the component's ``params`` model, an unknown parameter's
+    message names the valid ones and the closest."""
     problems = []
     for e in err.errors():
         loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        problems.append((loc, e["msg"]))
+        message = e["msg"]
+        if e["type"] == "extra_forbidden" and params is not None and e["loc"]:
+            valid = sorted(params.model_fields)
+            close = difflib.get_close_matches(str(e["loc"][-1]), valid, n=1, cutoff=0.5)
+            message = "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else "") + (
+                f" Valid parameters: {', '.join(valid)}" if valid else " This component takes no parameters"
+            )
+        problems.append((loc, message))
     return problems
 
 
@@ -62,6 +77,7 @@ class Registry:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._components: dict[tuple[str, str], ComponentInfo] = {}
+        self._duplicates: dict[tuple[str, str], list[ComponentInfo]] = {}  # every registration of a clashing name
         self.load_errors: list[PluginLoadError] = []
 
     # -- discovery -------------------------------------------------------------------------------------------
@@ -97,12 +113,11 @@ class Registry:
             return
         for kind, cls in found:
             key = (kind, cls.name)
-            if key in self._components:
-                first = self._components[key]
-                raise DuplicateComponentError(
-                    kind, cls.name, f"{first.distribution} (plugin {first.plugin!r})", f"{distribution} (plugin {name!r})"
-                )
-            self._components[key] = ComponentInfo(kind, cls.name, cls, name, distribution)
+            info = ComponentInfo(kind, cls.name, cls, name, distribution)
+            if key in self._components:  # both stay listed; only a config naming it fails (get)
+                self._duplicates.setdefault(key, [self._components[key]]).append(info)
+                continue
+            self._components[key] = info
 
     def _collect(self, plugin: Any, plugin_name: str) -> Iterable[tuple[str, type[Component]]]:
         for hook_name, kind in hookspecs.HOOK_KINDS.items():
@@ -123,34 +138,55 @@ class Registry:
         return list(hookspecs.HOOK_KINDS.values())
 
     def components(self, kind: str | None = None) -> list[ComponentInfo]:
-        infos = [i for i in self._components.values() if kind is None or i.kind == kind]
-        return sorted(infos, key=lambda i: (self.kinds().index(i.kind), i.name))
+        """Every registration, sorted by kind and name; a name registered twice appears twice, ``duplicate``."""
+        infos = []
+        for key, info in self._components.items():
+            if kind is None or info.kind == kind:
+                clash = self._duplicates.get(key)
+                infos += [replace(i, duplicate=True) for i in clash] if clash else [info]
+        return sorted(infos, key=lambda i: (self.kinds().index(i.kind), i.name, i.distribution))
 
     def names(self, kind: str) -> list[str]:
-        return [i.name for i in self.components(kind)]
+        return sorted({i.name for i in self.components(kind)})
 
     def get(self, kind: str, name: str) -> ComponentInfo:
         if kind not in self.kinds():
             raise RegistryError(f"unknown component kind {kind!r}; kinds: {', '.join(self.kinds())}")
+        key = (kind, name)
+        if key in self._duplicates:
+            first, *others = self._duplicates[key]
+            raise DuplicateComponentError(kind, name, _origin(first), ", ".join(_origin(o) for o in others))
         try:
-            return self._components[(kind, name)]
+            return self._components[key]
         except KeyError:
             valid = self.names(kind)
             close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-            raise UnknownComponentError(kind, name, valid, close[0] if close else None) from None
+            raise UnknownComponentError(
+                kind, name, valid, close[0] if close else None, [str(e) for e in self.load_errors]
+            ) from None
 
     def validate_params(self, kind: str, name: str, params: Mapping[str, Any], loc: str = "") -> Params:
         cls = self.get(kind, name).cls
         try:
             return cls.Params.model_validate(dict(params))
         except ValidationError as err:
-            raise ConfigError(format_validation_error(err, loc)) from None
+            raise ConfigError(format_validation_error(err, loc, cls.Params)) from None
 
     def create(self, kind: str, name: str, params: Mapping[str, Any] | Params | None = None, loc: str = "") -> Any:
-        cls = self.get(kind, name).cls
+        """An instance of component ``name`` with ``params``; a constructor that raises is a :class:`ConfigError`
+        at ``loc`` naming the component and its distribution (no traceback for the user)."""
+        info = self.get(kind, name)
         if not isinstance(params, Params):
             params = self.validate_params(kind, name, params or {}, loc)
-        return cls(params)
+        try:
+            return info.cls(params)
+        except Exception as exc:  # a plugin's set-up failure, reported where the config names it
+            reason = str(exc) if isinstance(exc, RlzooError) else f"{type(exc).__name__}: {exc}"
+            raise ConfigError([(loc, f"{kind} {name!r} ({info.distribution}) failed to set up: {reason}")]) from exc
+
+
+def _origin(info: ComponentInfo) -> str:
+    return f"{info.distribution} (plugin {info.plugin!r})"
 
 
 @functools.cache

@@ -264,7 +264,7 @@ def test_misspelt_component_param_is_an_error_not_ignored():
         build_config({"algorithm": {"clipper": {"name": "ppo", "eps_hgh": 0.3}}})
     problems = problems_of(info)
     assert list(problems) == ["algorithm.clipper.eps_hgh"]
-    assert "not permitted" in problems["algorithm.clipper.eps_hgh"]
+    assert "did you mean 'eps_high'?" in problems["algorithm.clipper.eps_hgh"]
     assert "algorithm.clipper.eps_hgh" in str(info.value)
 
 

@@ -13,7 +13,7 @@ import rlzoo
 from rlzoo import registry as registry_module
 from rlzoo.errors import ConfigError, DuplicateComponentError, RegistryError, UnknownComponentError
 from rlzoo.interfaces import Clipper, ClipResult, Params, RatioEstimator
-from rlzoo.registry import Registry, default_registry
+from rlzoo.registry import PluginLoadError, Registry, default_registry
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
@@ -142,14 +142,17 @@ def test_unknown_kind_is_a_registry_error():
 # -- duplicates ------------------------------------------------------------------------------------------------
 
 
-def test_same_kind_and_name_from_two_plugins_names_both_distributions():
+def test_same_kind_and_name_from_two_plugins_names_both_distributions_when_used():
     registry = Registry()
     registry.add_plugin(plugin_module("a", clippers=[HalfClip]), name="first", distribution="dist-one")
+    registry.add_plugin(plugin_module("b", clippers=[OtherHalfClip]), name="second", distribution="dist-two")
     with pytest.raises(DuplicateComponentError) as info:
-        registry.add_plugin(plugin_module("b", clippers=[OtherHalfClip]), name="second", distribution="dist-two")
+        registry.get("clipper", "half-clip")
     message = str(info.value)
     assert "dist-one" in message and "dist-two" in message
     assert "'half-clip'" in message and "clipper" in message
+    listed = [(i.distribution, i.duplicate) for i in registry.components("clipper") if i.name == "half-clip"]
+    assert listed == [("dist-one", True), ("dist-two", True)]
 
 
 def test_same_name_in_different_kinds_is_allowed():
@@ -188,8 +191,10 @@ def test_discovery_of_installed_distribution_duplicating_a_builtin(temp_site):
         """,
         ep_name="regtest_dup",
     )
+    registry = Registry.discover()  # only a config naming ppo fails; every other component is usable
+    assert registry.get("clipper", "cispo").distribution == "rlzoo-estimators"
     with pytest.raises(DuplicateComponentError) as info:
-        Registry.discover()
+        registry.get("clipper", "ppo")
     assert "rlzoo-estimators" in str(info.value)
     assert "rlzoo-regtest-dup" in str(info.value)
 
@@ -351,8 +356,36 @@ def test_misspelt_param_is_config_error_with_field_path():
     assert len(info.value.problems) == 1
     loc, reason = info.value.problems[0]
     assert loc == "algorithm.clipper.eps_hgh"
-    assert "extra" in reason.lower() and "not permitted" in reason
+    assert "unknown parameter; did you mean 'eps_high'?" in reason
+    assert "Valid parameters: eps_high, eps_low" in reason
     assert "algorithm.clipper.eps_hgh" in str(info.value)
+
+
+def test_a_constructor_that_raises_is_a_config_error_naming_component_and_distribution():
+    class Fragile(HalfClip):
+        """Fails at set-up."""
+
+        name = "fragile"
+
+        def __init__(self, params=None):
+            raise RuntimeError("needs a GPU")
+
+    registry = Registry()
+    registry.add_plugin(plugin_module("f", clippers=[Fragile]), name="fragile", distribution="rlzoo-fragile")
+    with pytest.raises(ConfigError) as info:
+        registry.create("clipper", "fragile", {}, loc="algorithm.clipper")
+    assert info.value.problems == [
+        ("algorithm.clipper", "clipper 'fragile' (rlzoo-fragile) failed to set up: RuntimeError: needs a GPU")
+    ]
+
+
+def test_an_unknown_name_mentions_plugins_that_failed_to_load():
+    registry = Registry()
+    registry.add_plugin(plugin_module("a", clippers=[HalfClip]), name="a", distribution="dist-a")
+    registry.load_errors.append(PluginLoadError("broken", "rlzoo-broken", "ImportError: no module named x", ""))
+    with pytest.raises(UnknownComponentError) as info:
+        registry.get("clipper", "broken-clip")
+    assert "plugin 'broken' from rlzoo-broken failed to load: ImportError: no module named x" in str(info.value)
 
 
 def test_out_of_range_and_wrong_type_params_are_reported_together():

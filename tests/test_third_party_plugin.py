@@ -40,6 +40,11 @@ class HalfClip(Clipper):
     class Params(Params):
         scale: float = Field(0.5, gt=0)
 
+    def __init__(self, params=None) -> None:
+        super().__init__(params)
+        if self.name == "fragile-clip":  # the set-up failure of test_a_plugin_failing_at_set_up_...
+            raise RuntimeError("this clipper needs a GPU")
+
     def clip(self, ratio: torch.Tensor, advantages: torch.Tensor) -> ClipResult:
         never = torch.zeros_like(ratio, dtype=torch.bool)
         return ClipResult(loss=-self.params.scale * ratio * advantages, clipped_low=never, clipped_high=never)
@@ -143,6 +148,7 @@ def test_installed_plugin_is_listed_with_its_distribution(venv, tmp_path):
             "distribution": "rlzoo-myplug",
             "plugin": "myplug",
             "summary": "Half clip: loss = -scale * rho * A (a test plugin's clipper).",
+            "duplicate": False,
         }
     ]
     # the first-party components are still there beside it
@@ -202,9 +208,36 @@ def test_second_distribution_claiming_a_taken_name_is_an_error_naming_both(venv,
     pip_install(venv, "--target", site, source)
     assert any(p.name.startswith("rlzoo_dupplug-") and p.suffix == ".dist-info" for p in site.iterdir())
     env = {**os.environ, "PYTHONPATH": str(site)}
+    # every command still works: both registrations are listed, marked
     proc = rlzoo_cli(venv, "plugins", "list", "--json", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    ppo = [(r["distribution"], r["duplicate"]) for r in json.loads(proc.stdout) if r["kind"] == "clipper" and r["name"] == "ppo"]
+    assert sorted(ppo) == [("rlzoo-dupplug", True), ("rlzoo-estimators", True)]
+    text = rlzoo_cli(venv, "plugins", "list", env=env, cwd=tmp_path)
+    assert text.returncode == 0 and text.stdout.count("registered twice") == 2
+    # a config that does not name ppo is fine; one that does fails, naming both distributions
+    unaffected = tmp_path / "cispo.yaml"
+    unaffected.write_text("algorithm:\n  preset: cispo\n")
+    assert rlzoo_cli(venv, "config", "check", unaffected, env=env, cwd=tmp_path).returncode == 0
+    uses = tmp_path / "ppo.yaml"
+    uses.write_text("algorithm:\n  preset: gspo\n  clipper: {name: ppo}\n")
+    proc = rlzoo_cli(venv, "config", "check", uses, env=env, cwd=tmp_path)
     assert proc.returncode == 1
-    assert proc.stdout == ""
     assert "Traceback" not in proc.stderr
-    assert "'ppo'" in proc.stderr
+    assert "algorithm.clipper" in proc.stderr and "'ppo'" in proc.stderr
     assert "rlzoo-estimators" in proc.stderr and "rlzoo-dupplug" in proc.stderr
+
+
+def test_a_plugin_failing_at_set_up_is_a_plain_message_naming_field_component_and_distribution(venv, tmp_path):
+    source = make_distribution(tmp_path / "src", "rlzoo-fragile", "rlzoo_fragile", "fragile", "fragile-clip")
+    site = tmp_path / "site"
+    pip_install(venv, "--target", site, source)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    config = tmp_path / "run.yaml"
+    config.write_text("algorithm:\n  preset: gspo\n  clipper: {name: fragile-clip}\n")
+    for command in (["config", "check", config], ["train", config, "--set", f"output_dir={tmp_path / 'run'}"]):
+        proc = rlzoo_cli(venv, *command, env=env, cwd=tmp_path)
+        assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        expected = "algorithm.clipper: clipper 'fragile-clip' (rlzoo-fragile) failed to set up: RuntimeError: this clipper needs a GPU"
+        assert expected in proc.stderr, proc.stderr
