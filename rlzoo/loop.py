@@ -307,11 +307,12 @@ def rollout_metrics(groups: list[ScoredGroup], verifier_faults: dict[str, float]
     rewards = torch.cat([g.rewards for g in groups])
     shaping = torch.cat([g.shaping for g in groups])
     generations = [g for group in groups for g in group.generations]
+    correct = [v.correct for group in groups for v in group.verdicts]
     lengths = torch.tensor([len(g.response_ids) for g in generations], dtype=torch.float32)
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        "reward/correct_fraction": (rewards >= 1.0).float().mean().item(),
+        "reward/correct_fraction": sum(correct) / len(correct),
         "reward/shaping_mean": shaping.mean().item(),
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
@@ -337,9 +338,10 @@ def evaluate(
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
     scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts])
-    correct = [int(part.sum()) for part in torch.split(rewards >= 1.0, [len(g) for g in groups])]  # per prompt
+    verdict_correct = torch.tensor([bool(v.correct) for v in scores.verdicts])
+    correct = [int(part.sum()) for part in torch.split(verdict_correct, [len(g) for g in groups])]  # per prompt
     return {
-        "eval/accuracy": (rewards >= 1.0).float().mean().item(),
+        "eval/accuracy": verdict_correct.float().mean().item(),
         "eval/reward_mean": rewards.mean().item(),
         "eval/verifier_errors": float(scores.failed),
         **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),

@@ -16,12 +16,20 @@ class Verdict:
     step_rewards: per-step rewards (process verifiers), or ``None``.
     step_spans:   ``(start, end)`` character spans in the response, one per step reward.
     reason:       why a response got its reward when that is not obvious (timeout, memory limit, ...).
+    correct:      whether the response counts as correct (``reward/correct_fraction``, ``eval/accuracy``,
+                  pass@k). Left out, it is ``reward >= 1.0``, the binary verifiers' convention; a verifier whose
+                  rewards mean something else (a reward model's score, partial credit) says it itself.
     """
 
     reward: float
     step_rewards: list[float] | None = None
     step_spans: list[tuple[int, int]] | None = None
     reason: str | None = None
+    correct: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.correct is None:
+            self.correct = self.reward >= 1.0
 
 
 class Verifier(Component):
