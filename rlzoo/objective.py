@@ -47,8 +47,9 @@ class Objective:
     clipper: Clipper
     aggregation: LossAggregation
     kl: KLEstimator
-    kl_coef: float = 0.0
-    log_ratio_clamp: float = 20.0
+    # the defaults are the config's (rlzoo.config.AlgorithmConfig), defined there once
+    kl_coef: float = AlgorithmConfig.model_fields["kl_coef"].default
+    log_ratio_clamp: float = AlgorithmConfig.model_fields["log_ratio_clamp"].default
     regularisers: list[Regulariser] = field(default_factory=list)
 
     @property

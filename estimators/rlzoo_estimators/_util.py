@@ -5,6 +5,11 @@ from __future__ import annotations
 import torch
 
 
+#: the largest |log weight| a train-inference correction exponentiates: exp(20) ~ 4.9e8 lies beyond every
+#: threshold such a weight is compared with, and exp stays finite in float32 (it overflows past ~88)
+MAX_LOG_WEIGHT = 20.0
+
+
 def masked(values: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
     """``values`` where ``mask`` is set, ``fill`` elsewhere.
 

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field, model_validator
 
 from rlzoo.interfaces import MismatchCorrection, Params
-from rlzoo_estimators._util import masked
+from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked
 
 
 class IcePop(MismatchCorrection):
@@ -44,6 +44,6 @@ class IcePop(MismatchCorrection):
         log_w = masked(old_train - old_rollout, mask)
         if self.params.level == "sequence":
             log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
-        w = torch.exp(log_w.clamp(-20.0, 20.0)).detach()
+        w = torch.exp(log_w.clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT)).detach()
         kept = (w >= self.params.low) & (w <= self.params.high)
         return masked(torch.where(kept, w, torch.zeros_like(w)), mask)

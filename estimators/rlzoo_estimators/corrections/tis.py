@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 
 from rlzoo.interfaces import MismatchCorrection, Params
-from rlzoo_estimators._util import masked
+from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked
 
 
 class TruncatedIS(MismatchCorrection):
@@ -37,7 +37,7 @@ class TruncatedIS(MismatchCorrection):
         log_w = masked(old_train - old_rollout, mask)
         if self.params.level == "sequence":
             log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
-        w = torch.exp(log_w.clamp(max=80.0)).detach()
+        w = torch.exp(log_w.clamp(max=MAX_LOG_WEIGHT)).detach()
         c = self.params.threshold
         w = w.clamp(max=c) if self.params.action == "truncate" else torch.where(w <= c, w, torch.zeros_like(w))
         return masked(w, mask)
