@@ -14,6 +14,8 @@ and then trains, for ``--steps`` rollouts, each system on it:
 - ``...+rollout-only``: with ``algorithm.old_logprobs: rollout-only`` (the rollout engine's log-probs as the old
   ones, no training-engine old pass: one forward over the batch less than TRL, which recomputes them); both options
   combine, in that order (``vllm+deepspeed+rollout-only+overlap``);
+- ``...+unpacked``: with ``trainer.packing: false`` (every sequence its own row, padded to the longest, as before
+  packing): what packing saves, in the same run;
 - ``trl``: TRL's ``GRPOTrainer`` (``_workers.run_trl``): sequence-level importance sampling, the config's clip
   range (3e-4 / 4e-4), beta 0, the same group size, rollout batch, minibatches per rollout (TRL's
   ``steps_per_generation``), learning rate, optimizer, completion length and temperature, on CPU in fp32, no
@@ -54,12 +56,16 @@ from _common import ENGINES, PHASES, ROOT, Measured, available, log_tail, run_me
 SCALES = {"tiny": ROOT / "examples" / "bench" / "tiny.yaml", "long": ROOT / "examples" / "bench" / "long.yaml"}
 DEFAULT_STEPS = {"tiny": (20, 3), "long": (8, 2)}  # (steps, warm-up) per run
 #: what a system name's options after ``rollout+trainer`` set (e.g. ``vllm+torch+overlap``)
-OPTIONS = {"overlap": "rollout.overlap=1", "rollout-only": "algorithm.old_logprobs=rollout-only"}
+OPTIONS = {
+    "overlap": "rollout.overlap=1",
+    "rollout-only": "algorithm.old_logprobs=rollout-only",
+    "unpacked": "trainer.packing=false",  # rows padded to the longest, as before packing
+}
 #: every rollout+trainer pair, alone and with each combination of options (in this order)
 RLZOO_SYSTEMS = [
     "+".join((rollout, trainer, *options))
     for rollout in ("hf", "vllm") for trainer in ("torch", "deepspeed")
-    for options in ((), ("rollout-only",), ("overlap",), ("rollout-only", "overlap"))
+    for options in ((), ("rollout-only",), ("overlap",), ("rollout-only", "overlap"), ("unpacked",))
 ]
 ALL_SYSTEMS = [*RLZOO_SYSTEMS, "trl", "floor", "replay"]
 DEFAULT_SYSTEMS = ["hf+torch", "vllm+torch", "vllm+deepspeed", "trl", "floor", "replay"]
@@ -171,6 +177,7 @@ class Bench:
             "phases": {p: [row.get(f"time/{p}", 0.0) for row in rows] for p in phases},
             "tokens_per_step": [row["response/length_mean"] * responses for row in rows],
             "reward_mean": [row["reward/mean"] for _, row in timed],
+            "padding_fraction": [row["train/padding_fraction"] for row in rows if "train/padding_fraction" in row],
             "peak_tree_rss_mb": measured.peak_tree_rss_mb,
             "peak_process_rss_mb": measured.peak_process_rss_mb,
             "final_model": str(checkpoint / "model") if checkpoint is not None else "",
@@ -329,6 +336,7 @@ def summarise(entry: dict[str, Any], accuracy: dict[str, Any], system: str) -> d
         "tokens_per_step": statistics.mean(tokens) if tokens else None,
         "tokens_per_s": statistics.mean(tokens) / step if tokens and step else None,
         "phases_s": {p: median([v for r in ok for v in r["phases"].get(p, [])]) for p in phases},
+        "padding_fraction": median([v for r in ok for v in r.get("padding_fraction", [])]),
         "peak_tree_rss_mb": max((r["peak_tree_rss_mb"] for r in ok if r["peak_tree_rss_mb"] is not None), default=None),
         "peak_process_rss_mb": max(r["peak_process_rss_mb"] for r in ok),
         "eval_accuracy_before": accuracy.get("cold_start") if isinstance(accuracy, dict) else None,
@@ -442,7 +450,7 @@ def report(result: dict[str, Any]) -> str:
     systems, derived = result["systems"], result["derived"]
     columns = [*PHASES]
     lines.append(f"{'system':<16}{'s/step':>9}{'vs TRL':>8}{'tok/s':>8}{'peak MB':>9}{'acc before':>11}{'after':>7}"
-                 + "".join(f"{p:>13}" for p in columns) + f"{'over floor':>11}")
+                 + "".join(f"{p:>13}" for p in columns) + f"{'over floor':>11}{'padding':>9}")
     for name, s in systems.items():
         if s["status"] != "ok":
             detail = s.get("reason") or "; ".join(f"log {f['log']}" for f in s.get("failures", []))
@@ -454,11 +462,12 @@ def report(result: dict[str, Any]) -> str:
             f"{name:<16}{fmt(s['step_s']):>9}{fmt(d.get('speed_vs_trl'), '.2f'):>8}{fmt(s['tokens_per_s'], '.0f'):>8}"
             f"{fmt(peak, '.0f'):>9}{fmt(s['eval_accuracy_before']):>11}{fmt(s['eval_accuracy_after']):>7}"
             + "".join(f"{fmt(s['phases_s'].get(p), '.4f'):>13}" for p in columns)
-            + f"{fmt(d.get('over_floor'), '.2f'):>11}"
+            + f"{fmt(d.get('over_floor'), '.2f'):>11}{fmt(s.get('padding_fraction'), '.3f'):>9}"
         )
     lines.append("s/step: median wall-clock seconds per step (one rollout + its minibatch updates) after warm-up; "
                  "vs TRL: steps/s over TRL's (>1 = faster); tok/s: generated tokens per wall second; peak MB: process "
-                 "tree RSS; acc: held-out accuracy of the cold start / the final weights (one shared evaluator)")
+                 "tree RSS; acc: held-out accuracy of the cold start / the final weights (one shared evaluator); padding: "
+                 "median train/padding_fraction, the share of the training engine's forwarded positions that are padding")
     floor = result.get("floor")
     if floor:
         g, t = floor.get("generate", {}), floor.get("train", {})

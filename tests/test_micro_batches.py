@@ -117,8 +117,10 @@ def _gradient(engine, batch, objective, old_logp, advantages):
     return metrics, grads
 
 
-@pytest.mark.parametrize("name", list(OBJECTIVES))
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+CASES = [(name, False) for name in OBJECTIVES] + [(name, True) for name in ("token-mean", "sequence-ratio", "kl-cov")]
+
+
+@pytest.mark.parametrize(("name", "moe"), CASES, ids=[f"{n}-{'moe' if m else 'dense'}" for n, m in CASES])
 def test_accumulated_gradient_equals_one_pass(tmp_path, name, moe):
     objective = rlzoo.build_objective(OBJECTIVES[name])
     batch = _batch(10, seed=1)
