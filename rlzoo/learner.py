@@ -16,7 +16,7 @@ The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:
   rank samples (every rank joins when gathering the weights is a collective, ``TrainingEngine.collective_weights``).
 
 In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
-:class:`rlzoo.replay.RoutingLearner`, which adds the router policy's record/replay around the same calls.
+:class:`rlzoo.routing_learner.RoutingLearner`, which adds the router policy's record/replay around the same calls.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ each rank samples and scores its contiguous share of the prompts with its own en
 (``Components.rollout_per_rank``), or rank 0 alone samples and the batch is broadcast (``Dist.from_main``);
 either way every rank then holds the whole batch in the same order. MoE routing and the rest of the row split
 are not the loop's business: the :class:`~rlzoo.learner.Learner` hides the split over ranks and, for MoE
-policies, the router policy's Routing Replay (:mod:`rlzoo.replay`).
+policies, the router policy's Routing Replay (:mod:`rlzoo.routing_learner`).
 
 When the rollouts are sampled is the :class:`RolloutSchedule`'s business: by default at the start of their step,
 by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.overlap`) step t+1's batch is sampled while

@@ -42,7 +42,7 @@ from rlzoo.overlap import OverlappedRollouts
 from rlzoo.preflight import check_data_parallel, preflight
 from rlzoo.prompts import fit_prompts
 from rlzoo.registry import Registry, default_registry
-from rlzoo.replay import RoutingLearner
+from rlzoo.routing_learner import RoutingLearner
 from rlzoo.sft import ensure_cold_start
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import shlex
 from pathlib import Path
 
 import pytest
@@ -29,12 +28,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def checks(recipe: Path) -> list[argparse.Namespace]:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model-config", required=True)
-    parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[])
-    lines = [line.split(":", 1)[1] for line in recipe.read_text().splitlines() if line.startswith("# check:")]
-    return [parser.parse_args(shlex.split(line)) for line in lines]
+    """The recipe's ``# check:`` lines, read as scripts/gpu_memory_table.py reads them."""
+    import runpy
+
+    return runpy.run_path(str(REPO / "scripts" / "gpu_memory_table.py"))["checks"](recipe)
 
 
 @pytest.fixture(scope="module")

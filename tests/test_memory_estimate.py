@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -225,12 +224,10 @@ def test_config_check_flag_errors_and_the_printed_estimate(tmp_path, monkeypatch
 
 
 def recipe_checks(recipe: Path) -> list[argparse.Namespace]:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model-config", required=True)
-    parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[])
-    lines = [line.split(":", 1)[1] for line in recipe.read_text().splitlines() if line.startswith("# check:")]
-    return [parser.parse_args(shlex.split(line)) for line in lines]
+    """The recipe's ``# check:`` lines, read as scripts/gpu_memory_table.py reads them."""
+    import runpy
+
+    return runpy.run_path(str(REPO / "scripts" / "gpu_memory_table.py"))["checks"](recipe)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])

@@ -161,7 +161,7 @@ def test_routing_replay_across_micro_batches(tmp_path, pack):
     """R2 on packed / reordered micro-batches: the old pass's experts are recorded in the batch's own layout, and
     after an optimizer step the update passes replay them exactly (flip rate 0), as with one pass."""
     from rlzoo.registry import default_registry
-    from rlzoo.replay import RoutingLearner
+    from rlzoo.routing_learner import RoutingLearner
 
     engine = _engine(tmp_path, True, max_tokens_per_micro_batch=20, packing=pack)
     engine.model.float()

@@ -1,5 +1,6 @@
-"""Routing Replay inside one RL step: the router policy's record/replay around an MoE learner's forward passes,
-and the MoE diagnostics logged for every MoE run whatever the policy.
+"""The learner of an MoE policy: the router policy's Routing Replay around the learner's forward passes within one
+RL step, and the MoE diagnostics logged for every MoE run whatever the policy (the mechanics of recording and
+replaying experts on a model are :mod:`rlzoo.moe.record` and :mod:`rlzoo.moe.replay`).
 
 Per rollout batch:
 
