@@ -8,97 +8,40 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+# Each preset states only what differs from the components' defaults (DEFAULT_COMPONENTS below, each component's
+# own parameter defaults, rlzoo.config.AlgorithmConfig's fields); what it leaves out is that default. The comments
+# say what each source specifies, including the parts that are defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath (Shao et al. 2024): token ratio, symmetric clip 0.2, group-normalised advantage,
     # per-sequence mean of token means, k3 KL to the reference with beta 0.04.
-    "grpo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
-        "aggregation": {"name": "seq-mean-token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.04,
-    },
+    "grpo": {"kl_coef": 0.04},
     # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): no std normalisation, no length
     # normalisation (constant normaliser), no KL.
-    "dr-grpo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": False},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
-        "aggregation": {"name": "seq-mean-token-sum-norm"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "dr-grpo": {"advantage": {"std_normalize": False}, "aggregation": {"name": "seq-mean-token-sum-norm"}},
     # DAPO (Yu et al. 2025): clip-higher (0.2 / 0.28), token-level loss, dynamic sampling (only groups whose
     # rewards differ, resampling up to 10 generation batches as verl's recipe), soft overlong punishment over the
     # last fifth of the response budget (the paper's 4096 of 20480 tokens, penalty 1.0), no KL.
     "dapo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.28},
+        "clipper": {"eps_high": 0.28},
         "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-        "batch_filter": {"name": "dynamic-sampling", "max_gen_batches": 10},
-        "reward_shaping": [{"name": "overlong", "penalty": 1.0}],
+        "batch_filter": {"name": "dynamic-sampling"},
+        "reward_shaping": [{"name": "overlong"}],
     },
     # GSPO (Zheng et al. 2025): length-normalised sequence ratio, tiny clip range (3e-4 / 4e-4), no KL.
-    "gspo": {
-        "ratio": {"name": "sequence"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "ppo", "eps_low": 3e-4, "eps_high": 4e-4},
-        "aggregation": {"name": "seq-mean-token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "gspo": {"ratio": {"name": "sequence"}, "clipper": {"eps_low": 3e-4, "eps_high": 4e-4}},
     # GSPO-token (same paper, §4.3): sequence ratio value with per-token gradients, for per-token advantages.
-    "gspo-token": {
-        "ratio": {"name": "sequence-token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "ppo", "eps_low": 3e-4, "eps_high": 4e-4},
-        "aggregation": {"name": "seq-mean-token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "gspo-token": {"ratio": {"name": "sequence-token"}, "clipper": {"eps_low": 3e-4, "eps_high": 4e-4}},
     # RLOO (Ahmadian et al. 2024, "Back to Basics"; TRL's RLOOTrainer): leave-one-out baseline, PPO clip 0.2.
-    "rloo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "rloo"},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
-        "aggregation": {"name": "seq-mean-token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "rloo": {"advantage": {"name": "rloo"}},
     # CISPO (MiniMax-M1, 2025): the importance weight is truncated (1 - 1.0 .. 1 + 4.0) but every token keeps its
     # gradient; token-level loss as in the paper and verl's recipe; no KL.
-    "cispo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "cispo", "eps_low": 1.0, "eps_high": 4.0},
-        "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "cispo": {"clipper": {"name": "cispo"}, "aggregation": {"name": "token-mean"}},
     # SAPO (Gao et al. 2025): a sigmoid gate (tau 1.0 / 1.05) instead of a hard clip; verl always aggregates it
-    # seq-mean-token-mean; no KL.
-    "sapo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05},
-        "aggregation": {"name": "seq-mean-token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    # seq-mean-token-mean (the default aggregation); no KL.
+    "sapo": {"clipper": {"name": "sapo"}},
     # GMPO (Zhao et al. 2025): geometric mean of token ratios clipped in log space (0.4 / 0.4), one loss per
     # response averaged over responses; no KL.
-    "gmpo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.4},
-        "aggregation": {"name": "seq-mean-token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "gmpo": {"clipper": {"name": "gmpo"}},
     # GPG (Chu et al. 2025): no ratio, no clip, the plain policy gradient with GPG's rescaled group advantage;
     # one gradient step per rollout batch, since nothing corrects for off-policy minibatches.
     "gpg": {
@@ -106,61 +49,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "advantage": {"name": "gpg"},
         "clipper": {"name": "none"},
         "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
         "minibatches_per_rollout": 1,
     },
-    # REINFORCE++ (Hu 2025): the outcome return whitened over the whole batch (no per-prompt group), PPO clip 0.2,
-    # token-level loss.
-    "reinforce++": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "reinforce++", "gamma": 1.0},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
-        "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    # REINFORCE++ (Hu 2025): the outcome return (gamma 1) whitened over the whole batch (no per-prompt group), PPO
+    # clip 0.2, token-level loss.
+    "reinforce++": {"advantage": {"name": "reinforce++"}, "aggregation": {"name": "token-mean"}},
     # REINFORCE++-baseline (same paper): group-mean baseline, then whitened over the batch.
-    "reinforce++-baseline": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "reinforce++-baseline"},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
-        "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "reinforce++-baseline": {"advantage": {"name": "reinforce++-baseline"}, "aggregation": {"name": "token-mean"}},
     # OPO (Hao et al. 2025): exactly on-policy (one gradient step per rollout batch) with the length-weighted
     # group baseline; token-level loss, no KL.
-    "opo": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "opo"},
-        "clipper": {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2},
-        "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-        "minibatches_per_rollout": 1,
-    },
-    # KL-Cov (Cui et al. 2025): no clip; a |logp - old| penalty on the 0.02% of tokens with the largest
-    # advantage-logp covariance; token-level loss as in the paper's verl recipe.
-    "kl-cov": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {"name": "kl-cov", "select_fraction": 0.0002, "kl_coef": 1.0},
-        "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "opo": {"advantage": {"name": "opo"}, "aggregation": {"name": "token-mean"}, "minibatches_per_rollout": 1},
+    # KL-Cov (Cui et al. 2025): no clip; a |logp - old| penalty (coefficient 1) on the 0.02% of tokens with the
+    # largest advantage-logp covariance; token-level loss as in the paper's verl recipe.
+    "kl-cov": {"clipper": {"name": "kl-cov"}, "aggregation": {"name": "token-mean"}},
     # Clip-Cov (same paper): PPO clip 0.2, and 0.02% of the tokens with covariance in (1, 5) detached at random.
-    "clip-cov": {
-        "ratio": {"name": "token"},
-        "advantage": {"name": "group", "std_normalize": True},
-        "clipper": {
-            "name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0,
-        },
-        "aggregation": {"name": "token-mean"},
-        "kl": {"name": "k3"},
-        "kl_coef": 0.0,
-    },
+    "clip-cov": {"clipper": {"name": "clip-cov"}, "aggregation": {"name": "token-mean"}},
 }
 
 
@@ -173,7 +76,8 @@ def merge_component(base: Any, override: Any) -> Any:
     return copy.deepcopy(override)
 
 
-# Without a preset, the user's fields are merged over these, so `clipper: {eps_high: 0.3}` tunes the default ppo.
+# The base of every algorithm: a preset's and then the user's fields are merged over these, so
+# `clipper: {eps_high: 0.3}` tunes the default ppo.
 DEFAULT_COMPONENTS: dict[str, Any] = {
     "ratio": {"name": "token"},
     "advantage": {"name": "group"},
@@ -186,11 +90,12 @@ DEFAULT_COMPONENTS: dict[str, Any] = {
 
 
 def expand_preset(algorithm: dict[str, Any]) -> dict[str, Any]:
-    """Return the algorithm section with its ``preset`` (or the defaults) expanded under the user's own fields."""
+    """The algorithm section with the defaults, then its ``preset``, then the user's own fields merged in order."""
     preset_name = algorithm.get("preset")
     # an unknown preset is left for validation to report with the valid choices; expand the defaults meanwhile
-    base = PRESETS.get(preset_name, DEFAULT_COMPONENTS) if preset_name is not None else DEFAULT_COMPONENTS
-    merged: dict[str, Any] = copy.deepcopy(base)
-    for key, value in algorithm.items():
-        merged[key] = merge_component(merged[key], value) if key in merged else value
+    layers = [PRESETS[preset_name], algorithm] if preset_name in PRESETS else [algorithm]
+    merged: dict[str, Any] = copy.deepcopy(DEFAULT_COMPONENTS)
+    for layer in layers:
+        for key, value in layer.items():
+            merged[key] = merge_component(merged[key], value) if key in merged else copy.deepcopy(value)
     return merged

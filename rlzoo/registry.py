@@ -65,9 +65,9 @@ def format_validation_error(
         if e["type"] == "extra_forbidden" and params is not None and e["loc"]:
             valid = sorted(params.model_fields)
             close = difflib.get_close_matches(str(e["loc"][-1]), valid, n=1, cutoff=0.5)
-            message = "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else "") + (
-                f" Valid parameters: {', '.join(valid)}" if valid else " This component takes no parameters"
-            )
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
+            listing = f" Valid parameters: {', '.join(valid)}" if valid else " this component takes no parameters"
+            message = f"unknown parameter{hint}{listing}"
         problems.append((loc, message))
     return problems
 

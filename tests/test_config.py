@@ -405,3 +405,27 @@ def test_multiple_structural_problems_reported_together():
     with pytest.raises(ConfigError) as info:
         build_config({"train": {"steps": -1}, "rollout": {"top_p": 2.0}, "seed": "x"})
     assert {"train.steps", "rollout.top_p", "seed"} <= set(problems_of(info))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_states_only_what_differs_from_the_defaults(preset):
+    """Every value a preset writes differs from the default it would otherwise get (a component's own parameter
+    default, the default component, the config field's default): each default is defined in one place."""
+    from rlzoo.config import AlgorithmConfig
+    from rlzoo.presets import DEFAULT_COMPONENTS
+    from rlzoo.registry import default_registry
+
+    registry = default_registry()
+    kinds = {"reward_shaping": "reward_shaper", "regularisers": "regulariser"}
+    for key, value in PRESETS[preset].items():
+        specs = value if isinstance(value, list) else [value] if isinstance(value, dict) else None
+        if specs is None:
+            assert value != AlgorithmConfig.model_fields[key].default, (preset, key)
+            continue
+        for spec in specs:
+            default = DEFAULT_COMPONENTS.get(key, {})
+            name = spec.get("name", default.get("name"))
+            assert "name" not in spec or spec["name"] != default.get("name"), (preset, key, "names the default")
+            params = registry.get(kinds.get(key, key), name).cls.Params()
+            same = [k for k, v in spec.items() if k != "name" and getattr(params, k) == v]
+            assert not same, (preset, key, same)
