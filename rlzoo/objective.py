@@ -24,7 +24,15 @@ import torch
 
 from rlzoo.config import AlgorithmConfig
 from rlzoo.errors import ConfigError
-from rlzoo.interfaces import Clipper, KLEstimator, LossAggregation, PolicyBatch, RatioEstimator, Regulariser
+from rlzoo.interfaces import (
+    Clipper,
+    ClipResult,
+    KLEstimator,
+    LossAggregation,
+    PolicyBatch,
+    RatioEstimator,
+    Regulariser,
+)
 from rlzoo.presets import expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
@@ -77,72 +85,101 @@ class Objective:
         the same inputs always give the same loss. ``entropy`` (``[batch, tokens]``, with gradient) is the
         per-token entropy of the full distribution, needed when :attr:`needs_entropy`.
         """
+        self._check(logp, old_logp, advantages, mask, ref_logp, entropy)
+        b = _Masked.of(mask.to(logp.dtype), logp, old_logp, advantages, ref_logp, entropy)
+        log_w = self.ratio.log_ratio(b.logp, b.old_logp, b.mask).clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
+        generator = torch.Generator(device=logp.device).manual_seed(seed if seed is not None else 0)
+        clipped = self.clipper.clip_batch(
+            PolicyBatch(torch.exp(log_w), log_w, b.advantages, b.mask, b.logp, b.old_logp, generator)
+        )
+        per_token = clipped.loss if weights is None else clipped.loss * weights.detach()
+        policy_loss = loss = b.aggregate(per_token, self.aggregation)
+        metrics: dict[str, float] = {}
+        if b.ref_logp is not None:
+            kl = self.kl.estimate(b.logp, b.ref_logp)
+            metrics["kl/ref"] = masked_mean(kl.detach(), b.mask).item()
+            if self.kl_coef:
+                kl_loss = b.aggregate(kl, self.aggregation)
+                metrics["loss/kl"] = kl_loss.item()
+                loss = loss + self.kl_coef * kl_loss
+        for regulariser in self.regularisers:
+            term = regulariser.loss(b.logp, b.entropy, b.mask, self.aggregation)
+            metrics[f"loss/{regulariser.name}"] = term.item()
+            loss = loss + term
+        return loss, {**metrics, **_policy_metrics(policy_loss, loss, torch.exp(log_w), clipped, b)}
+
+    def _check(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        entropy: torch.Tensor | None,
+    ) -> None:
         if not (logp.shape == old_logp.shape == advantages.shape == mask.shape):
             raise ValueError(
                 f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
                 f"advantages {tuple(advantages.shape)}, mask {tuple(mask.shape)}"
             )
-        mask = mask.to(logp.dtype)
-        keep = mask > 0
-        # padded positions may hold anything (-inf, NaN); zero them so neither values nor gradients see them
-        zero = torch.zeros_like(logp)
-        logp = torch.where(keep, logp, zero)
-        old_logp = torch.where(keep, old_logp.detach(), zero)
-        advantages = torch.where(keep, advantages.detach(), zero)
-        if ref_logp is not None:
-            ref_logp = torch.where(keep, ref_logp.detach(), zero)
-        log_w = self.ratio.log_ratio(logp, old_logp, mask)
-        log_w = log_w.clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
-        ratio = torch.exp(log_w)
-        generator = torch.Generator(device=logp.device).manual_seed(seed if seed is not None else 0)
-        policy_batch = PolicyBatch(ratio, log_w, advantages, mask, logp, old_logp, generator)
-        clipped = self.clipper.clip_batch(policy_batch)
-        per_token = clipped.loss
-        metrics: dict[str, float] = {}
         if self.kl_coef > 0 and ref_logp is None:
             raise ValueError("kl_coef > 0 needs ref_logp (the reference policy's log-probs of the same tokens)")
-        if weights is not None:
-            per_token = per_token * weights.detach()
-        policy_loss = self.aggregation.aggregate(torch.where(keep, per_token, zero), mask)
-        if ref_logp is not None:
-            kl = self.kl.estimate(logp, ref_logp)
-            metrics["kl/ref"] = masked_mean(kl.detach(), mask).item()
-            if self.kl_coef:
-                kl_loss = self.aggregation.aggregate(torch.where(keep, kl, zero), mask)
-                metrics["loss/kl"] = kl_loss.item()
-                loss = policy_loss + self.kl_coef * kl_loss
-            else:
-                loss = policy_loss
-        else:
-            loss = policy_loss
-        if self.regularisers:
-            if self.needs_entropy and entropy is None:
-                raise ValueError("a regulariser needs the per-token entropy: pass entropy=[batch, tokens]")
-            entropy = torch.where(keep, entropy, zero) if entropy is not None else None
-            for regulariser in self.regularisers:
-                term = regulariser.loss(logp, entropy, mask, self.aggregation)
-                metrics[f"loss/{regulariser.name}"] = term.item()
-                loss = loss + term
+        if self.needs_entropy and entropy is None:
+            raise ValueError("a regulariser needs the per-token entropy: pass entropy=[batch, tokens]")
 
-        with torch.no_grad():
-            low = (clipped.clipped_low & keep).to(logp.dtype)
-            high = (clipped.clipped_high & keep).to(logp.dtype)
-            r = ratio.detach()[keep]
-            metrics.update(
-                {
-                    "loss/policy": policy_loss.item(),
-                    "loss/total": loss.item(),
-                    "clip/low_fraction": masked_mean(low, mask).item(),
-                    "clip/high_fraction": masked_mean(high, mask).item(),
-                    "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), mask).item(),
-                    "ratio/mean": r.mean().item() if r.numel() else 1.0,
-                    "ratio/min": r.min().item() if r.numel() else 1.0,
-                    "ratio/max": r.max().item() if r.numel() else 1.0,
-                    "kl/old_approx": masked_mean(k3_from_samples_of_old(logp.detach(), old_logp), mask).item(),
-                    **clipped.metrics,
-                }
-            )
-        return loss, metrics
+
+@dataclass
+class _Masked:
+    """The objective's inputs with every padded position zeroed (padding may hold anything, -inf or NaN, and must
+    reach neither values nor gradients); the old / reference log-probs and advantages detached."""
+
+    mask: torch.Tensor
+    keep: torch.Tensor
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    ref_logp: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+           ref_logp: torch.Tensor | None, entropy: torch.Tensor | None) -> _Masked:
+        keep = mask > 0
+        zero = torch.zeros_like(logp)
+
+        def zeroed(values: torch.Tensor | None, detach: bool) -> torch.Tensor | None:
+            if values is None:
+                return None
+            return torch.where(keep, values.detach() if detach else values, zero)
+
+        return cls(
+            mask, keep, zeroed(logp, False), zeroed(old_logp, True), zeroed(advantages, True),
+            zeroed(ref_logp, True), zeroed(entropy, False),
+        )
+
+    def aggregate(self, per_token: torch.Tensor, aggregation: LossAggregation) -> torch.Tensor:
+        return aggregation.aggregate(torch.where(self.keep, per_token, torch.zeros_like(per_token)), self.mask)
+
+
+@torch.no_grad()
+def _policy_metrics(
+    policy_loss: torch.Tensor, loss: torch.Tensor, ratio: torch.Tensor, clipped: ClipResult, b: _Masked
+) -> dict[str, float]:
+    low = (clipped.clipped_low & b.keep).to(b.logp.dtype)
+    high = (clipped.clipped_high & b.keep).to(b.logp.dtype)
+    r = ratio.detach()[b.keep]
+    return {
+        "loss/policy": policy_loss.item(),
+        "loss/total": loss.item(),
+        "clip/low_fraction": masked_mean(low, b.mask).item(),
+        "clip/high_fraction": masked_mean(high, b.mask).item(),
+        "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), b.mask).item(),
+        "ratio/mean": r.mean().item() if r.numel() else 1.0,
+        "ratio/min": r.min().item() if r.numel() else 1.0,
+        "ratio/max": r.max().item() if r.numel() else 1.0,
+        "kl/old_approx": masked_mean(k3_from_samples_of_old(b.logp.detach(), b.old_logp), b.mask).item(),
+        **clipped.metrics,
+    }
 
 
 def build_objective(algorithm: AlgorithmConfig | Mapping[str, Any], registry: Registry | None = None) -> Objective:
