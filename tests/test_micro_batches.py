@@ -187,3 +187,34 @@ def test_routing_replay_across_micro_batches(tmp_path, pack):
     second = learner.update(batch, rows, loss_fn)  # after a step of lr 1e-2: fresh routing would flip
     assert first["moe/flip_rate"] == 0.0 and second["moe/flip_rate"] == 0.0
     assert second["moe/fresh_flip_rate"] > 0.0
+
+
+def test_chunked_logprobs_have_the_gradient_of_full_vocabulary_logits(tmp_path):
+    """Log-probs and entropies through the output layer in chunks of 3 positions (recomputed in backward) give the
+    parameters the gradient of the full [rows, length, vocab] logits computation, to 1e-6 relative (the full-logits
+    reference takes log_softmax in float32)."""
+    engine = _engine(tmp_path, False, logits_chunk_tokens=3)
+    batch = _batch(6, seed=6)
+    g = torch.Generator().manual_seed(1)
+    w_logp = torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64) * batch.response_mask
+    w_entropy = torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64) * batch.response_mask
+
+    def grads(loss):
+        engine.model.zero_grad(set_to_none=True)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None}
+
+    logp, entropy = response_logprobs_and_entropy(engine.model, batch)  # full logits (log_softmax in float32)
+    reference = grads((logp.double() * w_logp).sum() + (entropy.double() * w_entropy).sum())
+    seen = {}
+
+    def loss_fn(logp, entropy):
+        seen["loss"] = (logp * w_logp).sum() + (entropy * w_entropy).sum()
+        return seen["loss"], {}
+
+    engine.model.zero_grad(set_to_none=True)
+    engine.accumulate_gradients(batch, loss_fn, with_entropy=True)
+    chunked = {n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None}
+    assert chunked.keys() == reference.keys()
+    for key, grad in reference.items():
+        assert (grad - chunked[key]).abs().max() < 1e-6 * max(1.0, float(grad.abs().max())), key

@@ -9,11 +9,13 @@ from rlzoo.engines.base import (
     TokenBatch,
     TrainingEngine,
 )
+from rlzoo.engines.module_engine import ModuleTrainingEngine
 
 __all__ = [
     "EngineContext",
     "Generation",
     "LossFn",
+    "ModuleTrainingEngine",
     "RolloutEngine",
     "SamplingSettings",
     "TokenBatch",

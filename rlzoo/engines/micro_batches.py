@@ -26,6 +26,8 @@ from rlzoo.engines.tokens import response_positions
 
 #: attention implementations whose masks honour packed position ids (transformers' masking_utils)
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"})
+#: the padding share of length-sorted rows from which packing pays for its block-diagonal attention mask
+PACKING_MIN_PADDING = 0.1
 
 
 @dataclass
@@ -68,13 +70,27 @@ class MicroBatch:
 
 
 def plan_micro_batches(batch: TokenBatch, max_tokens: int, pack: bool) -> list[MicroBatch]:
-    """The micro-batches of ``batch`` (see the module docstring); every row is in exactly one of them."""
-    lengths = batch.attention_mask.sum(dim=1).tolist()
+    """The micro-batches of ``batch`` (see the module docstring); every row is in exactly one of them.
+
+    With ``pack``, sequences are packed only where length-sorted rows would leave at least
+    :data:`PACKING_MIN_PADDING` of the positions padding: below that, packing saves less than the packed attention
+    mask costs (measured on the tiny benchmark, docs/benchmarks.md)."""
+    lengths = [max(int(n), 1) for n in batch.attention_mask.sum(dim=1).tolist()]
+    groups = _group(lengths, max_tokens, pack=False)
+    if pack:
+        padded = sum(len(g) * max(lengths[r[0]] for r in g) for g in groups)
+        if 1.0 - sum(lengths) / padded >= PACKING_MIN_PADDING:
+            groups = _group(lengths, max_tokens, pack=True)
+    return [_build(batch, rows, lengths) for rows in groups]
+
+
+def _group(lengths: list[int], max_tokens: int, pack: bool) -> list[list[list[int]]]:
+    """Micro-batch -> model rows -> batch rows: longest first, first-fit (module docstring)."""
     order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
-    groups: list[list[list[int]]] = []  # micro-batch -> model rows -> batch rows
+    groups: list[list[list[int]]] = []
     width = 0
     for row in order:
-        length = max(int(lengths[row]), 1)
+        length = lengths[row]
         current = groups[-1] if groups else None
         if current is not None:
             if pack:
@@ -87,7 +103,7 @@ def plan_micro_batches(batch: TokenBatch, max_tokens: int, pack: bool) -> list[M
                 continue
         groups.append([[row]])
         width = length  # longest first: the first sequence of a micro-batch is its widest
-    return [_build(batch, rows, lengths) for rows in groups]
+    return groups
 
 
 def with_count(micro_batches: list[MicroBatch], count: int, pad_token_id: int) -> list[MicroBatch]:
@@ -121,46 +137,47 @@ def padding_fraction(micro_batches: list[MicroBatch]) -> float:
 
 
 def _used(model_row: list[int], lengths: list[int]) -> int:
-    return sum(max(int(lengths[r]), 1) for r in model_row)
+    return sum(lengths[r] for r in model_row)
 
 
 def _build(batch: TokenBatch, model_rows: list[list[int]], lengths: list[int]) -> MicroBatch:
+    # where each sequence goes: (model row, offset); then every index is computed at once (no per-row tensor work)
+    rows, starts, sizes = [], [], []
     width = max(_used(r, lengths) for r in model_rows)
-    packed = any(len(r) > 1 for r in model_rows)
+    for model_row, placed in enumerate(model_rows):
+        offset = 0
+        for row in placed:
+            rows.append(row)
+            starts.append(model_row * width + offset)
+            sizes.append(lengths[row])
+            offset += lengths[row]
+    rows_t, starts_t, sizes_t = torch.tensor(rows), torch.tensor(starts), torch.tensor(sizes)
+    seq = torch.repeat_interleave(torch.arange(len(rows)), sizes_t)  # [n] the placed sequence of each position
+    pos = torch.arange(len(seq)) - torch.repeat_interleave(torch.cumsum(sizes_t, 0) - sizes_t, sizes_t)
+    dest = starts_t[seq] + pos
     shape = (len(model_rows), width)
-    input_ids = torch.zeros(shape, dtype=batch.input_ids.dtype)
-    position_ids = torch.zeros(shape, dtype=torch.long)
     source_row = torch.full(shape, -1, dtype=torch.long)
     source_pos = torch.full(shape, -1, dtype=torch.long)
-    predicts, targets, out_rows, out_cols = [], [], [], []
-    positions = response_positions(batch)  # [B, T] the batch position predicting each response token
-    for model_row, rows in enumerate(model_rows):
-        offset = 0
-        for row in rows:
-            length = int(lengths[row])
-            span = slice(offset, offset + length)
-            input_ids[model_row, span] = batch.input_ids[row, :length]
-            position_ids[model_row, span] = torch.arange(length)
-            source_row[model_row, span] = row
-            source_pos[model_row, span] = torch.arange(length)
-            columns = batch.response_mask[row].nonzero().squeeze(-1)
-            predicts.append(model_row * width + offset + positions[row, columns])
-            targets.append(batch.input_ids[row, positions[row, columns] + 1])
-            out_rows.append(torch.full_like(columns, row))
-            out_cols.append(columns)
-            offset += length
-        if offset < width:  # padding: a segment of its own, restarting at 0, attended by no real token
-            position_ids[model_row, offset:] = torch.arange(width - offset)
-            input_ids[model_row, offset:] = batch.input_ids[rows[0], 0]
-    attention_mask = None if packed else (source_row >= 0).to(batch.attention_mask.dtype)
+    source_row.view(-1)[dest] = rows_t[seq]
+    source_pos.view(-1)[dest] = pos
+    real = source_row >= 0
+    input_ids = torch.zeros(shape, dtype=batch.input_ids.dtype)
+    input_ids[real] = batch.input_ids[source_row[real], source_pos[real]]
+    # padding: a segment of its own after the row's sequences, positions restarting at 0, attended by no real token
+    used = real.sum(dim=1, keepdim=True)
+    position_ids = torch.where(real, source_pos, torch.arange(width).unsqueeze(0) - used)
+    # response tokens: the predicting position of column t of a row is response_start - 1 + t
+    index, columns = batch.response_mask[rows_t].nonzero(as_tuple=True)
+    start = batch.response_start[rows_t[index]]
+    packed = any(len(r) > 1 for r in model_rows)
     return MicroBatch(
         input_ids,
-        attention_mask,
+        None if packed else real.to(batch.attention_mask.dtype),
         position_ids,
         source_row,
         source_pos,
-        torch.cat(predicts),
-        torch.cat(targets),
-        torch.cat(out_rows),
-        torch.cat(out_cols),
+        starts_t[index] + start - 1 + columns,
+        batch.input_ids[rows_t[index], start + columns],
+        rows_t[index],
+        columns,
     )
