@@ -159,14 +159,13 @@ def make_learner(config, engine):
     else a plain ``Learner``."""
     from rlzoo.interfaces import RouterPolicy
     from rlzoo.learner import Learner
-    from rlzoo.moe import find_routers
     from rlzoo.registry import default_registry
     from rlzoo.routing_learner import RoutingLearner
     from rlzoo.run import create
 
     spec = config.algorithm.router
     policy = create(default_registry(), "router", spec) if spec is not None else RouterPolicy()
-    if not find_routers(engine.model):
+    if engine.moe_layout() is None:
         return Learner(engine)
     if policy.needs_rollout_routing():
         raise SystemExit(f"router policy {policy.name!r} replays the rollout's routing, not synthesised here")
@@ -178,7 +177,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     import rlzoo
     from rlzoo.config import load_config
-    from rlzoo.loop import minibatches, step_seed
+    from rlzoo.loop import minibatches
+    from rlzoo.seeds import step_seed
     from rlzoo.objective import build_objective
     from rlzoo.registry import default_registry
     from rlzoo.run import create, engine_context, load_tokenizer

@@ -57,6 +57,11 @@ TaskSpec = _spec("task")
 RolloutEngineSpec = _spec("rollout_engine")
 TrainingEngineSpec = _spec("training_engine")
 
+# the engines a config that names none runs on: in-process, installed with rlzoo itself (the cold start evaluates
+# with the rollout one)
+DEFAULT_ROLLOUT_ENGINE = "hf"
+DEFAULT_TRAINING_ENGINE = "torch"
+
 
 def _default(spec: type[ComponentSpec], key: str) -> Any:
     """The default component of an algorithm field: defined once, in ``rlzoo.presets.DEFAULT_COMPONENTS``."""
@@ -110,19 +115,16 @@ class AlgorithmConfig(Section):
         return value
 
 
-# head sizes vLLM's attention kernels accept (its CPU and GPU backends); a policy sampled by vLLM needs one
-VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
-
-
 class TinyModelConfig(Section):
-    """A model built locally from a transformers config (random init); sizes must suit vLLM (head_dim 32/64/...)."""
+    """A model built locally from a transformers config (random init); the rollout engine may restrict its sizes
+    further (vLLM: its head sizes, checked by that engine)."""
 
     architecture: Literal["qwen3_moe", "qwen3"] = "qwen3_moe"
     hidden_size: int = Field(64, ge=1)
     num_hidden_layers: int = Field(2, ge=1)
     num_attention_heads: int = Field(2, ge=1)
     num_key_value_heads: int = Field(1, ge=1)
-    head_dim: int = Field(32, ge=2, description="rotary embeddings rotate pairs: even; for vLLM one of VLLM_HEAD_DIMS")
+    head_dim: int = Field(32, ge=2, description="rotary embeddings rotate pairs: even (vLLM: 32, 64, 80, 96, ...)")
     intermediate_size: int = Field(128, ge=1)
     moe_intermediate_size: int = Field(64, ge=1)
     num_experts: int = Field(8, ge=1)
@@ -130,12 +132,12 @@ class TinyModelConfig(Section):
     max_position_embeddings: int = Field(256, ge=1)
     rope_theta: float = Field(10000.0, gt=0)
 
-    def shape_problems(self, for_vllm: bool) -> list[tuple[str, str]]:
+    def shape_problems(self) -> list[tuple[str, str]]:
         """The shape rules a model built from these sizes must meet, as ``(field, message)`` pairs.
 
-        transformers and vLLM both repeat each key/value head over ``heads / kv_heads`` query heads (grouped-
-        query attention), rotate ``head_dim`` in pairs (RoPE), and pick ``num_experts_per_tok`` of
-        ``num_experts``; vLLM (``for_vllm``) also restricts ``head_dim`` to its kernels' sizes.
+        transformers repeats each key/value head over ``heads / kv_heads`` query heads (grouped-query attention),
+        rotates ``head_dim`` in pairs (RoPE), and picks ``num_experts_per_tok`` of ``num_experts``. An engine's
+        own limits (vLLM's head sizes) are that engine's check (``Component.preflight``).
         """
         problems = []
         if self.num_attention_heads % self.num_key_value_heads:
@@ -147,11 +149,6 @@ class TinyModelConfig(Section):
             ))
         if self.head_dim % 2:
             problems.append(("head_dim", f"{self.head_dim} is odd; rotary embeddings need an even head_dim"))
-        if for_vllm and self.head_dim not in VLLM_HEAD_DIMS:
-            problems.append((
-                "head_dim",
-                f"{self.head_dim} is not supported by vLLM (rollout.engine vllm); use one of {list(VLLM_HEAD_DIMS)}",
-            ))
         if self.architecture == "qwen3_moe" and self.num_experts_per_tok > self.num_experts:
             problems.append((
                 "num_experts_per_tok",
@@ -217,7 +214,7 @@ class ColdStartConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: RolloutEngineSpec = Field(default_factory=lambda: RolloutEngineSpec(name="hf"))
+    engine: RolloutEngineSpec = Field(default_factory=lambda: RolloutEngineSpec(name=DEFAULT_ROLLOUT_ENGINE))
     prompts_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(16, ge=1)
@@ -238,7 +235,7 @@ class RolloutConfig(Section):
 
 
 class TrainerConfig(Section):
-    engine: TrainingEngineSpec = Field(default_factory=lambda: TrainingEngineSpec(name="torch"))
+    engine: TrainingEngineSpec = Field(default_factory=lambda: TrainingEngineSpec(name=DEFAULT_TRAINING_ENGINE))
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -117,10 +117,6 @@ class Dist:
         dist.broadcast_object_list(box, src=0, device=torch.device(self.device))
         return box[0]
 
-    def from_main(self, make: Callable[[], T]) -> T:
-        """``make()`` evaluated on rank 0 alone; its result on every rank (``make()`` itself in one process)."""
-        return self.broadcast(make() if self.is_main else None)
-
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order (pickled; ``[obj]`` in one process)."""
         if not self.active:
@@ -140,18 +136,15 @@ class Dist:
             else:
                 dist.barrier()
 
-    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Per key, the mean over ranks (identical values stay bit-identical); ``time/*`` are rank 0's."""
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's metrics combined over ranks, per key by the value's declared reduction
+        (:func:`rlzoo.metrics.reduce_ranks`: a plain float is averaged, ``Min`` / ``Max`` keep the extreme; the
+        classes survive the pickling of :meth:`all_gather_object`); ``time/*`` are rank 0's."""
         if not self.active:
             return metrics
-        everyone = self.all_gather_object(metrics)
-        out = dict(everyone[0])
-        for key in {k for m in everyone for k in m}:
-            if key.startswith("time/"):
-                continue
-            values = [m[key] for m in everyone if key in m]
-            out[key] = sum(values) / len(values)
-        return out
+        from rlzoo.metrics import reduce_ranks
+
+        return reduce_ranks(self.all_gather_object(metrics))
 
 
 SINGLE = Dist()

@@ -1,10 +1,13 @@
 """The run's failure policy: which faults inside a step the run rides out, and when it stops.
 
-Faults are contained where they happen and counted in the step's metrics (docs/faults.md):
+Faults are contained where they happen and counted in the step's metrics (docs/faults.md), as values declared
+fault counts (:mod:`rlzoo.metrics`); the policy reads those declarations, whatever the keys:
 
 - a verifier that raises, hangs past ``train.verifier_timeout_s`` or returns a non-finite reward: that response
-  scores 0 (:mod:`rlzoo.scoring`; ``verifier/errors``, ``verifier/timeouts``, ``verifier/nonfinite_rewards``);
-- a loss or gradient norm that is not finite: the training engine skips that update (``train/nonfinite_steps``).
+  scores 0 (:mod:`rlzoo.scoring`; ``verifier/errors``, ``verifier/timeouts``, ``verifier/nonfinite_rewards``,
+  declared :class:`~rlzoo.metrics.UnscoredResponses`);
+- a loss or gradient norm that is not finite: the training engine skips that update (``train/nonfinite_steps``,
+  declared :class:`~rlzoo.metrics.SkippedUpdates`).
 
 A step *fails* when any of its updates was skipped, or when not one response of its batch could be scored (the
 update then learns from nothing but zeros). The driver asks :meth:`FaultPolicy.check` once per step, after logging
@@ -21,11 +24,9 @@ from pathlib import Path
 
 from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.errors import RlzooError
+from rlzoo.metrics import Declared, SkippedUpdates, UnscoredResponses
 
 log = logging.getLogger("rlzoo.faults")
-
-#: the per-response scoring faults of a step (rlzoo.scoring.Scores.metrics)
-UNSCORED = ("verifier/errors", "verifier/timeouts", "verifier/nonfinite_rewards")
 
 
 class StepFailure(RlzooError):
@@ -42,13 +43,16 @@ class FaultPolicy:
         self.streak = 0
 
     def failure(self, metrics: dict[str, float]) -> str | None:
-        """Why the step that logged ``metrics`` failed, or ``None`` if it did not."""
-        skipped = metrics.get("train/nonfinite_steps", 0.0)
-        if skipped > 0:
-            return f"the loss or gradient norm was not finite ({skipped:g} update(s) skipped, train/nonfinite_steps)"
-        counts = {key: metrics.get(key, 0.0) for key in UNSCORED}
-        if sum(counts.values()) >= self.responses_per_step:
-            detail = ", ".join(f"{key} {value:g}" for key, value in counts.items())
+        """Why the step that logged ``metrics`` failed, or ``None`` if it did not: the values declared
+        :class:`SkippedUpdates` sum to more than 0, or those declared :class:`UnscoredResponses` to the step's
+        responses. Plain numbers are never faults, whatever their keys."""
+        skipped = declared_as(metrics, SkippedUpdates)
+        if sum(skipped.values()) > 0:
+            detail = ", ".join(skipped)
+            return f"the loss or gradient norm was not finite ({sum(skipped.values()):g} update(s) skipped, {detail})"
+        unscored = declared_as(metrics, UnscoredResponses)
+        if unscored and sum(unscored.values()) >= self.responses_per_step:
+            detail = ", ".join(f"{key} {value:g}" for key, value in unscored.items())
             return f"none of the {self.responses_per_step} responses could be scored ({detail})"
         return None
 
@@ -73,3 +77,8 @@ class FaultPolicy:
             f"stopped at step {step} after {self.streak} failed steps in a row (train.max_consecutive_failures: "
             f"{self.max_consecutive}): {cause}; {kept}"
         )
+
+
+def declared_as(metrics: dict[str, float], fault: type[Declared]) -> dict[str, float]:
+    """The values of ``metrics`` declared as ``fault`` (a class of :mod:`rlzoo.metrics`), by key."""
+    return {key: value for key, value in metrics.items() if isinstance(value, fault)}

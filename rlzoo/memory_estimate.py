@@ -7,8 +7,9 @@ plus vLLM's share of the device. :mod:`rlzoo.preflight` compares it with ``train
 config check --device-memory``). It is arithmetic, not a measurement: what it leaves out is listed below.
 
 Notation: ``P`` parameters, of which ``Pe`` routed-expert parameters (``Pd = P - Pe`` the rest); ``N`` processes
-(data-parallel ranks); ``s`` the DeepSpeed ZeRO stage (0 for the ``torch`` engine); ``ep`` DeepSpeed-MoE's
-``ep_size`` (1 unless ``moe: deepspeed``); ``c`` the bytes of ``trainer.dtype`` (2 for bfloat16, 4 for float32);
+(data-parallel ranks); ``s`` the ZeRO stage and ``ep`` the expert-parallel ranks, as the training engine states them
+(:class:`TrainingLayout`; DeepSpeed's ``zero_stage`` and ``ep_size`` with ``moe: deepspeed``, else 1; the ``torch``
+engine: 0 and 1); ``c`` the bytes of ``trainer.dtype`` (2 for bfloat16, 4 for float32);
 ``T`` = ``trainer.max_tokens_per_micro_batch``; ``h`` hidden size, ``L`` decoder layers, ``V`` vocabulary,
 ``q = heads x head_dim``, ``kv = kv_heads x head_dim``, ``I`` the dense MLP width, ``E`` experts, ``k`` experts
 per token, ``Im`` one expert's MLP width.
@@ -52,7 +53,8 @@ Output layer, in chunks of ``trainer.logits_chunk_tokens`` positions::
 
 The KL reference (``algorithm.kl_coef > 0``) is a second training engine of the same kind, loaded from the initial
 model (:mod:`rlzoo.run`): its ``weights`` and ``master_copy`` as above; it never steps (no gradients, no optimizer
-state). The rollout engine shares the GPU with the trainer (rlzoo colocates them; rank 0 always holds one)::
+state). The rollout engine shares the GPU with the trainer (rlzoo colocates them; rank 0 always holds one); each
+rollout engine states its own part (:meth:`rlzoo.engines.RolloutEngine.memory`), rlzoo's as follows::
 
     vllm  gpu_memory_utilization x device memory (vLLM's budget for its weights, activations and KV cache), if set;
           else kv_cache_memory_bytes + P x model.dtype bytes / tensor_parallel_size
@@ -225,6 +227,7 @@ class MemoryEstimate:
     parts: dict[str, int]
     parameters: int
     device_fraction: float = 0.0
+    rollout_weights: int = 0  # the rollout engine's copy of the policy on one GPU (within ``rollout``'s share)
 
     def total(self, device_memory: int | None = None) -> int:
         """All parts; vLLM's share counts only when ``device_memory`` is given."""
@@ -252,39 +255,65 @@ class MemoryEstimate:
         return [*lines, f"{'total':<14}{format_bytes(self.total(device_memory)):>9}{unknown}"]
 
 
-def estimate(config: RunConfig, shape: ModelShape, world: int = 1) -> MemoryEstimate:
-    """GPU memory of the most loaded rank of ``config`` (resolved) on ``world`` processes, by the module's formula."""
-    parts = _training_parts(config, shape, world)
+@dataclass(frozen=True)
+class TrainingLayout:
+    """How a training engine holds the policy's training state on each rank (the module docstring's ``s``, ``ep``):
+    what :meth:`rlzoo.engines.TrainingEngine.memory_layout` answers. The default is the whole state on every rank."""
+
+    zero_stage: int = 0  # 1: the optimizer state partitioned over the ranks; 2: and the gradients; 3: and weights
+    expert_parallel: int = 1  # ranks the routed experts are split over
+    experts_as_linear: bool = False  # the experts are Linear modules, so autocast caches their bf16 copies
+
+
+@dataclass(frozen=True)
+class RolloutMemory:
+    """What :meth:`rlzoo.engines.RolloutEngine.memory` answers: the rollout engine's bytes on a rank's GPU, or a
+    share of the device (``device_fraction``, e.g. vLLM's ``gpu_memory_utilization``) instead; ``weights``: its copy
+    of the policy within that."""
+
+    bytes: int
+    weights: int
+    device_fraction: float = 0.0
+
+
+def estimate(
+    config: RunConfig, shape: ModelShape, world: int = 1, *, training: Any = None, rollout: Any = None
+) -> MemoryEstimate:
+    """GPU memory of the most loaded rank of ``config`` (resolved) on ``world`` processes, by the module's formula.
+
+    ``training`` / ``rollout``: the config's engines, constructed (not started); built from the default registry
+    when not given. Each answers for its own part (:meth:`~rlzoo.engines.TrainingEngine.memory_layout`,
+    :meth:`~rlzoo.engines.RolloutEngine.memory`)."""
+    if training is None or rollout is None:
+        from rlzoo.registry import default_registry
+
+        registry = default_registry()
+        trainer_spec, rollout_spec = config.trainer.engine, config.rollout.engine
+        training = training or registry.create("training_engine", trainer_spec.name, trainer_spec.params)
+        rollout = rollout or registry.create("rollout_engine", rollout_spec.name, rollout_spec.params)
+    layout = training.memory_layout()
+    parts = _training_parts(config, shape, world, layout)
     parts["activations"] = _activation_bytes(config, shape)
     parts["logits"] = config.trainer.logits_chunk_tokens * shape.vocab * 4 * LOGITS_COPIES
     parts["reference"] = parts["weights"] + parts["master_copy"] if config.algorithm.kl_coef > 0 else 0
-    rollout, fraction = _rollout_bytes(config, shape, world)
-    parts["rollout"] = rollout
-    local = _local_parameters(config, shape)
+    sampling = rollout.memory(config, shape, world)
+    parts["rollout"] = sampling.bytes
+    local = _local_parameters(shape, layout)
     parts["communication"] = MASTER_BYTES * min(REDUCE_BUCKET_ELEMENTS, local) if world > 1 else 0
     parts["runtime"] = RUNTIME_BYTES
-    return MemoryEstimate(parts, shape.parameters(), fraction)
+    return MemoryEstimate(parts, shape.parameters(), sampling.device_fraction, sampling.weights)
 
 
-def _trainer_layout(config: RunConfig) -> tuple[int, int, bool]:
-    """``(ZeRO stage, ep_size, DeepSpeed-MoE)`` of the training engine; the ``torch`` engine is stage 0."""
-    spec = config.trainer.engine
-    if spec.name != "deepspeed":
-        return 0, 1, False
-    moe = spec.params.get("moe") == "deepspeed"
-    return spec.params.get("zero_stage", 0), spec.params.get("ep_size", 1) if moe else 1, moe
-
-
-def _local_parameters(config: RunConfig, shape: ModelShape) -> int:
+def _local_parameters(shape: ModelShape, layout: TrainingLayout) -> int:
     """``Pd + Pe / ep``: the parameters a rank holds whole (expert parallelism splits the experts)."""
-    ep = _trainer_layout(config)[1]
-    return shape.parameters() - shape.expert_parameters() + shape.expert_parameters() // ep
+    experts = shape.expert_parameters()
+    return shape.parameters() - experts + experts // layout.expert_parallel
 
 
-def _training_parts(config: RunConfig, shape: ModelShape, world: int) -> dict[str, int]:
+def _training_parts(config: RunConfig, shape: ModelShape, world: int, layout: TrainingLayout) -> dict[str, int]:
     """weights, master_copy, gradients, optimizer, gathered and weight_copies (module docstring)."""
-    stage, ep, ds_moe = _trainer_layout(config)
-    local, shard = _local_parameters(config, shape), shape.parameters() // max(world, 1)
+    stage = layout.zero_stage
+    local, shard = _local_parameters(shape, layout), shape.parameters() // max(world, 1)
     largest = max(shape.largest_layer_parameters(), shape.embedding_parameters())
     parts = {
         "weights": MASTER_BYTES * (shard if stage == 3 else local),
@@ -295,8 +324,8 @@ def _training_parts(config: RunConfig, shape: ModelShape, world: int) -> dict[st
         "weight_copies": 0,
     }
     if config.trainer.dtype != "float32":
-        experts = shape.expert_parameters() // ep
-        if not ds_moe and config.trainer.activation_checkpointing:
+        experts = shape.expert_parameters() // layout.expert_parallel
+        if not layout.experts_as_linear and config.trainer.activation_checkpointing:
             experts = shape.layer_expert_parameters() if shape.moe_layers else 0
         non_expert = shape.parameters() - shape.expert_parameters()
         parts["weight_copies"] = DTYPE_BYTES[config.trainer.dtype] * (non_expert + experts)
@@ -321,26 +350,11 @@ def _activation_bytes(config: RunConfig, shape: ModelShape) -> int:
     return tokens * shape.layers * layer
 
 
-def rollout_weight_bytes(config: RunConfig, parameters: int) -> int:
-    """The rollout engine's copy of the policy on one GPU: ``model.dtype``, split by vLLM's tensor parallelism."""
-    spec = config.rollout.engine
-    split = spec.params.get("tensor_parallel_size", 1) if spec.name == "vllm" else 1
-    return parameters * DTYPE_BYTES[config.model.dtype] // split
+def policy_bytes(config: RunConfig, shape: ModelShape) -> int:
+    """One copy of the policy's weights in ``model.dtype`` (what a rollout engine holds)."""
+    return shape.parameters() * DTYPE_BYTES[config.model.dtype]
 
 
-def _rollout_bytes(config: RunConfig, shape: ModelShape, world: int) -> tuple[int, float]:
-    """``(bytes, share of the device)`` of the rollout engine on this rank's GPU."""
-    spec, dtype_bytes = config.rollout.engine, DTYPE_BYTES[config.model.dtype]
-    weights = rollout_weight_bytes(config, shape.parameters())
-    if spec.name == "vllm":
-        fraction = spec.params.get("gpu_memory_utilization")
-        if fraction is not None:
-            return 0, float(fraction)
-        return spec.params["kv_cache_memory_bytes"] + weights, 0.0
-    if spec.name != "hf":  # a plugin engine: assumed to hold a copy of the policy; its caches are unknown
-        return weights, 0.0
-    r = config.rollout
-    sampled = r.prompts_per_step * r.group_size // (world if r.per_rank else 1)
-    rows = min(spec.params["batch_size"], max(sampled, 1))
-    length = (config.prompt.max_prompt_tokens or 0) + r.max_new_tokens
-    return weights + rows * length * shape.layers * 2 * shape.kv * dtype_bytes, 0.0
+def kv_cache_bytes(config: RunConfig, shape: ModelShape, tokens: int) -> int:
+    """The key/value cache of ``tokens`` tokens in ``model.dtype``: every layer keeps a key and a value per token."""
+    return tokens * shape.layers * 2 * shape.kv * DTYPE_BYTES[config.model.dtype]

@@ -33,6 +33,7 @@ from rlzoo.interfaces import (
     RatioEstimator,
     Regulariser,
 )
+from rlzoo.metrics import Max, Min, take_reports
 from rlzoo.presets import expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
@@ -78,6 +79,11 @@ class Objective:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``; ``mask`` is 1 on response tokens.
 
+        The metrics include what the ratio estimator, clipper, aggregation, KL estimator and regularisers
+        reported during the call (``Component.report``, keyed ``<namespace>/<name>/<metric>``) and the clipper's
+        ``ClipResult.metrics`` as they are; each value's class declares how a step combines its minibatches'
+        values (:mod:`rlzoo.metrics`).
+
         ``weights`` (optional, no gradient) multiply the per-token loss, e.g. truncated importance-sampling
         corrections for a training-inference mismatch. ``seed`` seeds the generator handed to the clipper for
         its random choices (Clip-Cov's draw); a training loop passes one derived from the run's seed, the step and
@@ -106,7 +112,10 @@ class Objective:
             term = regulariser.loss(b.logp, b.entropy, b.mask, self.aggregation)
             metrics[f"loss/{regulariser.name}"] = term.item()
             loss = loss + term
-        return loss, {**metrics, **_policy_metrics(policy_loss, loss, torch.exp(log_w), clipped, b)}
+        metrics.update(_policy_metrics(policy_loss, loss, torch.exp(log_w), clipped, b))
+        for component in (self.ratio, self.clipper, self.aggregation, self.kl, *self.regularisers):
+            metrics.update(take_reports(component))  # what they report()ed during this minibatch's calls
+        return loss, metrics
 
     def _check(
         self,
@@ -175,8 +184,8 @@ def _policy_metrics(
         "clip/high_fraction": masked_mean(high, b.mask).item(),
         "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), b.mask).item(),
         "ratio/mean": r.mean().item() if r.numel() else 1.0,
-        "ratio/min": r.min().item() if r.numel() else 1.0,
-        "ratio/max": r.max().item() if r.numel() else 1.0,
+        "ratio/min": Min(r.min().item() if r.numel() else 1.0),
+        "ratio/max": Max(r.max().item() if r.numel() else 1.0),
         "kl/old_approx": masked_mean(k3_from_samples_of_old(b.logp.detach(), b.old_logp), b.mask).item(),
         **clipped.metrics,
     }

@@ -18,9 +18,10 @@ policy, one optimizer step further off-policy than without overlap; the clipper 
 engine's pass (mismatch metrics, corrections such as TIS, the MoE routing that Routing Replay R2 replays, and
 ``policy/entropy``) also runs under ``w_t``. The KL reference is untouched.
 
-How the sampling weights come back: the training engine's own parameters are exchanged with a snapshot of ``w_t``
-for the old-log-prob pass (:meth:`OverlappedRollouts.behaviour_weights`), so the learner, the router policy's
-record/replay hooks and the row split run unchanged on the same module. Memory: one extra copy of the policy's
+How the sampling weights come back: the training engine's own weights are exchanged with a copy of ``w_t`` for the
+old-log-prob pass (:meth:`OverlappedRollouts.behaviour_weights`, through the engine's ``copy_weights`` /
+``exchange_weights`` / ``restore_weights``), so the learner, the router policy's record/replay and the row split
+run unchanged on the same engine. Memory: one extra copy of the policy's
 parameters (no optimizer state, no gradients) on the training engine's device, plus one parameter tensor while
 exchanging. The alternative, a frozen second training engine loaded with ``w_t`` like the KL reference, would
 cost a whole engine and record Routing Replay's routing on another module.
@@ -35,7 +36,7 @@ prefetched batch are the background thread's durations (so with overlap the ``ti
 
 Limits (checked by :mod:`rlzoo.preflight`): one process (with a launcher rank 0 samples while the other ranks wait
 at collectives; the prefetch would reorder them), and a training engine whose ``model`` parameters are the full
-weights (not DeepSpeed ZeRO-3). The hf engine seeds sampling through torch's global generator, so a training
+weights (the DeepSpeed engine's own check refuses ZeRO-3). The hf engine seeds sampling through torch's global generator, so a training
 component drawing from it while the batch is sampled would change the sampled tokens (none of rlzoo's does).
 Resume: the prefetched batch is not checkpointed; a resumed run samples its first batch with the checkpoint's
 weights (staleness 0), so from that step on its metrics differ from an uninterrupted run's.
@@ -47,13 +48,16 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlzoo.config import RunConfig
+from rlzoo.engines import TrainingEngine
 from rlzoo.interfaces import Sample
-from rlzoo.loop import Components, RolloutBatch, RolloutSchedule, collect
 from rlzoo.metrics import Timer
+from rlzoo.rollouts import RolloutBatch, RolloutSchedule, collect
+
+if TYPE_CHECKING:
+    from rlzoo.loop import Components
 
 
 @dataclass
@@ -71,20 +75,20 @@ class _Prefetch:
 class OverlappedRollouts(RolloutSchedule):
     """Samples step t+1's batch in a background thread while step t trains; old log-probs under the sampling weights.
 
-    ``model`` is the training engine's policy (its parameters are the full weights); ``prompts_for(step)`` the
+    ``engine`` is the training engine (it copies and exchanges its weights); ``prompts_for(step)`` the
     prompts of a step (as the run driver draws them); ``steps`` the run's last step + 1 (nothing is prefetched
     beyond it). Versions count weight syncs: the rollout engine holds version ``version``; ``versions[step]`` is
     the version that sampled step ``step``'s batch.
     """
 
-    def __init__(self, model: torch.nn.Module, prompts_for: Callable[[int], Sequence[Sample]], steps: int) -> None:
-        self.parameters = list(model.parameters())
+    def __init__(self, engine: TrainingEngine, prompts_for: Callable[[int], Sequence[Sample]], steps: int) -> None:
+        self.engine = engine
         self.prompts_for = prompts_for
         self.steps = steps
         self.version = 0
         self.versions: dict[int, int] = {}
         self.batch_version = 0  # the version that sampled the batch collect() returned last
-        self.snapshot: list[torch.Tensor] | None = None  # the weights of version `snapshot_version`
+        self.snapshot: Any = None  # the engine's copy of the weights of version `snapshot_version`
         self.snapshot_version = -1
         self.pending: _Prefetch | None = None
 
@@ -150,24 +154,12 @@ class OverlappedRollouts(RolloutSchedule):
                     f"overlap: the batch was sampled by weights version {self.batch_version}, the snapshot holds "
                     f"{self.snapshot_version} and the trainer {self.version}; staleness above 1 is not supported"
                 )
-            self._exchange()
+            self.engine.exchange_weights(self.snapshot)
         try:
             yield
         finally:
-            with torch.no_grad():
-                if stale:  # the snapshot holds the trainer's weights since the exchange: put them back
-                    for param, saved in zip(self.parameters, self.snapshot, strict=True):
-                        param.copy_(saved)
-                elif self.snapshot is None:
-                    self.snapshot = [p.detach().clone() for p in self.parameters]
-                else:
-                    for param, saved in zip(self.parameters, self.snapshot, strict=True):
-                        saved.copy_(param)
+            if stale:  # the snapshot holds the trainer's weights since the exchange: put them back
+                self.engine.restore_weights(self.snapshot)
+            else:
+                self.snapshot = self.engine.copy_weights(into=self.snapshot)
             self.snapshot_version = self.version
-
-    @torch.no_grad()
-    def _exchange(self) -> None:
-        for param, saved in zip(self.parameters, self.snapshot, strict=True):
-            current = param.detach().clone()
-            param.copy_(saved)
-            saved.copy_(current)

@@ -9,42 +9,42 @@ classes; it never builds a model, loads weights or imports an engine's library (
 What it checks (each problem is ``(dotted.field, message saying what is allowed)``):
 
 - components: every component the config names is constructed (no engine is started), so one whose constructor
-  raises is reported as ``<field>: <kind> <name> (<distribution>) failed to set up: <message>``;
+  raises is reported as ``<field>: <kind> <name> (<distribution>) failed to set up: <message>``; then each one's
+  own rules, :meth:`rlzoo.interfaces.Component.preflight`, given the :class:`~rlzoo.interfaces.RunFacts` below.
+  Every rule about one engine lives in that engine (vLLM's head sizes, context length and KV cache; DeepSpeed's
+  ZeRO / expert-parallel / process-count rules), every rule about one component kind on its base class (a router
+  policy that replays needs an MoE model; ``algorithm.old_logprobs: rollout-only`` needs a correction and a router
+  policy that read no old pass; a reward shaper's length budget; the task's own cheap checks and its default
+  verifier). This module names no engine and reads no component's parameters;
 - engines: the packages the chosen rollout / training engine needs are installed;
 - the model: ``model.path`` is a Hugging Face folder (``config.json``, weights, a tokenizer whose ids fit the
   model's ``vocab_size``), or, without it, the cold start is enabled and ``model.tiny`` meets
-  :meth:`rlzoo.config.TinyModelConfig.shape_problems`; with the ``vllm`` engine the head size and context length
-  suit vLLM;
+  :meth:`rlzoo.config.TinyModelConfig.shape_problems`;
 - prompts: chat prompts (a task giving chat messages, or ``prompt.plain: chat``) need a tokenizer with a chat
-  template; ``prompt.max_prompt_tokens + rollout.max_new_tokens`` fits the model's context;
-- MoE: a router policy that replays routing, or DeepSpeed-MoE, needs a mixture-of-experts model;
-- the DeepSpeed engine's ZeRO / expert-parallel combinations and the process count;
+  template; ``prompt.max_prompt_tokens + rollout.max_new_tokens`` fits the context (the model's, or the rollout
+  engine's limit, ``RolloutEngine.context_tokens``);
 - batches: ``rollout.prompts_per_step x rollout.group_size`` rows split into ``algorithm.minibatches_per_rollout``
-  equal minibatches, each with a row for every process (:func:`check_data_parallel`);
-- ``algorithm.old_logprobs: rollout-only`` only with a correction and a router policy that need no old pass;
-- ``rollout.overlap: 1`` only in one process and with a training engine holding the full weights (not ZeRO-3);
-- evaluation settings vLLM refuses (several greedy samples per prompt);
-- the task's own cheap checks (:meth:`rlzoo.interfaces.Task.check`, e.g. a ``jsonl`` file that does not exist)
-  and that its default verifier is installed;
+  equal minibatches, each with a row for every process (:func:`check_data_parallel`), and a rollout engine that
+  can run under a launcher (its declared capabilities);
+- ``rollout.overlap: 1`` only in one process;
+- evaluation settings that cannot sample (several greedy samples per prompt);
 - the run folder: ``--resume`` names a folder with a complete checkpoint; otherwise ``output_dir`` holds no run;
 - GPU memory: with a device memory (``trainer.device_memory``, or ``rlzoo config check --device-memory``), the
-  estimate per rank (:mod:`rlzoo.memory_estimate`) fits in it.
+  estimate per rank (:mod:`rlzoo.memory_estimate`, each engine answering for its own part) fits in it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.config import VLLM_HEAD_DIMS, RunConfig, iter_component_specs
+from rlzoo.config import RunConfig, iter_component_specs
 from rlzoo.errors import ConfigError, RlzooError
-from rlzoo.interfaces import RouterPolicy
+from rlzoo.interfaces import Component, ModelFacts, RunFacts
 from rlzoo.memory_estimate import (
-    MOE_KEYS, REQUIRED_SIZES, MemoryEstimate, ModelShape, estimate, format_bytes, parse_bytes, rollout_weight_bytes,
+    MOE_KEYS, REQUIRED_SIZES, MemoryEstimate, ModelShape, estimate, format_bytes, parse_bytes,
 )
 from rlzoo.registry import Registry
 
@@ -69,31 +69,46 @@ def preflight(
     and chat template are not checked at all (``rlzoo train`` has no such option). ``device_memory`` (bytes;
     ``rlzoo config check --device-memory``) replaces ``trainer.device_memory``.
     """
-    problems: Problems = []
-    problems += _construction_problems(config, registry)
+    components, problems = _construct(config, registry)
     problems += _engine_problems(config, registry)
     model, model_problems = _model_problems(config, model_config)
     problems += model_problems
-    memory = estimate(config, model.shape, world) if model.shape is not None else None
+    run = RunFacts(config, model, world, registry, components)
+    training, rollout = run.training_engine, run.rollout_engine
+    if model.shape is not None and training is not None and rollout is not None:
+        run.memory = estimate(config, model.shape, world, training=training, rollout=rollout)
     limit = device_memory_limit(config, device_memory)
-    if limit is not None and (memory is not None or not model_problems):
-        problems += _memory_problems(config, memory, *limit)
-    problems += _prompt_problems(config, registry, model)
-    problems += _moe_problems(config, registry, model)
-    problems += _deepspeed_problems(config, model, world)
+    if limit is not None and (run.memory is not None or not model_problems):
+        run.device_memory = limit[1]
+        problems += _memory_problems(run, *limit)
+    problems += _prompt_problems(run)
     problems += _batch_problems(config, registry, world)
     problems += _overlap_problems(config, world)
-    problems += _old_pass_problems(config, registry)
-    problems += _shaping_problems(config, registry)
+    for loc, component in components.items():  # each component's own rules (Component.preflight)
+        problems += component.preflight(run, loc)
     problems += _eval_problems(config)
-    problems += _task_problems(config, registry)
     problems += _run_folder_problems(config, resume)
     if problems:
         raise ConfigError(problems)
-    return memory
+    return run.memory
 
 
-# -- engines ---------------------------------------------------------------------------------------------------
+# -- components ------------------------------------------------------------------------------------------------
+
+
+def _construct(config: RunConfig, registry: Registry) -> tuple[dict[str, Component], Problems]:
+    """Every component the config names, constructed (engines too: constructing one starts nothing), so a
+    component that fails at set-up is reported here, by field, before ``rlzoo train`` starts any engine."""
+    components: dict[str, Component] = {}
+    problems: Problems = []
+    for loc, spec in iter_component_specs(config):
+        try:
+            components[loc] = registry.create(spec.kind, spec.name, spec.params, loc=loc)
+        except ConfigError as err:
+            problems += err.problems
+        except RlzooError as err:
+            problems.append((loc, str(err)))
+    return components, problems
 
 
 def missing_package(registry: Registry, kind: str, name: str) -> str | None:
@@ -102,20 +117,6 @@ def missing_package(registry: Registry, kind: str, name: str) -> str | None:
         if importlib.util.find_spec(package) is None:
             return package
     return None
-
-
-def _construction_problems(config: RunConfig, registry: Registry) -> Problems:
-    """Every component the config names is constructed (engines too: constructing one starts nothing), so a
-    component that fails at set-up is reported here, by field, before ``rlzoo train`` starts any engine."""
-    problems: Problems = []
-    for loc, spec in iter_component_specs(config):
-        try:
-            registry.create(spec.kind, spec.name, spec.params, loc=loc)
-        except ConfigError as err:
-            problems += err.problems
-        except RlzooError as err:
-            problems.append((loc, str(err)))
-    return problems
 
 
 def _engine_problems(config: RunConfig, registry: Registry) -> Problems:
@@ -140,19 +141,7 @@ def _engine_problems(config: RunConfig, registry: Registry) -> Problems:
 # -- the model -------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class ModelFacts:
-    """What the preflight knows about the policy without building it; ``None`` where it cannot tell."""
-
-    moe: bool | None
-    head_dim: int | None
-    max_positions: int | None
-    chat_template: bool | None = None  # whether its tokenizer has a chat template
-    shape: ModelShape | None = None  # its sizes, for the memory estimate
-
-
 def _model_problems(config: RunConfig, model_config: Path | None = None) -> tuple[ModelFacts, Problems]:
-    vllm = config.rollout.engine.name == "vllm"
     if model_config is not None and config.model.path is None:
         return ModelFacts(None, None, None), [(
             "--model-config",
@@ -162,29 +151,19 @@ def _model_problems(config: RunConfig, model_config: Path | None = None) -> tupl
         tiny = config.model.tiny
         facts = ModelFacts(
             tiny.architecture == "qwen3_moe", tiny.head_dim, tiny.max_position_embeddings, False,
-            ModelShape.from_tiny(tiny),
+            ModelShape.from_tiny(tiny), tiny=True,
         )
-        problems = [(f"model.tiny.{field}", message) for field, message in tiny.shape_problems(for_vllm=vllm)]
+        problems = [(f"model.tiny.{field}", message) for field, message in tiny.shape_problems()]
         if not config.cold_start.enabled:
             problems.append((
                 "cold_start.enabled",
                 "false while model.path is null leaves no model to train: set cold_start.enabled: true (build and "
                 "fine-tune model.tiny) or model.path: <a Hugging Face model folder>",
             ))
-    else:
-        if model_config is not None:
-            facts, problems = _model_config_file(Path(model_config))
-        else:
-            facts, problems = _model_folder(Path(config.model.path))
-        if vllm and facts.head_dim is not None and facts.head_dim not in VLLM_HEAD_DIMS:
-            problems.append((
-                "model.path",
-                f"the model's head_dim {facts.head_dim} is not supported by vLLM (rollout.engine vllm); vLLM supports "
-                f"{list(VLLM_HEAD_DIMS)}: use rollout.engine: {{name: hf}} or another model",
-            ))
-    if vllm:
-        problems += _context_problems(config, facts.max_positions)
-    return facts, problems
+        return facts, problems
+    if model_config is not None:
+        return _model_config_file(Path(model_config))
+    return _model_folder(Path(config.model.path))
 
 
 def _model_folder(path: Path) -> tuple[ModelFacts, Problems]:
@@ -272,36 +251,15 @@ def _vocab_problems(path: Path, vocab_size: object) -> Problems:
     return []
 
 
-def _context_problems(config: RunConfig, max_positions: int | None) -> Problems:
-    """vLLM refuses a context longer than the model's positions and needs room for the response."""
-    problems = []
-    limit = config.rollout.engine.params.get("max_model_len")
-    if limit is not None and max_positions is not None and limit > max_positions:
-        problems.append((
-            "rollout.engine.max_model_len",
-            f"{limit} exceeds the model's max_position_embeddings {max_positions}; use at most {max_positions} "
-            "or null",
-        ))
-    context = limit if limit is not None else max_positions
-    if context is not None and config.rollout.max_new_tokens >= context:
-        problems.append((
-            "rollout.max_new_tokens",
-            f"{config.rollout.max_new_tokens} leaves no room for the prompt in vLLM's {context}-token context; "
-            f"use less than {context}",
-        ))
-    return problems
-
-
 # -- prompts ---------------------------------------------------------------------------------------------------
 
 
-def _prompt_problems(config: RunConfig, registry: Registry, model: ModelFacts) -> Problems:
-    """Chat prompts need a tokenizer with a chat template; prompt plus response must fit the model's context."""
+def _prompt_problems(run: RunFacts) -> Problems:
+    """Chat prompts need a tokenizer with a chat template; prompt plus response must fit the context."""
+    config, model = run.config, run.model
     p, problems = config.prompt, []
-    try:
-        chat_task = registry.create("task", config.task.name, config.task.params, loc="task").chat_prompts()
-    except RlzooError:
-        chat_task = False  # the task's own problem is reported by _task_problems
+    task = run.components.get("task")
+    chat_task = task is not None and task.chat_prompts()  # a task that failed to construct is reported already
     if (chat_task or p.plain == "chat") and model.chat_template is False:
         why = f"task {config.task.name!r} gives chat messages" if chat_task else "prompt.plain is 'chat'"
         if config.model.path is None:
@@ -313,69 +271,22 @@ def _prompt_problems(config: RunConfig, registry: Registry, model: ModelFacts) -
                              f"{config.model.path} has none (no chat_template.jinja, nor chat_template in "
                              "tokenizer_config.json): use an instruct/chat model's folder"
                              + ("" if chat_task else ", or prompt.plain: text")))
-    limit = config.rollout.engine.params.get("max_model_len") if config.rollout.engine.name == "vllm" else None
+    limit = run.rollout_engine.context_tokens() if run.rollout_engine is not None else None
     context = limit if limit is not None else model.max_positions
+    if context is not None and config.rollout.max_new_tokens >= context:
+        problems.append((
+            "rollout.max_new_tokens",
+            f"{config.rollout.max_new_tokens} leaves no room for the prompt in the {context}-token context (the "
+            "model's max_position_embeddings or the rollout engine's limit); use less than "
+            f"{context}",
+        ))
     needed = None if p.max_prompt_tokens is None else p.max_prompt_tokens + config.rollout.max_new_tokens
     if needed is not None and context is not None and needed > context:
         problems.append((
             "prompt.max_prompt_tokens",
             f"{p.max_prompt_tokens} + rollout.max_new_tokens {config.rollout.max_new_tokens} exceeds the "
-            f"{context}-token context (the model's max_position_embeddings or rollout.engine.max_model_len): use at "
+            f"{context}-token context (the model's max_position_embeddings or the rollout engine's limit): use at "
             f"most {max(context - config.rollout.max_new_tokens, 0)}",
-        ))
-    return problems
-
-
-# -- mixture of experts ----------------------------------------------------------------------------------------
-
-
-def _dense_hint(config: RunConfig) -> str:
-    return "model.path: a mixture-of-experts model" if config.model.path else "model.tiny.architecture: qwen3_moe"
-
-
-def _moe_problems(config: RunConfig, registry: Registry, model: ModelFacts) -> Problems:
-    spec = config.algorithm.router
-    if spec is None:
-        return []
-    policy = registry.create("router", spec.name, spec.params, loc="algorithm.router")
-    problems = []
-    if policy.replays_routing() and model.moe is False:
-        allowed = _router_names(registry, lambda policy: not policy.replays_routing())
-        problems.append((
-            "algorithm.router.name",
-            f"{spec.name!r} replays expert routing, but the model is dense (no mixture-of-experts router); on a "
-            f"dense model use null or {', '.join(map(repr, allowed))}, or set {_dense_hint(config)}",
-        ))
-    rollout = registry.get("rollout_engine", config.rollout.engine.name).cls
-    if policy.needs_rollout_routing() and not rollout.can_record_routing:
-        recording = [i.name for i in registry.components("rollout_engine") if i.cls.can_record_routing]
-        problems.append((
-            "rollout.engine.name",
-            f"{rollout.name!r} does not record MoE routing, which router policy {spec.name!r} replays; use one of "
-            f"{', '.join(map(repr, recording))}",
-        ))
-    return problems
-
-
-def _deepspeed_problems(config: RunConfig, model: ModelFacts, world: int) -> Problems:
-    spec = config.trainer.engine
-    if spec.name != "deepspeed":
-        return []
-    p = spec.params
-    problems = []
-    # the combinations DeepSpeed refuses whatever the model are checked by the engine's Params (config validation)
-    if p.get("moe") == "deepspeed" and model.moe is False:
-        problems.append((
-            "trainer.engine.moe",
-            f"'deepspeed' converts MoE blocks but the model is dense: use 'none', or set {_dense_hint(config)}",
-        ))
-    ep_size = p.get("ep_size", 1)
-    if world % ep_size:
-        divisors = [d for d in range(1, world + 1) if world % d == 0]
-        problems.append((
-            "trainer.engine.ep_size",
-            f"{ep_size} does not divide the {world} process(es) the run is started with; use one of {divisors} "
-            "(or start more processes; rlzoo config check --processes N checks for N)",
         ))
     return problems
 
@@ -436,74 +347,16 @@ def _batch_problems(config: RunConfig, registry: Registry, world: int) -> Proble
     return problems
 
 
-def _old_pass_problems(config: RunConfig, registry: Registry) -> Problems:
-    """``algorithm.old_logprobs: rollout-only`` skips the training engine's old pass: nothing may need it."""
-    if config.algorithm.old_logprobs != "rollout-only":
-        return []
-    problems = []
-    correction = config.algorithm.correction
-    if registry.get("correction", correction.name).cls.reads_train_logprobs:
-        usable = [i.name for i in registry.components("correction") if not i.cls.reads_train_logprobs]
-        problems.append((
-            "algorithm.correction.name",
-            f"{correction.name!r} weighs the training engine's old log-probs against the rollout's, which "
-            f"algorithm.old_logprobs: rollout-only does not compute; use {', '.join(map(repr, usable))} or "
-            "old_logprobs: rollout",
-        ))
-    router = config.algorithm.router
-    if router is not None and registry.create("router", router.name, router.params, loc="algorithm.router").needs_old_pass():
-        usable = _router_names(registry, lambda policy: not policy.needs_old_pass())
-        problems.append((
-            "algorithm.router.name",
-            f"{router.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
-            f"rollout-only does not run; use {', '.join(map(repr, usable))}, or old_logprobs: rollout",
-        ))
-    return problems
-
-
-def _router_names(registry: Registry, fits: Callable[[RouterPolicy], bool]) -> list[str]:
-    """Router policies to suggest: those that, with their default parameters, ``fits`` accepts. A policy that
-    cannot be built without parameters of its own is not suggested."""
-    names = []
-    for info in registry.components("router"):
-        try:
-            policy = info.cls()
-        except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
-            continue
-        if fits(policy):
-            names.append(info.name)
-    return names
-
-
 def _overlap_problems(config: RunConfig, world: int) -> Problems:
-    """What :mod:`rlzoo.overlap` cannot honour: several processes, and partitioned (ZeRO-3) weights."""
-    if config.rollout.overlap == 0:
+    """What :mod:`rlzoo.overlap` cannot honour: several processes (a training engine that cannot exchange its
+    weights says so in its own check)."""
+    if config.rollout.overlap == 0 or world <= 1:
         return []
-    problems = []
-    if world > 1:
-        problems.append((
-            "rollout.overlap",
-            f"1 runs in one process only; this run has {world} (rank 0 would sample the next batch while the "
-            "ranks meet at the update's collectives): use rollout.overlap: 0 with several processes",
-        ))
-    spec = config.trainer.engine
-    if spec.name == "deepspeed" and spec.params.get("zero_stage", 0) == 3:
-        problems.append((
-            "rollout.overlap",
-            "1 swaps the sampling weights into the training engine's parameters for the old-log-prob pass, which "
-            "ZeRO-3 partitions: use trainer.engine.zero_stage 0, 1 or 2, or rollout.overlap: 0",
-        ))
-    return problems
-
-
-def _shaping_problems(config: RunConfig, registry: Registry) -> Problems:
-    """Reward shapers that cannot shape responses of up to ``rollout.max_new_tokens`` tokens."""
-    problems = []
-    for i, spec in enumerate(config.algorithm.reward_shaping):
-        shaper = registry.create("reward_shaper", spec.name, spec.params, loc=f"algorithm.reward_shaping.{i}")
-        budget = config.rollout.max_new_tokens
-        problems += [(f"algorithm.reward_shaping.{i}", p) for p in shaper.budget_problems(budget)]
-    return problems
+    return [(
+        "rollout.overlap",
+        f"1 runs in one process only; this run has {world} (rank 0 would sample the next batch while the "
+        "ranks meet at the update's collectives): use rollout.overlap: 0 with several processes",
+    )]
 
 
 # -- evaluation ------------------------------------------------------------------------------------------------
@@ -518,24 +371,6 @@ def _eval_problems(config: RunConfig) -> Problems:
             "response, and vLLM refuses them: use 1, or set train.eval_temperature > 0",
         )]
     return []
-
-
-# -- the task --------------------------------------------------------------------------------------------------
-
-
-def _task_problems(config: RunConfig, registry: Registry) -> Problems:
-    try:
-        task = registry.create("task", config.task.name, config.task.params, loc="task")
-    except RlzooError as err:
-        return [("task", str(err))]
-    problems = [(f"task.{field}", message) for field, message in task.check()]
-    if config.verifier is None and task.default_verifier not in registry.names("verifier"):
-        problems.append((
-            "verifier",
-            f"null uses task {task.name!r}'s default verifier {task.default_verifier!r}, which is not installed; "
-            f"name one of: {', '.join(registry.names('verifier'))}",
-        ))
-    return problems
 
 
 # -- the run folder --------------------------------------------------------------------------------------------
@@ -578,22 +413,22 @@ def device_memory_limit(config: RunConfig, override: int | None = None) -> tuple
     return None
 
 
-def _memory_problems(config: RunConfig, memory: MemoryEstimate | None, loc: str, limit: int) -> Problems:
+def _memory_problems(run: RunFacts, loc: str, limit: int) -> Problems:
     """The estimate per rank must fit in ``limit``; the message names what lowers its largest parts."""
+    memory = run.memory
     if memory is None:
         return [(loc, f"the model's config.json lacks the sizes the memory estimate needs ({', '.join(REQUIRED_SIZES)}"
                       "); set trainer.device_memory: null to skip the check")]
-    problems = _vllm_budget_problems(config, memory, limit)
     if memory.fits(limit):
-        return problems
+        return []
     parts, total = memory.bytes_on(limit), memory.total(limit)
     groups: dict[str, list[str]] = {}  # the parts one change shrinks
-    for name, hint in _memory_hints(config).items():
+    for name, hint in _memory_hints(run).items():
         if parts.get(name, 0) >= total / 100:  # the parts that matter
             groups.setdefault(hint, []).append(name)
     ranked = sorted(groups.items(), key=lambda group: -sum(parts[name] for name in group[1]))
     hints = [f"{' + '.join(names)} ({format_bytes(sum(parts[n] for n in names))}): {hint}" for hint, names in ranked]
-    return [*problems, (loc, "\n".join([
+    return [(loc, "\n".join([
         f"{format_bytes(limit)} per GPU is less than the run's estimated {format_bytes(total)} per "
         "rank (rlzoo.memory_estimate); to fit:",
         *(f"    - {hint}" for hint in hints),
@@ -602,53 +437,17 @@ def _memory_problems(config: RunConfig, memory: MemoryEstimate | None, loc: str,
     ]))]
 
 
-def _vllm_budget_problems(config: RunConfig, memory: MemoryEstimate, limit: int) -> Problems:
-    """vLLM's ``gpu_memory_utilization`` share of the GPU must hold its copy of the weights, and then its KV cache."""
-    budget, weights = memory.device_fraction * limit, rollout_weight_bytes(config, memory.parameters)
-    if not memory.device_fraction or budget > weights:
-        return []
-    return [("rollout.engine.gpu_memory_utilization", (
-        f"{memory.device_fraction:g} x {format_bytes(limit)} = {format_bytes(budget)} cannot hold vLLM's "
-        f"{config.model.dtype} weights ({format_bytes(weights)}) and a KV cache: raise it above "
-        f"{weights / limit:.2f}, or use GPUs with more memory"
-    ))]
-
-
-def _memory_hints(config: RunConfig) -> dict[str, str]:
-    """For each part of the estimate that the config can shrink: the fields to change."""
-    t = config.trainer
+def _memory_hints(run: RunFacts) -> dict[str, str]:
+    """For each part of the estimate that the config can shrink: the fields to change (the engines' parts: what
+    each engine says shrinks them)."""
+    t, config = run.config.trainer, run.config
     checkpointing = "" if t.activation_checkpointing else ", or set trainer.activation_checkpointing: true"
     hints = {
         "activations": f"lower trainer.max_tokens_per_micro_batch (now {t.max_tokens_per_micro_batch}){checkpointing}",
         "logits": f"lower trainer.logits_chunk_tokens (now {t.logits_chunk_tokens})",
         "reference": f"algorithm.kl_coef: 0 drops the KL reference model (now {config.algorithm.kl_coef})",
-        "rollout": _rollout_hint(config),
+        "rollout": run.rollout_engine.memory_hint(run),
     }
-    hints.update(dict.fromkeys(("optimizer", "gradients", "weights", "master_copy"), _training_state_hint(config)))
+    state = run.training_engine.memory_hint(run)
+    hints.update(dict.fromkeys(("optimizer", "gradients", "weights", "master_copy"), state))
     return hints
-
-
-def _training_state_hint(config: RunConfig) -> str:
-    """What partitions the fp32 weights, gradients and AdamW state over more ranks."""
-    spec = config.trainer.engine
-    stage = spec.params.get("zero_stage", 0)
-    if spec.name != "deepspeed":
-        return f"trainer.engine: {{name: deepspeed, zero_stage: 3}} on more processes ({spec.name!r} keeps them whole)"
-    if spec.params.get("moe") == "deepspeed":
-        return (f"raise trainer.engine.ep_size (now {spec.params.get('ep_size', 1)}) with more processes, or "
-                f"trainer.engine.zero_stage (now {stage}; DeepSpeed-MoE allows 0-2)")
-    if stage < 3:
-        return f"raise trainer.engine.zero_stage (now {stage}), and run more processes"
-    return "run more processes (ZeRO-3 partitions them over every rank)"
-
-
-def _rollout_hint(config: RunConfig) -> str:
-    """What shrinks the rollout engine's share of the GPU."""
-    spec = config.rollout.engine
-    if spec.name == "vllm" and spec.params.get("gpu_memory_utilization") is not None:
-        return f"lower rollout.engine.gpu_memory_utilization (now {spec.params['gpu_memory_utilization']})"
-    if spec.name == "vllm":
-        return f"lower rollout.engine.kv_cache_memory_bytes (now {spec.params['kv_cache_memory_bytes']})"
-    if spec.name == "hf":
-        return f"lower rollout.engine.batch_size (now {spec.params['batch_size']}); its copy of the weights stays"
-    return f"the rollout engine {spec.name!r} holds its own copy of the weights"

@@ -103,6 +103,7 @@ class Registry:
             # pluggy's key is internal; entry-point names are only unique within one distribution
             self._pm.register(plugin, name=f"{distribution}:{name}")
             registered = True
+            self._pm.check_pending()  # a misspelt hook (rlzoo_clipper) would otherwise contribute nothing, silently
             found = list(self._collect(plugin, name))
         except Exception as exc:  # also a hookimpl pluggy rejects, or the same module registered twice
             if registered:

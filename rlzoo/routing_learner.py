@@ -26,7 +26,7 @@ the minibatch, and the experts it used are gathered again so the flip rates are 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import torch
 
@@ -35,7 +35,8 @@ from rlzoo.engines import LossFn, TokenBatch, TrainingEngine
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.learner import Learner
-from rlzoo.moe import Routing, flip_counts, record_routing, replay_routing, require_routers, routing_for_batch
+from rlzoo.metrics import take_reports
+from rlzoo.moe import Layout, Routing, flip_counts, routing_for_batch
 from rlzoo.objective import masked_mean
 
 
@@ -45,10 +46,10 @@ class RoutingLearner(Learner):
     def __init__(self, engine: TrainingEngine, policy: RouterPolicy, dist: Dist = SINGLE) -> None:
         super().__init__(engine, dist)
         self.policy = policy
-        self.model = engine.model
-        # found once: the model's modules do not change during a run, and every pass records (and may replay)
-        self.routers = require_routers(self.model)
-        self.gates: dict[int, str] = {}  # each router's gate function, detected on its first replayed call
+        layout = engine.moe_layout()
+        if layout is None:
+            raise RlzooError(f"router policy {policy.name!r} needs a mixture-of-experts policy; this one is dense")
+        self.layout: Layout = layout
         self.recorded = RecordedRouting(old=None, rollout=None)
         self.replayed: Routing | None = None
         self.metrics: dict[str, float] = {}
@@ -77,6 +78,7 @@ class RoutingLearner(Learner):
                 self.metrics["moe/rollout_train_disagreement_replayed"] = replayed
         self.recorded = RecordedRouting(old=old, rollout=rollout)
         self.replayed = self.policy.update_routing(self.recorded)
+        self.metrics.update(take_reports(self.policy))
         return logp, entropy
 
     def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
@@ -87,15 +89,17 @@ class RoutingLearner(Learner):
             raise RlzooError(f"router policy {self.policy.name!r} replays the old pass, which this run skips")
         self.recorded = RecordedRouting(old=None, rollout=self._rollout_routing(batch, rollout_routing))
         self.replayed = self.policy.update_routing(self.recorded)
+        self.metrics.update(take_reports(self.policy))
 
     def _rollout_routing(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> Routing | None:
         """The rollout engine's experts as a batch routing; ``None`` where it recorded none (an error for R3)."""
         if all(r is not None for r in rollout_routing):
-            return routing_for_batch(rollout_routing, batch, self.model)
+            layers, experts = self.layout.layers, self.layout.num_experts
+            return routing_for_batch(rollout_routing, batch, layers=layers, num_experts=experts)
         if self.policy.needs_rollout_routing():
             raise RlzooError(
-                f"router policy {self.policy.name!r} needs the rollout engine's routing; this rollout engine did not "
-                "record it (supported: rollout.engine {name: hf} or {name: vllm})"
+                f"router policy {self.policy.name!r} needs the rollout engine's routing; the rollout engine did not "
+                "record it (a rollout engine that declares can_record_routing records it when asked)"
             )
         return None
 
@@ -133,16 +137,10 @@ class RoutingLearner(Learner):
         router chose itself in the replayed layers) hold the whole pass's rows, gathered from every rank."""
         mine = self.dist.share(torch.arange(batch.input_ids.shape[0]) if rows is None else rows)
         recorded = _Recorded()
-        with ExitStack() as stack:
-            replaying = None
-            if replay is not None:
-                replaying = stack.enter_context(
-                    replay_routing(self.model, replay.select(mine), self.routers, self.gates)
-                )
-            used = stack.enter_context(record_routing(self.model, self.routers))
+        with self.engine.routing_pass(replay.select(mine) if replay is not None else None) as used:
             yield recorded
-        recorded.routing = self._gather(used)
-        recorded.fresh = self._gather(replaying.fresh) if replaying is not None else recorded.routing
+        recorded.routing = self._gather(used.routing)
+        recorded.fresh = self._gather(used.fresh) if replay is not None else recorded.routing
 
     def _gather(self, routing: Routing) -> Routing:
         """Every rank's routing of its share, concatenated in rank order (the routing itself in one process)."""

@@ -29,14 +29,13 @@ from tqdm.auto import tqdm
 
 from rlzoo import distributed, loop
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
-from rlzoo.config import ComponentSpec, RunConfig, dump_config
-from rlzoo.engines import EngineContext, RolloutEngine, TrainingEngine
+from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, RunConfig, dump_config
+from rlzoo.engines import EngineContext, RolloutEngine
 from rlzoo.errors import RlzooError
 from rlzoo.faults import FaultPolicy
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Verifier
 from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
-from rlzoo.moe import find_routers
 from rlzoo.objective import build_objective
 from rlzoo.overlap import OverlappedRollouts
 from rlzoo.preflight import check_data_parallel, preflight
@@ -79,18 +78,19 @@ class TrainingRun:
         self.progress = progress
 
     def setup(self) -> None:
+        self.trainer = create(self.registry, "training_engine", self.config.trainer.engine)  # started below
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()
-        self.trainer = self._setup_trainer()
+        self._setup_trainer()
         self.rollout = self._setup_rollout()
         self.components = self._setup_components()
         self.completed_steps = self._restore()
 
     def _setup_processes(self) -> distributed.Dist:
-        dist = distributed.setup(self.config.trainer.engine.params.get("backend", "auto"))
+        dist = distributed.setup(self.trainer.process_group_backend())
         torch.manual_seed(self.config.seed)
         return dist
 
@@ -118,16 +118,16 @@ class TrainingRun:
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
         return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval")
 
-    def _setup_trainer(self) -> TrainingEngine:
-        trainer = create(self.registry, "training_engine", self.config.trainer.engine)
+    def _setup_trainer(self) -> None:
+        trainer = self.trainer
         trainer.start(engine_context(self.config, self.start.model_dir, self.tokenizer), self.config.trainer)
         if trainer.world_size != self.dist.world:
+            usable = [i.name for i in self.registry.components("training_engine") if i.cls.data_parallel]
             raise RlzooError(
                 f"trainer.engine {trainer.name!r} trains in {trainer.world_size} process(es) but the run was started "
                 f"with {self.dist.world}: multi-process runs need a data-parallel training engine (trainer.engine: "
-                "{name: deepspeed})"
+                f"{' or '.join('{name: %s}' % name for name in usable) or 'none is installed'})"
             )
-        return trainer
 
     def _setup_rollout(self) -> RolloutEngine:
         rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
@@ -161,25 +161,20 @@ class TrainingRun:
             return loop.RolloutSchedule()
         train_set, config = self.train_set, self.config
         return OverlappedRollouts(
-            self.trainer.model, lambda step: loop.sample_prompts(train_set, step, config), config.train.steps
+            self.trainer, lambda step: loop.sample_prompts(train_set, step, config), config.train.steps
         )
 
     def _setup_learner(self) -> Learner:
         """A dense policy trains through a plain learner; an MoE policy through the router policy's replay."""
         spec = self.config.algorithm.router
         policy: RouterPolicy = create(self.registry, "router", spec) if spec is not None else RouterPolicy()
-        if not find_routers(self.trainer.model):
+        if self.trainer.moe_layout() is None:  # preflight refused a replaying policy on a dense model whose config.json it could read
             if policy.replays_routing():
                 raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
             return Learner(self.trainer, self.dist)
-        if policy.needs_rollout_routing():  # R3; otherwise the engine records only if its config asks (diagnostics)
-            if not self.rollout.can_record_routing:
-                raise RlzooError(
-                    f"algorithm.router {policy.name!r} needs a rollout engine that records routing; "
-                    f"{self.rollout.name!r} does not (use rollout.engine: {{name: hf}} or {{name: vllm}})"
-                )
-            if self.dist.is_main or self.rollout_per_rank:
-                self.rollout.set_record_routing(True)
+        # R3 (preflight: the engine can record); otherwise the engine records only if its config asks (diagnostics)
+        if policy.needs_rollout_routing() and (self.dist.is_main or self.rollout_per_rank):
+            self.rollout.set_record_routing(True)
         return RoutingLearner(self.trainer, policy, self.dist)
 
     def _setup_reference(self) -> Learner:
@@ -262,7 +257,7 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
     eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
 
     def evaluate_fn(model_dir: Path) -> dict[str, float]:
-        rollout = registry.create("rollout_engine", "hf")
+        rollout = registry.create("rollout_engine", DEFAULT_ROLLOUT_ENGINE)  # in process, cheap to start
         tokenizer = load_tokenizer(model_dir)
         rollout.start(engine_context(config, model_dir, tokenizer))
         samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval")

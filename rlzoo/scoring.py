@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, replace
 
 from rlzoo.interfaces import Sample, Verdict, Verifier
+from rlzoo.metrics import UnscoredResponses
 
 log = logging.getLogger("rlzoo.scoring")
 
@@ -31,10 +32,11 @@ class Scores:
         return self.errors + self.timeouts + self.nonfinite
 
     def metrics(self) -> dict[str, float]:
+        """The fault counts, declared :class:`~rlzoo.metrics.UnscoredResponses` (what the fault policy reads)."""
         return {
-            "verifier/errors": float(self.errors),
-            "verifier/timeouts": float(self.timeouts),
-            "verifier/nonfinite_rewards": float(self.nonfinite),
+            "verifier/errors": UnscoredResponses(self.errors),
+            "verifier/timeouts": UnscoredResponses(self.timeouts),
+            "verifier/nonfinite_rewards": UnscoredResponses(self.nonfinite),
         }
 
 

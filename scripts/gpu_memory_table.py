@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from rlzoo.config import load_config
-from rlzoo.memory_estimate import GB, ModelShape, estimate, format_bytes, parse_bytes, rollout_weight_bytes
+from rlzoo.memory_estimate import GB, ModelShape, estimate, format_bytes, parse_bytes
 from rlzoo.registry import default_registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def checks(recipe: Path) -> list[argparse.Namespace]:
 
 def on_80gb(config, memory) -> str:
     """Whether the run fits an 80 GB GPU; if not, the parts that cannot shrink enough."""
-    limit, vllm = 80 * GB, rollout_weight_bytes(config, memory.parameters) if memory.device_fraction else 0
+    limit, vllm = 80 * GB, memory.rollout_weights if memory.device_fraction else 0
     if memory.fits(limit) and memory.device_fraction * limit > vllm:
         return "fits"
     return f"no: training {format_bytes(memory.total())} + vLLM's weights {format_bytes(vllm)}"

@@ -78,6 +78,9 @@ CASES = [
     Case("head-dim-vllm", {"model": {"tiny": {"head_dim": 16}}, "rollout": {"engine": {"name": "vllm"}}},
          ("model.tiny.head_dim", "not supported by vLLM", "32, 64, 80")),
     Case("head-dim-odd", {"model": {"tiny": {"head_dim": 15}}}, ("model.tiny.head_dim", "even")),
+    Case("kv-cache-too-small", {"rollout": {"engine": {"name": "vllm", "kv_cache_memory_bytes": 10}}},
+         ("rollout.engine.kv_cache_memory_bytes", "10 bytes cannot hold one sequence of the 256-token context",
+          "use at least 131072")),
     Case("kv-heads", {"model": {"tiny": {"num_attention_heads": 4, "num_key_value_heads": 3}}},
          ("model.tiny.num_key_value_heads", "does not divide", "[1, 2, 4]")),
     Case("top-k", {"model": {"tiny": {"num_experts": 4, "num_experts_per_tok": 6}}},
@@ -300,12 +303,25 @@ def test_tiny_model_shapes_are_one_rule_for_the_builder_and_the_preflight():
 
     tokenizer = build_char_tokenizer("0123456789+=")
     bad = TinyModelConfig(num_attention_heads=4, num_key_value_heads=3)
-    assert [f for f, _ in bad.shape_problems(for_vllm=False)] == ["num_key_value_heads"]
+    assert [f for f, _ in bad.shape_problems()] == ["num_key_value_heads"]
     with pytest.raises(ConfigError, match="model.tiny.num_key_value_heads"):
         tiny_model_config(bad, tokenizer)
     small = TinyModelConfig(head_dim=16)
-    assert small.shape_problems(for_vllm=False) == []
-    assert [f for f, _ in small.shape_problems(for_vllm=True)] == ["head_dim"]
+    assert small.shape_problems() == []  # vLLM's head sizes are the vllm engine's own check (case head-dim-vllm)
     model = build_tiny_model(small, tokenizer)
     logits = model(torch.tensor([tokenizer("1+2=")["input_ids"]])).logits
     assert logits.shape[-1] == len(tokenizer) and torch.isfinite(logits).all()
+
+
+def test_a_response_longer_than_the_context_is_refused_with_any_rollout_engine(tmp_path):
+    from rlzoo.config import build_config
+    from rlzoo.errors import ConfigError
+    from rlzoo.preflight import preflight
+    from rlzoo.registry import default_registry
+
+    registry = default_registry()
+    config = build_config({"output_dir": str(tmp_path / "run"), "rollout": {"max_new_tokens": 300}}, registry=registry)
+    with pytest.raises(ConfigError) as err:
+        preflight(config, registry)  # the hf engine, the tiny model's 256 positions
+    assert [field for field, _ in err.value.problems] == ["rollout.max_new_tokens"]
+    assert "256-token context" in str(err.value)

@@ -12,7 +12,8 @@ from rlzoo.decode import response_text, token_char_ends
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
 from rlzoo.learner import Learner
-from rlzoo.loop import Components, collect, evaluate
+from rlzoo.loop import Components, evaluate
+from rlzoo.rollouts import collect
 from rlzoo.metrics import Timer
 
 TEXT = "naïve café — 日本語 🙂 ok"

@@ -28,7 +28,7 @@ def test_one_process_collectives_are_the_identity():
     assert SINGLE.share(rows) is rows and not SINGLE.active and SINGLE.is_main
     assert SINGLE.gather_rows(local, 3) is local and SINGLE.gather_rows_differentiable(local, 3) is local
     metrics = {"a": 1.0}
-    assert SINGLE.broadcast(metrics) is metrics and SINGLE.mean_metrics(metrics) is metrics
+    assert SINGLE.broadcast(metrics) is metrics and SINGLE.reduce_metrics(metrics) is metrics
     assert [Dist(rank=r, world=3).share(torch.arange(7)).tolist() for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
 
 

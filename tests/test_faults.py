@@ -6,10 +6,12 @@ import pytest
 
 from rlzoo.checkpoint import atomic_write_text
 from rlzoo.faults import FaultPolicy, StepFailure
+from rlzoo.metrics import Sum, SkippedUpdates, UnscoredResponses
 
-GOOD = {"train/nonfinite_steps": 0.0, "verifier/errors": 0.0, "verifier/timeouts": 0.0, "verifier/nonfinite_rewards": 0.0}
-NAN_LOSS = {**GOOD, "train/nonfinite_steps": 2.0}
-UNSCORED = {**GOOD, "verifier/errors": 5.0, "verifier/timeouts": 2.0, "verifier/nonfinite_rewards": 1.0}
+S, U = SkippedUpdates, UnscoredResponses  # the fault declarations, as the engines and rlzoo.scoring report them
+GOOD = {"train/nonfinite_steps": S(0.0), "verifier/errors": U(0.0), "verifier/timeouts": U(0.0), "verifier/nonfinite_rewards": U(0.0)}
+NAN_LOSS = {**GOOD, "train/nonfinite_steps": S(2.0)}
+UNSCORED = {**GOOD, "verifier/errors": U(5.0), "verifier/timeouts": U(2.0), "verifier/nonfinite_rewards": U(1.0)}
 
 
 def test_good_steps_and_partial_faults_are_not_failures(tmp_path):
@@ -41,3 +43,17 @@ def test_a_good_step_breaks_the_streak(tmp_path):
     policy.check(9, NAN_LOSS)
     with pytest.raises(StepFailure, match="no checkpoint had been written yet"):
         policy.check(10, UNSCORED)  # different causes in a row still make a streak
+
+
+def test_the_policy_reads_declarations_not_metric_names(tmp_path):
+    policy = FaultPolicy(1, responses_per_step=8, run_dir=tmp_path)
+    # declared faults under keys the policy has never heard of
+    assert "1 update(s) skipped, engine/whatever" in policy.failure({"engine/whatever": S(1.0)})
+    unscored = policy.failure({"judge/crashed": U(6.0), "judge/slow": U(2.0)})
+    assert "none of the 8 responses" in unscored and "judge/crashed 6" in unscored and "judge/slow 2" in unscored
+    assert policy.failure({"judge/crashed": U(7.0)}) is None  # one response was scored
+    # the old names holding plain numbers (or a plain declared Sum) are not faults
+    plain = {"train/nonfinite_steps": 3.0, "verifier/errors": 8.0, "verifier/timeouts": 8.0, "x/count": Sum(9.0)}
+    assert policy.failure(plain) is None
+    policy.check(0, plain)
+    assert policy.streak == 0

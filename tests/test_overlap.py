@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from rlzoo.config import RunConfig, TinyModelConfig, build_config
-from rlzoo.engines import EngineContext
+from rlzoo.engines import EngineContext, ModuleTrainingEngine
 from rlzoo.engines.hf_rollout import HFRolloutEngine
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Sample, Verdict, Verifier
 from rlzoo.learner import Learner
-from rlzoo.loop import Components, RolloutSchedule, rl_step, sample_prompts
+from rlzoo.loop import Components, rl_step, sample_prompts
+from rlzoo.rollouts import RolloutSchedule
 from rlzoo.metrics import Timer
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.objective import build_objective
@@ -79,7 +80,7 @@ def _run(tmp_path, overlap: int, steps: int = 3):
     train_set = [Sample(f"{a}+{b}=", str(a + b)) for a in range(5) for b in range(5)]
     schedule = RolloutSchedule()
     if overlap:
-        schedule = OverlappedRollouts(trainer.model, lambda step: sample_prompts(train_set, step, config), steps)
+        schedule = OverlappedRollouts(trainer, lambda step: sample_prompts(train_set, step, config), steps)
     c = Components(
         objective=build_objective(config.algorithm, registry),
         advantage=registry.create("advantage", "group"),
@@ -136,9 +137,21 @@ def test_without_overlap_old_logprobs_are_the_current_weights(tmp_path):
         assert torch.allclose(old, _logprobs_under(trainer, learner.history[step], batch), atol=1e-6)
 
 
+class ModuleOnly(ModuleTrainingEngine):
+    """An in-process module and nothing else: what the overlap asks of a training engine is its weight copies."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self._model = module
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+
 def test_behaviour_weights_exchange_and_restore_exactly():
     model = torch.nn.Linear(3, 2)
-    schedule = OverlappedRollouts(model, lambda step: [], steps=10)
+    schedule = OverlappedRollouts(ModuleOnly(model), lambda step: [], steps=10)
     w0 = _state(model)
     with schedule.behaviour_weights():  # a fresh batch: nothing exchanged; the snapshot takes w0
         assert _same(_state(model), w0)
@@ -158,7 +171,7 @@ def test_behaviour_weights_exchange_and_restore_exactly():
 
 
 def test_a_failed_background_generation_surfaces_in_the_step():
-    schedule = OverlappedRollouts(torch.nn.Linear(1, 1), lambda step: [], steps=10)
+    schedule = OverlappedRollouts(ModuleOnly(torch.nn.Linear(1, 1)), lambda step: [], steps=10)
 
     def broken(*_):
         raise ValueError("sampler broke")

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from rlzoo import loop
+from rlzoo import loop, rollouts
 from rlzoo.config import PromptConfig, build_config
 from rlzoo.engines import Generation, RolloutEngine
 from rlzoo.errors import ConfigError, RlzooError
@@ -133,7 +133,7 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
         objective=None, advantage=registry.create("advantage", "group"), verifier=registry.create("verifier", "math"),
         correction=None, rollout=rollout, learner=None, tokenizer=tok,
     )
-    collected = loop.collect(0, samples, components, config, Timer())
+    collected = rollouts.collect(0, samples, components, config, Timer())
     assert rollout.seen[0] == expected  # rollout
     batch = collected.batch  # training: prompt then response, row by row
     for row in range(batch.input_ids.shape[0]):

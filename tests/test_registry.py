@@ -407,3 +407,12 @@ def test_create_validates_and_fills_defaults():
 def test_entry_points_are_read_from_the_rlzoo_group():
     names = {ep.name for ep in importlib.metadata.entry_points(group="rlzoo")}
     assert {"estimators", "engines"} <= names
+
+
+def test_a_misspelt_hook_is_a_load_error_of_that_plugin():
+    """pluggy accepts an implementation without a spec; the registry must not let its components vanish silently."""
+    registry = Registry()
+    registry.add_plugin(plugin_module("misspelt", clipper=[HalfClip]), name="misspelt", distribution="dist-m")
+    (error,) = registry.load_errors
+    assert error.plugin == "misspelt" and "rlzoo_clipper" in error.error
+    assert ("clipper", "half-clip") not in {(i.kind, i.name) for i in registry.components("clipper")}

@@ -1,7 +1,7 @@
 """Rollouts on every rank: each rank samples and scores its contiguous share of a step's prompts with its own
 engine and seed, and the gathered batch is the one a single engine would give for the same generations.
 
-Two gloo processes (``torch.multiprocessing``, fake engine, no model, a few seconds) run :func:`rlzoo.loop.collect`
+Two gloo processes (``torch.multiprocessing``, fake engine, no model, a few seconds) run :func:`rlzoo.rollouts.collect`
 with dynamic sampling, so further generation batches are split too; one process then replays the ranks'
 generations through one engine and must get the same batch, rewards, advantages and metrics.
 """
@@ -21,7 +21,9 @@ from rlzoo.distributed import SINGLE, Dist
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TrainingEngine
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
 from rlzoo.learner import Learner
-from rlzoo.loop import Components, collect, rank_seed, step_seed
+from rlzoo.loop import Components
+from rlzoo.rollouts import collect
+from rlzoo.seeds import rank_seed, step_seed
 from rlzoo.metrics import Timer
 
 NAMES = ["same0", "mix0", "same1", "mix1", "mix2", "same2", "mix3", "mix4", "same3", "mix5", "mix6", "mix7"]

@@ -8,6 +8,7 @@ import threading
 import time
 
 from rlzoo.interfaces import Sample, Verdict, Verifier
+from rlzoo.metrics import UnscoredResponses
 from rlzoo.scoring import score, step_token_ends
 
 
@@ -113,6 +114,7 @@ def test_non_finite_rewards_score_zero_are_counted_and_warned(caplog):
     assert result.verdicts[4].step_rewards == [0.0, 0.0] and result.verdicts[4].step_spans == [(0, 1), (1, 2)]
     assert (result.errors, result.timeouts, result.nonfinite) == (0, 0, 4)
     assert result.metrics()["verifier/nonfinite_rewards"] == 4.0
+    assert all(type(v) is UnscoredResponses for v in result.metrics().values())  # what the fault policy reads
     assert "non-finite reward" in caplog.text
 
 

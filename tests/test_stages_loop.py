@@ -13,7 +13,8 @@ from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import AdvantageSource, ResponseTooLong, Sample, Verdict, Verifier
 from rlzoo.learner import Learner
-from rlzoo.loop import Components, collect, rl_step
+from rlzoo.loop import Components, rl_step
+from rlzoo.rollouts import collect
 from rlzoo.metrics import Timer
 from rlzoo.registry import default_registry
 

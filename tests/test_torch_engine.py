@@ -11,6 +11,7 @@ from rlzoo.config import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
+from rlzoo.metrics import SkippedUpdates
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 
 
@@ -32,7 +33,7 @@ def test_nonfinite_loss_skips_the_update(tmp_path):
     engine, batch = _engine(tmp_path)
     before = _weights(engine)
     metrics = engine.train_step(batch, lambda logp: (logp.sum() * float("nan"), {}))
-    assert metrics["train/nonfinite_steps"] == 1.0
+    assert metrics["train/nonfinite_steps"] == 1.0 and type(metrics["train/nonfinite_steps"]) is SkippedUpdates
     after = _weights(engine)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(torch.isfinite(v).all() for v in after.values())
@@ -43,6 +44,7 @@ def test_finite_loss_updates_and_reports_grad_norm(tmp_path):
     before = _weights(engine)
     metrics = engine.train_step(batch, lambda logp: (-logp.sum(), {}))
     assert metrics["train/nonfinite_steps"] == 0.0 and math.isfinite(metrics["train/grad_norm"])
+    assert type(metrics["train/nonfinite_steps"]) is SkippedUpdates  # what the fault policy reads
     after = _weights(engine)
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -97,3 +99,11 @@ def test_aux_loss_is_reported_and_added_with_its_coefficient(tmp_path):
 def test_dense_model_reports_no_aux_loss(tmp_path):
     engine, batch = _aux_engine(tmp_path, architecture="qwen3", aux_loss_coef=0.5)
     assert "train/aux_loss" not in engine.train_step(batch, lambda logp: (-logp.sum(), {}))
+
+
+def test_a_nonfinite_gradient_of_a_finite_loss_is_a_declared_skipped_update(tmp_path):
+    engine, batch = _engine(tmp_path)
+    before = _weights(engine)
+    metrics = engine.train_step(batch, lambda logp: (torch.sqrt(logp * 0.0).sum(), {}))  # loss 0, gradient NaN
+    assert metrics["train/nonfinite_steps"] == 1.0 and type(metrics["train/nonfinite_steps"]) is SkippedUpdates
+    assert all(torch.equal(before[k], _weights(engine)[k]) for k in before)

@@ -8,13 +8,21 @@ DeepSpeed are interchangeable. Log-probs everywhere are of the model's own distr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from rlzoo.interfaces.base import Component
+from rlzoo.memory_estimate import RolloutMemory, TrainingLayout, policy_bytes
+
+if TYPE_CHECKING:
+    from rlzoo.config import RunConfig
+    from rlzoo.interfaces.run_facts import RunFacts
+    from rlzoo.memory_estimate import ModelShape
+    from rlzoo.moe import Layout, Routing
 
 
 @dataclass
@@ -91,6 +99,23 @@ class RolloutEngine(Component):
     def close(self) -> None:
         pass
 
+    # -- what the start-up check asks (before :meth:`start`; see also Component.preflight) --------------------------
+
+    def context_tokens(self) -> int | None:
+        """The most prompt + response tokens this engine accepts when its parameters set a limit below the model's
+        positions (vLLM's ``max_model_len``); ``None``: the model's own."""
+        return None
+
+    def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
+        """This engine's part of a rank's GPU memory (:mod:`rlzoo.memory_estimate`); the base assumes a private
+        copy of the policy in ``model.dtype`` and nothing else."""
+        weights = policy_bytes(config, shape)
+        return RolloutMemory(bytes=weights, weights=weights)
+
+    def memory_hint(self, run: RunFacts) -> str:
+        """What shrinks this engine's part of the memory, for the message of a run that does not fit."""
+        return f"the rollout engine {self.name!r} holds its own copy of the weights"
+
 
 @dataclass
 class TokenBatch:
@@ -159,10 +184,66 @@ class TrainingEngine(Component):
     def load_state(self, directory: Path) -> None:
         raise NotImplementedError
 
-    @property
-    def model(self) -> torch.nn.Module:
-        """The policy as a transformers model (MoE routers are found and hooked on it)."""
-        raise NotImplementedError
-
     #: processes this engine trains across, known after :meth:`start` (1 unless ``data_parallel``)
     world_size: int = 1
+
+    # -- what the core does to the policy (implemented once for in-process torch modules: ModuleTrainingEngine) --
+
+    def moe_layout(self) -> Layout | None:
+        """The policy's mixture-of-experts layout (MoE layer indices, experts, top-k), ``None`` for a dense policy.
+        Asked once after :meth:`start`; an MoE policy gets the router policy's Routing Replay."""
+        raise NotImplementedError(f"training engine {self.name!r} does not say whether its policy is MoE")
+
+    def routing_pass(self, replay: Routing | None = None) -> AbstractContextManager[RoutingPass]:
+        """Around this process's forward passes of one batch (any of :meth:`logprobs`, :meth:`logprobs_and_entropy`,
+        :meth:`train_step`): replay ``replay`` (a :class:`rlzoo.moe.Routing` of the rows this process runs, in
+        their order; its layers only, the others route afresh) and record the experts every MoE layer used. On
+        exit the yielded :class:`RoutingPass` holds them. Only for an MoE policy (:meth:`moe_layout`)."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot record or replay MoE routing")
+
+    def copy_weights(self, into: Any = None) -> Any:
+        """A copy of the current weights, opaque to the core (written into ``into``, an earlier copy, if given);
+        with :meth:`exchange_weights` and :meth:`restore_weights`, what ``rollout.overlap: 1`` needs to run the
+        old-log-prob pass under the weights that sampled a batch."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot copy its weights (rollout.overlap: 1)")
+
+    def exchange_weights(self, copy: Any) -> None:
+        """Swap the current weights with ``copy`` (from :meth:`copy_weights`): afterwards the engine runs with
+        ``copy``'s weights and ``copy`` holds the previous ones."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot exchange its weights (rollout.overlap: 1)")
+
+    def restore_weights(self, copy: Any) -> None:
+        """Load ``copy`` (from :meth:`copy_weights`) into the engine's weights."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot restore its weights (rollout.overlap: 1)")
+
+    # -- what the start-up check and the run's set-up ask (before :meth:`start`) ---------------------------------
+
+    def process_group_backend(self) -> str:
+        """The torch.distributed backend a multi-process run initialises: ``auto`` (nccl with CUDA, else gloo),
+        ``gloo`` or ``nccl``."""
+        return "auto"
+
+    def memory_layout(self) -> TrainingLayout:
+        """How this engine holds the training state on each rank (:mod:`rlzoo.memory_estimate`); the base keeps
+        the whole state on every rank."""
+        return TrainingLayout()
+
+    def memory_hint(self, run: RunFacts) -> str:
+        """What shrinks this engine's weights, gradients and optimizer state, for a run that does not fit."""
+        partitioning = run.names("training_engine", lambda cls: cls.data_parallel)
+        engines = " or ".join(f"{{name: {name}}}" for name in partitioning) or "a data-parallel engine"
+        return f"trainer.engine: {engines} partitioning them over more processes ({self.name!r} keeps them whole)"
+
+
+@dataclass
+class RoutingPass:
+    """What :meth:`TrainingEngine.routing_pass` yields; filled when its block ends.
+
+    routing: the experts every MoE layer used (replayed ones included), a :class:`rlzoo.moe.Routing` of the rows
+             this process ran, in their order.
+    fresh:   what the current routers chose themselves in the replayed layers (``routing`` when nothing was
+             replayed): the drift Routing Replay removed (``moe/fresh_flip_rate``).
+    """
+
+    routing: Routing | None = None
+    fresh: Routing | None = None

@@ -49,6 +49,8 @@ from rlzoo.engines.deepspeed_checkpoint import hf_model, load_checkpoint, save_c
 from rlzoo.engines.deepspeed_config import client_optimizer, deepspeed_config
 from rlzoo.engines.deepspeed_env import init_deepspeed_distributed
 from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
+from rlzoo.interfaces import Problem, RunFacts
+from rlzoo.memory_estimate import TrainingLayout
 
 
 class DeepSpeedTrainingEngine(ModuleTrainingEngine):
@@ -85,6 +87,47 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
             if ep_size > 1 and info.data.get("moe") != "deepspeed":
                 raise ValueError(f"{ep_size} needs moe: deepspeed; with moe: none use 1")
             return ep_size
+
+    # -- the start-up check and the run's set-up (before start) --------------------------------------------------
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """DeepSpeed-MoE needs an MoE model; ``ep_size`` divides the processes; ZeRO-3 partitions the weights, which
+        ``rollout.overlap: 1`` exchanges whole. (The combinations DeepSpeed refuses whatever the run, ZeRO-3 with
+        DeepSpeed-MoE and ``ep_size`` without it, are rejected by ``Params`` at config validation.)"""
+        p, problems = self.params, []
+        if p.moe == "deepspeed" and run.model.moe is False:
+            hint = "model.path: a mixture-of-experts model" if run.config.model.path else "model.tiny.architecture: qwen3_moe"
+            problems.append((f"{at}.moe", f"'deepspeed' converts MoE blocks but the model is dense: use 'none', or set {hint}"))
+        if run.world % p.ep_size:
+            divisors = [d for d in range(1, run.world + 1) if run.world % d == 0]
+            problems.append((
+                f"{at}.ep_size",
+                f"{p.ep_size} does not divide the {run.world} process(es) the run is started with; use one of "
+                f"{divisors} (or start more processes; rlzoo config check --processes N checks for N)",
+            ))
+        if run.config.rollout.overlap and p.zero_stage == 3:
+            problems.append((
+                "rollout.overlap",
+                "1 swaps the sampling weights into the training engine's parameters for the old-log-prob pass, which "
+                f"ZeRO-3 partitions: use {at}.zero_stage 0, 1 or 2, or rollout.overlap: 0",
+            ))
+        return problems
+
+    def process_group_backend(self) -> str:
+        return self.params.backend
+
+    def memory_layout(self) -> TrainingLayout:
+        moe = self.params.moe == "deepspeed"
+        return TrainingLayout(self.params.zero_stage, self.params.ep_size if moe else 1, experts_as_linear=moe)
+
+    def memory_hint(self, run: RunFacts) -> str:
+        stage = self.params.zero_stage
+        if self.params.moe == "deepspeed":
+            return (f"raise trainer.engine.ep_size (now {self.params.ep_size}) with more processes, or "
+                    f"trainer.engine.zero_stage (now {stage}; DeepSpeed-MoE allows 0-2)")
+        if stage < 3:
+            return f"raise trainer.engine.zero_stage (now {stage}), and run more processes"
+        return "run more processes (ZeRO-3 partitions them over every rank)"
 
     # -- start -----------------------------------------------------------------------------------------------
 

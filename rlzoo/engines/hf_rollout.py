@@ -11,13 +11,18 @@ position (and the padding) to be routed afresh at replay time, which changes no 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
 from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
-from rlzoo.interfaces import Params
+from rlzoo.interfaces import Params, RunFacts
+from rlzoo.memory_estimate import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
 from rlzoo.models.weights import load_checkpoint_weights
+
+if TYPE_CHECKING:
+    from rlzoo.config import RunConfig
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -34,6 +39,18 @@ class HFRolloutEngine(RolloutEngine):
             description="MoE: record the experts used while sampling into Generation.routing. The loop turns it on "
             "when the router policy needs it (R3); set it for the moe/rollout_train_disagreement diagnostics",
         )
+
+    def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
+        """Its copy of the policy plus generate()'s KV cache: ``min(batch_size, the rows this rank samples)`` rows of
+        ``prompt.max_prompt_tokens + rollout.max_new_tokens`` tokens."""
+        r, weights = config.rollout, policy_bytes(config, shape)
+        sampled = r.prompts_per_step * r.group_size // (world if r.per_rank else 1)
+        rows = min(self.params.batch_size, max(sampled, 1))
+        tokens = rows * ((config.prompt.max_prompt_tokens or 0) + r.max_new_tokens)
+        return RolloutMemory(bytes=weights + kv_cache_bytes(config, shape, tokens), weights=weights)
+
+    def memory_hint(self, run: RunFacts) -> str:
+        return f"lower rollout.engine.batch_size (now {self.params.batch_size}); its copy of the weights stays"
 
     def start(self, context: EngineContext) -> None:
         from rlzoo.models import load_model

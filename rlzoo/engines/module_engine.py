@@ -28,13 +28,14 @@ no ``[rows, length, vocab]`` logits tensor exists. Each forward announces its la
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
 
 from rlzoo.engines.aux_loss import AuxLoss
-from rlzoo.engines.base import LossFn, TokenBatch, TrainingEngine
+from rlzoo.engines.base import LossFn, RoutingPass, TokenBatch, TrainingEngine
 from rlzoo.engines.micro_batches import (
     PACKABLE_ATTENTION,
     MicroBatch,
@@ -44,22 +45,35 @@ from rlzoo.engines.micro_batches import (
 )
 from rlzoo.engines.tokens import hidden_logprobs
 from rlzoo.errors import RlzooError
+from rlzoo.metrics import SkippedUpdates
+from rlzoo.moe import Layout, Routing, find_routers, record_routing, replay_routing, require_routers
 from rlzoo.moe.hooks import ForwardLayout, forward_layout
+from rlzoo.moe.routers import layout_of
 
-NONFINITE = "train/nonfinite_steps"
+NONFINITE = "train/nonfinite_steps"  # always a SkippedUpdates: the fault policy reads the declaration
 
 
 class ModuleTrainingEngine(TrainingEngine):
     """A training engine whose policy is an in-process ``nn.Module``; subclasses say how to run, step and sync it.
 
     A subclass sets ``config`` (the trainer config), ``_aux_loss`` and calls :meth:`_prepare_model` in ``start``,
-    and implements :meth:`_module`, :meth:`_backward` and :meth:`_optimizer_step`."""
+    and implements :attr:`model`, :meth:`_module`, :meth:`_backward` and :meth:`_optimizer_step`. This class
+    implements what the core asks of the policy (:class:`TrainingEngine`): its MoE layout, recording and replaying
+    its routing (hooks on the module's routers, :mod:`rlzoo.moe`), and copying / exchanging its weights for
+    ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
 
     config: Any
     _aux_loss: AuxLoss
     _packing: bool = False
+    _routers: list | None = None  # the policy's MoE routers, found once (the module's layers do not change)
+    _gates: dict[int, str] | None = None  # each router's gate function, detected on its first replayed call
 
     # -- what a subclass provides ---------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy as an in-process transformers model (its parameters are the weights this engine trains)."""
+        raise NotImplementedError
 
     def _module(self) -> torch.nn.Module:
         """The callable that runs the model's forward (the model itself, or a wrapper such as DeepSpeed's)."""
@@ -82,6 +96,48 @@ class ModuleTrainingEngine(TrainingEngine):
 
     def _all_ranks_true(self, flag: bool) -> bool:
         return flag
+
+    # -- the policy: MoE routing and weight copies (TrainingEngine's contract) -------------------------------------
+
+    def moe_layout(self) -> Layout | None:
+        if self._routers is None:
+            self._routers = require_routers(self.model) if find_routers(self.model) else []
+            self._gates = {}
+        return layout_of(self._routers) if self._routers else None
+
+    @contextmanager
+    def routing_pass(self, replay: Routing | None = None) -> Iterator[RoutingPass]:
+        if self.moe_layout() is None:
+            raise RlzooError(f"{type(self.model).__name__} has no mixture-of-experts router to record or replay")
+        result = RoutingPass()
+        with ExitStack() as stack:
+            replaying = None
+            if replay is not None:
+                replaying = stack.enter_context(replay_routing(self.model, replay, self._routers, self._gates))
+            used = stack.enter_context(record_routing(self.model, self._routers))
+            yield result
+        result.routing = used
+        result.fresh = replaying.fresh if replaying is not None else used
+
+    @torch.no_grad()
+    def copy_weights(self, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        if into is None:
+            return [param.detach().clone() for param in self.model.parameters()]
+        for saved, param in zip(into, self.model.parameters(), strict=True):
+            saved.copy_(param)
+        return into
+
+    @torch.no_grad()
+    def exchange_weights(self, copy: list[torch.Tensor]) -> None:
+        for param, saved in zip(self.model.parameters(), copy, strict=True):
+            current = param.detach().clone()
+            param.copy_(saved)
+            saved.copy_(current)
+
+    @torch.no_grad()
+    def restore_weights(self, copy: list[torch.Tensor]) -> None:
+        for param, saved in zip(self.model.parameters(), copy, strict=True):
+            param.copy_(saved)
 
     # -- set-up ---------------------------------------------------------------------------------------------------
 
@@ -160,7 +216,8 @@ class ModuleTrainingEngine(TrainingEngine):
         metrics = self.accumulate_gradients(batch, loss_fn, with_entropy)
         if metrics.get(NONFINITE):
             return metrics
-        return {**metrics, **self._optimizer_step()}
+        metrics = {**metrics, **self._optimizer_step()}
+        return {**metrics, NONFINITE: SkippedUpdates(metrics[NONFINITE])}
 
     def accumulate_gradients(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         """Forward and backward of ``batch`` in micro-batches (module docstring); the step is not taken. A
@@ -179,9 +236,9 @@ class ModuleTrainingEngine(TrainingEngine):
         if mb.dummy:  # this rank had no rows: a zero-weighted forward keeps its collectives in step
             loss = loss + 0.0 * logp.sum()
         if not self._all_ranks_true(bool(torch.isfinite(loss))):
-            return {**metrics, NONFINITE: 1.0}
+            return {**metrics, NONFINITE: SkippedUpdates(1.0)}
         self._backward(loss, last=True)
-        return {**metrics, NONFINITE: 0.0}
+        return {**metrics, NONFINITE: SkippedUpdates(0.0)}
 
     def _accumulated(
         self, batch: TokenBatch, plan: list[MicroBatch], loss_fn: LossFn, with_entropy: bool
@@ -205,7 +262,7 @@ class ModuleTrainingEngine(TrainingEngine):
         outputs = loss_fn(*leaves)  # 2. the minibatch's loss, and its gradient at the log-probs
         loss, metrics = self._aux_loss.add_whole(*outputs, whole)
         if not self._all_ranks_true(bool(torch.isfinite(loss))):
-            return {**metrics, NONFINITE: 1.0}
+            return {**metrics, NONFINITE: SkippedUpdates(1.0)}
         grads = torch.autograd.grad(outputs[0], leaves, allow_unused=True)
         grads = [torch.zeros_like(leaf) if g is None else g.detach() for g, leaf in zip(grads, leaves, strict=True)]
         for index, mb in enumerate(plan):  # 3. backward micro-batch by micro-batch
@@ -219,7 +276,7 @@ class ModuleTrainingEngine(TrainingEngine):
                 if with_entropy:
                     surrogate = surrogate + (mb_ent * grads[1][mb.out_row, mb.out_col].to(mb_ent.dtype)).sum()
             self._backward(surrogate, last=index == len(plan) - 1)
-        return {**metrics, NONFINITE: 0.0}
+        return {**metrics, NONFINITE: SkippedUpdates(0.0)}
 
     def _scatter(
         self, batch: TokenBatch, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None

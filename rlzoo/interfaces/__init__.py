@@ -11,6 +11,7 @@ from rlzoo.interfaces.ratio import RatioEstimator
 from rlzoo.interfaces.regulariser import Regulariser
 from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
+from rlzoo.interfaces.run_facts import ModelFacts, Problem, RunFacts
 from rlzoo.interfaces.task import Sample, Task
 from rlzoo.interfaces.verifier import Verdict, Verifier
 
@@ -22,9 +23,11 @@ __all__ = [
     "Component",
     "KLEstimator",
     "LossAggregation",
+    "ModelFacts",
     "MismatchCorrection",
     "Params",
     "PolicyBatch",
+    "Problem",
     "RatioEstimator",
     "RecordedRouting",
     "Regulariser",
@@ -32,6 +35,7 @@ __all__ = [
     "ResponseTooLong",
     "RewardShaper",
     "RouterPolicy",
+    "RunFacts",
     "Sample",
     "Task",
     "Verdict",

@@ -36,6 +36,7 @@ class AdvantageSource(Component):
     """
 
     kind = "advantage"
+    metric_namespace = "advantage"
     needs_step_rewards: bool = False
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:

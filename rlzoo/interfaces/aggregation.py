@@ -11,6 +11,7 @@ class LossAggregation(Component):
     """``aggregate(per_token_loss, mask) -> scalar``. Masked-out positions must not contribute."""
 
     kind = "aggregation"
+    metric_namespace = "aggregation"
 
     def aggregate(self, per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

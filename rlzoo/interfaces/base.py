@@ -6,9 +6,12 @@ A component is a small class. The registry finds it through a plugin hook, the c
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces.run_facts import Problem, RunFacts
 
 
 class Params(BaseModel):
@@ -40,14 +43,49 @@ class Component:
     requires: ClassVar[tuple[str, ...]] = ()
     #: how to install ``requires``, shown when one is missing
     install_hint: ClassVar[str] = ""
+    #: the first part of the keys of this kind's :meth:`report` metrics; each kind's base class sets it once
+    #: (empty: the ``kind``)
+    metric_namespace: ClassVar[str] = ""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """The problems a run with these parameters would hit, found before anything starts.
+
+        ``rlzoo config check`` and the start of ``rlzoo train`` (:func:`rlzoo.preflight.preflight`) construct every
+        component the config names and call this on each; ``at`` is this component's config field (e.g.
+        ``rollout.engine``, ``algorithm.reward_shaping.0``) and ``run`` what is known without starting anything:
+        the config, the model's facts, the process count, the other components and the memory estimate
+        (:class:`rlzoo.interfaces.RunFacts`). Return ``(dotted field, message)`` pairs — usually
+        ``f"{at}.<parameter>"``, or another field the rule is about — each message saying what is allowed. Must
+        be cheap: read files' metadata at most, never load data, weights or an engine's library. ``[]`` (the
+        default): nothing to report.
+        """
+        return []
 
     @classmethod
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip()
         return doc.splitlines()[0].strip() if doc else ""
+
+    def report(self, metric: str, value: float) -> None:
+        """Report a scalar metric of the call in progress; it appears in the step's metrics as
+        ``<metric_namespace>/<name>/<metric>`` (e.g. ``shaping/overlong/penalised_fraction``).
+
+        ``value`` is a plain float (averaged) or one of the declared reductions of :mod:`rlzoo.metrics` (``Mean``,
+        ``Sum``, ``Min``, ``Max``, or the fault declarations ``SkippedUpdates``, ``UnscoredResponses``): that
+        class says how the values of the step's several calls (its minibatches, its generation batches) and of
+        the ranks combine. Reporting the same ``metric`` twice in one call keeps the last value.
+
+        The core collects the reports right after each call (:func:`rlzoo.metrics.take_reports`): the objective's
+        after each minibatch (ratio estimator, clipper, aggregation, KL estimator, regularisers), the loop's after
+        each use of the advantage source, batch filter, reward shapers and train-inference correction; the router
+        policy's are collected by the routing learner. Verifiers' reports are not collected: a verifier runs in a
+        worker thread that may outlive its time limit, so its reports would be racy or lost; its faults are
+        counted by :mod:`rlzoo.scoring`.
+        """
+        self.__dict__.setdefault("_metric_reports", {})[metric] = value
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"

@@ -18,6 +18,7 @@ class BatchFilter(Component):
     """``keep(rewards [B], group_index [B]) -> [G]`` bool, one flag per prompt group of a generation batch."""
 
     kind = "batch_filter"
+    metric_namespace = "filter"
 
     def max_gen_batches(self) -> int:
         """The most generation batches the loop samples in one step to fill it (1: never sample more)."""

@@ -17,7 +17,9 @@ class ClipResult:
     clipped_low:  bool, the clip removed this token's gradient because the ratio fell below the lower bound.
     clipped_high: bool, the clip removed this token's gradient because the ratio rose above the upper bound
                   (for dual clip this includes tokens held by the ``c*|A|`` bound).
-    metrics:      extra scalar metrics of this clipper (e.g. ``clip/cov_fraction``), reported as they are.
+    metrics:      extra scalar metrics of this clipper (e.g. ``clip/cov_fraction``), reported under these keys as
+                  they are, combined over minibatches by their declared class (:mod:`rlzoo.metrics`). A clipper may
+                  instead ``self.report(...)`` them (:meth:`Component.report`, keys ``clip/<name>/<metric>``).
     """
 
     loss: torch.Tensor
@@ -62,6 +64,7 @@ class Clipper(Component):
     """
 
     kind = "clipper"
+    metric_namespace = "clip"
 
     def clip(self, ratio: torch.Tensor, advantages: torch.Tensor) -> ClipResult:
         raise NotImplementedError(f"clipper {self.name!r} implements clip_batch(), not the per-token clip()")

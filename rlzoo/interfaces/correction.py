@@ -8,20 +8,36 @@ per-token policy loss, e.g. truncated importance sampling ``w = min(exp(old_trai
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from rlzoo.interfaces.base import Component
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces.run_facts import Problem, RunFacts
 
 
 class MismatchCorrection(Component):
     """``weights(old_train, old_rollout, mask) -> [batch, tokens]`` loss multipliers (1 = no correction)."""
 
     kind = "correction"
+    metric_namespace = "correction"
     #: whether :meth:`weights` depends on ``old_train``; a correction that does not allows
     #: ``algorithm.old_logprobs: rollout-only`` (no training-engine pass to compute it from)
     reads_train_logprobs: ClassVar[bool] = True
 
     def weights(self, old_train: torch.Tensor, old_rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """``algorithm.old_logprobs: rollout-only`` computes no ``old_train``: only a correction that does not read it."""
+        if not self.reads_train_logprobs or run.config.algorithm.old_logprobs != "rollout-only":
+            return []
+        usable = run.names("correction", lambda cls: not cls.reads_train_logprobs)
+        return [(
+            f"{at}.name",
+            f"{self.name!r} weighs the training engine's old log-probs against the rollout's, which "
+            f"algorithm.old_logprobs: rollout-only does not compute; use {', '.join(map(repr, usable))} or "
+            "old_logprobs: rollout",
+        )]

@@ -14,6 +14,7 @@ class KLEstimator(Component):
     """
 
     kind = "kl"
+    metric_namespace = "kl"
 
     def estimate(self, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -19,6 +19,7 @@ class RatioEstimator(Component):
     """
 
     kind = "ratio"
+    metric_namespace = "ratio"
     level: str = "token"
 
     def log_ratio(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ class Regulariser(Component):
     """``loss(logp, entropy, mask, aggregation) -> scalar`` added to the loss (with its metrics)."""
 
     kind = "regulariser"
+    metric_namespace = "regulariser"
     #: the term needs the per-token entropy H_t (the engine then computes it in the update pass)
     needs_entropy: ClassVar[bool] = False
 

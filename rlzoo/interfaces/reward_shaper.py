@@ -9,10 +9,15 @@ for raises :class:`ResponseTooLong` (:meth:`RewardShaper.check_within`) naming i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces.base import Component
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces.run_facts import Problem, RunFacts
 
 
 class ResponseTooLong(RlzooError):
@@ -23,9 +28,14 @@ class RewardShaper(Component):
     """``shape(rewards [B], lengths [B], budget) -> [B]``: the term added to each response's reward."""
 
     kind = "reward_shaper"
+    metric_namespace = "shaping"
 
     def shape(self, rewards: torch.Tensor, lengths: torch.Tensor, budget: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """:meth:`budget_problems` for responses of up to ``rollout.max_new_tokens`` tokens."""
+        return [(at, problem) for problem in self.budget_problems(run.config.rollout.max_new_tokens)]
 
     def budget_problems(self, budget: int) -> list[str]:
         """Why this shaper cannot shape responses of up to ``budget`` tokens (empty when it can)."""

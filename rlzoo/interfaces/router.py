@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rlzoo.interfaces.base import Component
 
 if TYPE_CHECKING:
+    from rlzoo.interfaces.run_facts import Problem, RunFacts
     from rlzoo.moe import Routing
 
 RoutingSource = Literal["none", "old", "rollout"]
@@ -48,6 +50,7 @@ class RouterPolicy(Component):
     """
 
     kind = "router"
+    metric_namespace = "router"
     source: ClassVar[RoutingSource] = "none"
 
     def replays_routing(self) -> bool:
@@ -70,3 +73,46 @@ class RouterPolicy(Component):
     def update_routing(self, recorded: RecordedRouting) -> Routing | None:
         """Experts every update pass replays, for the whole batch; ``None`` routes afresh."""
         return {"none": None, "old": recorded.old, "rollout": recorded.rollout}[self.source]
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """A policy that replays needs a mixture-of-experts model; R3 a rollout engine that records routing; R2 the
+        training engine's old pass (not ``algorithm.old_logprobs: rollout-only``)."""
+        problems = []
+        if self.replays_routing() and run.model.moe is False:
+            hint = "model.path: a mixture-of-experts model" if run.config.model.path else "model.tiny.architecture: qwen3_moe"
+            usable = _policies(run, lambda policy: not policy.replays_routing())
+            problems.append((
+                f"{at}.name",
+                f"{self.name!r} replays expert routing, but the model is dense (no mixture-of-experts router); on a "
+                f"dense model use null or {', '.join(map(repr, usable))}, or set {hint}",
+            ))
+        engine = run.rollout_engine
+        if self.needs_rollout_routing() and engine is not None and not engine.can_record_routing:
+            recording = run.names("rollout_engine", lambda cls: cls.can_record_routing)
+            problems.append((
+                "rollout.engine.name",
+                f"{engine.name!r} does not record MoE routing, which router policy {self.name!r} replays; use one of "
+                f"{', '.join(map(repr, recording))}",
+            ))
+        if self.needs_old_pass() and run.config.algorithm.old_logprobs == "rollout-only":
+            usable = _policies(run, lambda policy: not policy.needs_old_pass())
+            problems.append((
+                f"{at}.name",
+                f"{self.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
+                f"rollout-only does not run; use {', '.join(map(repr, usable))}, or old_logprobs: rollout",
+            ))
+        return problems
+
+
+def _policies(run: RunFacts, fits: Callable[[RouterPolicy], bool]) -> list[str]:
+    """Router policies to suggest: those that, with their default parameters, ``fits`` accepts. A policy that
+    cannot be built without parameters of its own is not suggested."""
+    names = []
+    for info in run.registry.components("router"):
+        try:
+            policy = info.cls()
+        except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+            continue
+        if fits(policy):
+            names.append(info.name)
+    return names

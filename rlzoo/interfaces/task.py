@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlzoo.interfaces.base import Component
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces.run_facts import Problem, RunFacts
 
 Split = Literal["train", "eval"]
 
@@ -52,6 +55,18 @@ class Task(Component):
         """Whether this task's samples carry chat messages, which need a tokenizer with a chat template (so a
         character tokenizer of the cold start cannot encode them); answered from the parameters, without data."""
         return False
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        """:meth:`check`'s problems at ``task.<parameter>``, and, when ``verifier`` is null, that the task's default
+        verifier is installed."""
+        problems = [(f"{at}.{parameter}", message) for parameter, message in self.check()]
+        if run.config.verifier is None and self.default_verifier not in run.registry.names("verifier"):
+            problems.append((
+                "verifier",
+                f"null uses task {self.name!r}'s default verifier {self.default_verifier!r}, which is not installed; "
+                f"name one of: {', '.join(run.registry.names('verifier'))}",
+            ))
+        return problems
 
     def check(self) -> list[tuple[str, str]]:
         """Problems a run with these parameters would hit, found cheaply (e.g. a data file that does not exist).

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config | Qwen3MoeConfig:
     from transformers import Qwen3Config, Qwen3MoeConfig
 
-    problems = cfg.shape_problems(for_vllm=False)
+    problems = cfg.shape_problems()
     if problems:
         raise ConfigError([(f"model.tiny.{field}", message) for field, message in problems])
     common = dict(

@@ -1,0 +1,341 @@
+"""Every Python example of docs/writing-a-plugin.md runs, registers, and computes what the doc says.
+
+Each ```python block is executed as a module of its own. A block whose caption (the line before the fence, e.g.
+``src/rlzoo_capped_is/clipper.py``) or first line (``# src/rlzoo_my_plugin/batch_filter.py``) names a file under
+``src/`` becomes that importable module (``rlzoo_capped_is.clipper``), so later blocks import it as a reader would
+after installing the plugin. A block whose first line is ``# fragment`` is not run. Then: each block's
+``@rlzoo.hookimpl`` functions are registered in a fresh :class:`rlzoo.registry.Registry`, every class they return
+is found under its kind and name and constructs with default parameters; the examples' main methods are called
+on tiny tensors; and the doc's own ``test_*`` functions (section "Testing a plugin") are run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.errors import ConfigError
+from rlzoo.hookspecs import HOOK_KINDS
+from rlzoo.registry import Registry
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md"
+FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+MODULE_FILE = re.compile(r"^(?:# )?`?src/([\w/]+)\.py`?")
+TEST_FUNCTION = re.compile(r"^def (test_\w+)\(", re.M)
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # the doc line of the block's first code line
+    code: str
+    module: str | None  # the import name its caption gives it, if any
+
+    @property
+    def fragment(self) -> bool:
+        return self.code.startswith("# fragment")
+
+    @property
+    def import_name(self) -> str:
+        return self.module or f"_rlzoo_doc_block_{self.line}"
+
+    def __str__(self) -> str:
+        return f"{DOC.name}:{self.line}"
+
+
+def python_blocks(text: str) -> list[Block]:
+    blocks = []
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start(1)) + 1
+        code = match.group(1)
+        before = [ln for ln in text[: match.start()].splitlines() if ln.strip()]
+        caption = MODULE_FILE.match(before[-1].strip()) if before else None
+        first = MODULE_FILE.match(code.splitlines()[0]) if code.strip() else None
+        named = first or caption
+        blocks.append(Block(line, code, named.group(1).replace("/", ".") if named else None))
+    return blocks
+
+
+BLOCKS = python_blocks(DOC.read_text())
+RUNNABLE = [b for b in BLOCKS if not b.fragment]
+DOC_TESTS = [(b, name) for b in RUNNABLE for name in TEST_FUNCTION.findall(b.code)]
+
+
+@pytest.fixture(scope="module")
+def doc_modules():
+    """Every runnable block executed in doc order as a module in ``sys.modules`` (removed afterwards); a block
+    that raises is recorded, not fatal, so each block's own test names it."""
+    added: list[str] = []
+
+    def install(name: str, module: types.ModuleType) -> None:
+        parts = name.split(".")
+        for i in range(1, len(parts)):  # parent packages of a captioned module
+            parent = ".".join(parts[:i])
+            if parent not in sys.modules:
+                package = types.ModuleType(parent)
+                package.__path__ = []
+                sys.modules[parent] = package
+                added.append(parent)
+        assert name not in sys.modules or name in added, f"{name} is a real module; rename the doc's example"
+        sys.modules[name] = module
+        added.append(name)
+        if len(parts) > 1:
+            setattr(sys.modules[".".join(parts[:-1])], parts[-1], module)
+
+    modules: dict[int, types.ModuleType] = {}
+    errors: dict[int, BaseException] = {}
+    try:
+        for block in RUNNABLE:
+            module = types.ModuleType(block.import_name)
+            module.__file__ = str(DOC)
+            install(block.import_name, module)
+            try:  # blank lines first, so a traceback's line numbers are the doc's
+                exec(compile("\n" * (block.line - 1) + block.code, str(DOC), "exec"), module.__dict__)
+            except BaseException as exc:  # noqa: BLE001 - reported by test_every_block_runs
+                errors[block.line] = exc
+            modules[block.line] = module
+        yield modules, errors
+    finally:
+        for name in reversed(added):
+            sys.modules.pop(name, None)
+
+
+def hook_functions(module: types.ModuleType) -> list:
+    return [f for f in vars(module).values() if callable(f) and hasattr(f, "rlzoo_impl")]
+
+
+@pytest.fixture(scope="module")
+def examples(doc_modules) -> dict[tuple[str, str], type]:
+    """(kind, name) -> class of every component the doc's hooks return."""
+    modules, _ = doc_modules
+    found = {}
+    for module in modules.values():
+        for hook in hook_functions(module):
+            if hook.__name__ not in HOOK_KINDS:  # a misspelt hook: test_hooks_register_... names it
+                continue
+            for cls in hook():
+                found[(HOOK_KINDS[hook.__name__], cls.name)] = cls
+    return found
+
+
+def test_the_doc_has_examples_and_few_fragments():
+    assert len(RUNNABLE) >= 15, [str(b) for b in RUNNABLE]
+    assert len(BLOCKS) - len(RUNNABLE) <= 3, [str(b) for b in BLOCKS if b.fragment]
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_resolve():
+    text = DOC.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        path, _, anchor = target.partition("#")
+        if path.startswith("http"):
+            continue
+        file = (DOC.parent / path) if path else DOC
+        assert file.exists(), f"{DOC.name} links to {target}, which does not exist"
+        if anchor:
+            assert anchor in anchors(file.read_text()), f"{DOC.name} links to {target}: no such heading"
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=str)
+def test_every_block_runs(block, doc_modules):
+    _, errors = doc_modules
+    if block.line in errors:
+        raise AssertionError(f"the example at {block} raises") from errors[block.line]
+
+
+@pytest.mark.parametrize("block", [b for b in RUNNABLE if "@rlzoo.hookimpl" in b.code], ids=str)
+def test_hooks_register_each_class_under_its_kind_and_name(block, doc_modules):
+    modules, errors = doc_modules
+    assert block.line not in errors, f"the example at {block} raises: {errors[block.line]!r}"
+    module = modules[block.line]
+    hooks = hook_functions(module)
+    assert hooks, f"{block}: no @rlzoo.hookimpl function"
+    registry = Registry()
+    registry.add_plugin(module, name=block.import_name, distribution="rlzoo-doc-examples")
+    assert not registry.load_errors, [str(e) for e in registry.load_errors]
+    for hook in hooks:
+        assert hook.__name__ in HOOK_KINDS, f"{block}: {hook.__name__} is not an rlzoo hook (a typo is silently unused)"
+        kind = HOOK_KINDS[hook.__name__]
+        classes = hook()
+        assert classes, f"{block}: {hook.__name__} returns nothing"
+        for cls in classes:
+            info = registry.get(kind, cls.name)
+            assert info.cls is cls and cls.kind == kind
+            assert cls.summary(), f"{cls.__name__} has no docstring summary"
+            assert isinstance(registry.create(kind, cls.name, {}, loc="x"), cls)  # default params, as a config
+            assert isinstance(cls(), cls)
+
+
+def test_every_kind_but_the_training_engine_has_an_example(examples):
+    kinds = {kind for kind, _ in examples}
+    assert kinds == set(HOOK_KINDS.values()) - {"training_engine"}, kinds
+
+
+@pytest.mark.parametrize(("block", "name"), DOC_TESTS, ids=[f"{b}:{n}" for b, n in DOC_TESTS])
+def test_the_docs_own_tests_pass(block, name, doc_modules, tmp_path):
+    modules, errors = doc_modules
+    assert block.line not in errors, f"the example at {block} raises: {errors[block.line]!r}"
+    function = getattr(modules[block.line], name)
+    fixtures = {"tmp_path": tmp_path}
+    function(**{arg: fixtures[arg] for arg in function.__code__.co_varnames[: function.__code__.co_argcount]})
+
+
+# -- what the examples compute -----------------------------------------------------------------------------------
+
+
+def test_batch_filter_keeps_varied_groups_reports_and_checks_the_group_size(examples, tmp_path):
+    from rlzoo.interfaces import ModelFacts, RunFacts
+    from rlzoo.metrics import Sum, take_reports
+    from rlzoo.registry import default_registry
+
+    cls = examples[("batch_filter", "min-std")]
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.45])  # varied, constant, barely varied (std 0.025)
+    keep = cls().keep(rewards, groups)
+    assert keep.tolist() == [True, False, False]
+    assert cls(cls.Params(min_std=0.0)).keep(rewards, groups).tolist() == [True, False, True]
+    component = cls()
+    component.keep(rewards, groups)
+    reports = take_reports(component)
+    assert reports == {"filter/min-std/kept_groups": 1.0} and type(reports["filter/min-std/kept_groups"]) is Sum
+    assert component.max_gen_batches() == 10
+
+    def problems(group_size: int) -> list:
+        path = tmp_path / f"g{group_size}.yaml"
+        path.write_text(f"rollout: {{group_size: {group_size}}}\n")
+        from rlzoo import load_config
+
+        run = RunFacts(load_config(path), ModelFacts(None, None, None), 1, default_registry())
+        return component.preflight(run, "algorithm.batch_filter")
+
+    assert [field for field, _ in problems(1)] == ["rollout.group_size"]
+    assert problems(2) == []
+
+
+def test_router_policy_replays_the_old_pass_in_its_layers_only(examples):
+    from rlzoo.interfaces import RecordedRouting
+    from rlzoo.moe import Routing
+
+    cls = examples[("router", "replay-old-layers")]
+    old = Routing(torch.randint(0, 8, (2, 5, 3, 2)), layers=[0, 1, 2], num_experts=8)
+    recorded = RecordedRouting(old=old, rollout=None)
+    policy = cls(cls.Params(layers=(2, 0)))
+    assert policy.old_pass_routing(RecordedRouting(old=None, rollout=None)) is None  # the old pass routes afresh
+    routing = policy.update_routing(recorded)
+    assert isinstance(routing, Routing) and routing.layers == (2, 0)
+    assert torch.equal(routing.indices, old.indices[:, :, [2, 0]])
+    assert cls().update_routing(recorded).layers == (0,)
+    assert policy.replays_routing() and policy.needs_old_pass() and not policy.needs_rollout_routing()
+
+
+def test_reward_shaper_rewards_short_correct_responses_only(examples):
+    from rlzoo.interfaces import ResponseTooLong
+
+    shaper = examples[("reward_shaper", "short-correct-bonus")]()
+    bonus = shaper.shape(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([4, 8, 2]), 8)
+    assert bonus.tolist() == pytest.approx([0.05, 0.0, 0.0])
+    with pytest.raises(ResponseTooLong, match="short-correct-bonus"):
+        shaper.shape(torch.tensor([1.0]), torch.tensor([9]), 8)
+
+
+def test_advantage_source_subtracts_the_group_mean_on_response_tokens(examples):
+    from rlzoo.interfaces import RewardBatch
+
+    source = examples[("advantage", "mean-baseline")]()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
+    advantages = source.compute(RewardBatch(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), mask))
+    assert advantages.tolist() == [[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_clipper_caps_the_weight_and_never_drops_a_gradient(examples):
+    clipper = examples[("clipper", "capped-is")]()
+    ratio = torch.tensor([[0.5, 1.0, 2.0]], requires_grad=True)
+    result = clipper.clip(ratio, torch.tensor([[1.0, -1.0, 2.0]]))
+    result.loss.sum().backward()
+    assert result.loss.flatten().tolist() == pytest.approx([-0.8, 1.0, -2.4])
+    assert ratio.grad.flatten().tolist() == pytest.approx([-1.6, 1.0, -1.2])
+    assert not result.clipped_low.any() and not result.clipped_high.any()
+
+
+def test_the_other_examples_compute_their_formulas(examples):
+    logp, old = torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[-1.5, -2.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    log_ratio = examples[("ratio", "sequence-sum")]().log_ratio(logp, old, mask)
+    assert log_ratio.tolist() == [[0.5, 0.5, 0.0]]
+    aggregation = examples[("aggregation", "token-sum-constant")]
+    losses = torch.tensor([[1.0, 3.0, float("nan")]])  # a masked position never contributes
+    assert aggregation(aggregation.Params(norm=4.0)).aggregate(losses, mask).item() == 1.0
+    kl = examples[("kl", "k3-capped")]
+    assert kl().estimate(torch.zeros(1), torch.zeros(1)).item() == 0.0
+    assert kl(kl.Params(cap=1.0)).estimate(torch.tensor([-10.0]), torch.tensor([0.0])).item() == 1.0
+    weights = examples[("correction", "two-sided-tis")]().weights(
+        torch.log(torch.tensor([[0.1, 1.0, 9.0]])), torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
+    )
+    assert weights.flatten().tolist() == pytest.approx([0.5, 1.0, 0.0])
+    regulariser = examples[("regulariser", "entropy-target")]
+    assert regulariser.needs_entropy
+    token_mean = aggregation(aggregation.Params(norm=2.0))
+    term = regulariser(regulariser.Params(coef=1.0, target=0.5)).loss(
+        logp, torch.tensor([[1.0, 2.0, 5.0]]), mask, token_mean
+    )
+    assert term.item() == pytest.approx(1.0)  # (3 / 2 - 0.5) ** 2
+
+
+def test_verifier_and_task_examples_work_together(examples):
+    task = examples[("task", "reverse")](examples[("task", "reverse")].Params(length=3))
+    train, again, held_out = task.samples("train", 5, 0), task.samples("train", 5, 0), task.samples("eval", 5, 0)
+    assert train == again and not {s.prompt for s in train} & {s.prompt for s in held_out}
+    verifier = examples[("verifier", "contains")]()
+    sample = train[0]
+    assert verifier.verify(sample, f"it is {sample.answer}").reward == 1.0
+    assert verifier.verify(sample, "no idea").reward == 0.0
+
+
+def test_a_correction_failing_at_set_up_names_its_field_and_message(doc_modules):
+    modules, _ = doc_modules
+    module = next(m for m in modules.values() if m.__name__ == "rlzoo_my_plugin.correction")
+    registry = Registry()
+    registry.add_plugin(module, name="my_correction", distribution="rlzoo-my-plugin")
+    with pytest.raises(ConfigError) as info:
+        registry.create("correction", "two-sided-tis", {"low": 3.0}, loc="algorithm.correction")
+    assert info.value.problems == [(
+        "algorithm.correction",
+        "correction 'two-sided-tis' (rlzoo-my-plugin) failed to set up: low (3.0) must be below high (2.0)",
+    )]
+    with pytest.raises(ConfigError) as info:
+        registry.create("correction", "two-sided-tis", {"low": -1.0}, loc="algorithm.correction")
+    assert info.value.problems[0][0] == "algorithm.correction.low"
+
+
+def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_path):
+    """The whole check (``rlzoo config check``'s): the engine is selected by name and its rule reported by field."""
+    from rlzoo.config import build_config
+    from rlzoo.preflight import preflight
+
+    modules, _ = doc_modules
+    module = next(m for m in modules.values() if m.__name__ == "rlzoo_my_plugin.rollout_engine")
+    registry = Registry.discover()
+    registry.add_plugin(module, name="my_rollout_engine", distribution="rlzoo-my-plugin")
+
+    def check(max_new_tokens: int) -> list:
+        data = {"output_dir": str(tmp_path / "run"), "rollout": {
+            "engine": {"name": "hf-short", "max_response_tokens": 32}, "max_new_tokens": max_new_tokens}}
+        config = build_config(data, registry=registry)
+        try:
+            preflight(config, registry)
+        except ConfigError as err:
+            return err.problems
+        return []
+
+    assert check(16) == []
+    assert check(48) == [("rollout.max_new_tokens", "48 exceeds rollout.engine.max_response_tokens 32; use at most 32")]
