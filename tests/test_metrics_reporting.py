@@ -16,8 +16,7 @@ import torch
 import rlzoo
 from rlzoo.config import RunConfig
 from rlzoo.distributed import Dist
-from rlzoo.engines import Generation, RolloutEngine
-from rlzoo.interfaces import AdvantageSource, BatchFilter, Clipper, ClipResult, Sample, Verdict, Verifier
+from rlzoo.interfaces import AdvantageSource, BatchFilter, Clipper, ClipResult, Sample
 from rlzoo.learner import Learner
 from rlzoo.loop import Components, rl_step
 from rlzoo.metrics import (
@@ -33,6 +32,7 @@ from rlzoo.metrics import (
 )
 from rlzoo.objective import build_objective
 from rlzoo.registry import Registry, default_registry
+from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
 
 NAN = float("nan")
 
@@ -119,42 +119,6 @@ def test_take_reports_namespaces_by_kind_and_name_and_clears_the_buffer():
 
 
 # -- end to end: reports of an advantage source, a batch filter and a clipper in rl_step's metrics ------------------
-
-
-class CharTokenizer:
-    pad_token_id = 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids)
-
-
-class ByPrompt(RolloutEngine):
-    """Prompts starting with "same" get identical responses ("b"), the others alternate "a" and "b"."""
-
-    name = "by-prompt"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.prompts_per_call: list[int] = []
-
-    def generate(self, prompts, sampling):
-        self.prompts_per_call.append(len(prompts))
-        out = []
-        for prompt in prompts:
-            same = "".join(map(chr, prompt)).startswith("same")
-            responses = ["b" if same or i % 2 else "a" for i in range(sampling.n)]
-            out.append([Generation(list(prompt), [ord(r)], [-0.5], True) for r in responses])
-        return out
-
-
-class IsA(Verifier):
-    name = "is-a"
-
-    def verify(self, sample: Sample, response: str) -> Verdict:
-        return Verdict(float(response == "a"))
 
 
 class ReportingAdvantage(AdvantageSource):
@@ -250,8 +214,8 @@ def test_component_reports_reach_the_step_metrics_namespaced_and_reduced():
     metrics = rl_step(0, [train_set[0], train_set[1]], parts, config)
 
     # the batch filter's count over the step's generation batches: their sum
-    assert metrics["filter/gen_batches"] == len(parts.rollout.prompts_per_call) >= 2
-    assert metrics["filter/reporting/seen"] == sum(parts.rollout.prompts_per_call)
+    assert metrics["filter/gen_batches"] == len(parts.rollout.calls) >= 2
+    assert metrics["filter/reporting/seen"] == sum(len(texts) for texts, _ in parts.rollout.calls)
     assert type(metrics["filter/reporting/seen"]) is Sum
     # the advantage source's, once per step
     assert metrics["advantage/reporting/groups"] == 2.0 and metrics["advantage/reporting/reward_max"] == 1.0

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_cli import TINY_RUN
 from test_third_party_plugin import layered_venv, pip_install, rlzoo_cli, run
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,19 +34,8 @@ def sets(overrides: list[str]) -> list[str]:
 
 
 # the main job shortened as far as tests/test_cli.py's tiny run, for 3 RL steps
-SHORT = [
-    "cold_start.steps=2",
-    "cold_start.batch_size=8",
-    "cold_start.examples=32",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "train.steps=3",
-    "train.eval_every=3",
-    "train.eval_prompts=4",
-    "train.eval_samples_per_prompt=1",
-    "train.checkpoint_every=3",
-]
+THREE_STEPS = {"train.steps": "3", "train.eval_every": "3", "train.checkpoint_every": "3"}
+SHORT = [f"{key}={THREE_STEPS.get(key, value)}" for key, value in (item.split("=", 1) for item in TINY_RUN)]
 
 
 @pytest.fixture(scope="module")
