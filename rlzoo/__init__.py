@@ -4,7 +4,8 @@ Public API (what plugins and users may import):
 
 - ``rlzoo.hookimpl`` / ``rlzoo.hookspecs``: the plugin hooks.
 - ``rlzoo.interfaces``: the component base classes (ratio, advantage, clipper, aggregation, kl, router,
-  verifier, task).
+  verifier, task, tool, tool parser, environment).
+- ``rlzoo.tools.run_tool_calls``: run one turn's tool calls (for environments that call tools).
 - ``rlzoo.build_objective``: compose an algorithm's loss for use in any training loop.
 - ``rlzoo.load_config`` / ``rlzoo.default_registry``.
 """

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
 from rlzoo.memory_estimate import parse_bytes
@@ -56,11 +56,17 @@ VerifierSpec = _spec("verifier")
 TaskSpec = _spec("task")
 RolloutEngineSpec = _spec("rollout_engine")
 TrainingEngineSpec = _spec("training_engine")
+EnvironmentSpec = _spec("environment")
+ToolSpec = _spec("tool")
+ToolParserSpec = _spec("tool_parser")
 
 # the engines a config that names none runs on: in-process, installed with rlzoo itself (the cold start evaluates
 # with the rollout one)
 DEFAULT_ROLLOUT_ENGINE = "hf"
 DEFAULT_TRAINING_ENGINE = "torch"
+# episodes: one turn unless an environment says otherwise; tool calls in the Hermes / Qwen format
+DEFAULT_ENVIRONMENT = "single-turn"
+DEFAULT_TOOL_PARSER = "hermes"
 
 
 def _default(spec: type[ComponentSpec], key: str) -> Any:
@@ -277,6 +283,33 @@ class TrainerConfig(Section):
         return value
 
 
+class EpisodeConfig(Section):
+    """What an episode is (:mod:`rlzoo.episodes`): the environment that answers each turn, the tools it may call,
+    and the limits. The default is one turn per episode, rlzoo's single-turn rollouts."""
+
+    environment: EnvironmentSpec = Field(
+        default_factory=lambda: EnvironmentSpec(name=DEFAULT_ENVIRONMENT),
+        description="answers each policy turn with an observation or ends the episode",
+    )
+    tools: list[ToolSpec] = Field(default_factory=list, description="tools the episode's model may call")
+    tool_parser: ToolParserSpec | None = Field(
+        None, description=f"finds tool calls in the model's text; null with tools: {{name: {DEFAULT_TOOL_PARSER}}}"
+    )
+    max_turns: int = Field(1, ge=1, description="policy turns per episode at most (each up to rollout.max_new_tokens)")
+    max_tokens: int | None = Field(
+        None,
+        ge=2,
+        description="token budget of one episode: prompt, every turn and every observation; a turn that would pass "
+        "it is cut there and the episode ends, counted in episode/truncated; null: the model's context",
+    )
+
+    @model_validator(mode="after")
+    def _default_parser(self) -> EpisodeConfig:
+        if self.tool_parser is None and self.tools:
+            self.tool_parser = ToolParserSpec(name=DEFAULT_TOOL_PARSER)
+        return self
+
+
 class LoopConfig(Section):
     steps: int = Field(20, ge=0)
     eval_every: int = Field(5, ge=1)
@@ -325,8 +358,14 @@ class RunConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     train: LoopConfig = Field(default_factory=LoopConfig)
+
+    def response_budget(self) -> int:
+        """The most tokens the policy samples for one prompt: ``rollout.max_new_tokens`` per turn, times
+        ``episode.max_turns`` (observations not counted): what length-based reward shapers measure against."""
+        return self.rollout.max_new_tokens * self.episode.max_turns
 
 
 # -- loading -------------------------------------------------------------------------------------------------

@@ -174,6 +174,8 @@ def _descriptors_to(path: Path) -> Iterator[tuple[TextIO, TextIO]]:
 # ---------------------------------------------------------------------------------------------------- summaries
 def start_summary(command: str, config_file: str, config: RunConfig, output: Path, console: Console) -> list[str]:
     """What is about to run: the config file, the algorithm, the model, the engines, the output folder."""
+    from rlzoo.config import DEFAULT_ENVIRONMENT
+
     algo, rollout, loop = config.algorithm, config.rollout, config.train
     parts = [f"ratio {algo.ratio.name}", f"advantage {algo.advantage.name}", f"clipper {algo.clipper.name}"]
     parts.append(f"aggregation {algo.aggregation.name}")
@@ -193,6 +195,11 @@ def start_summary(command: str, config_file: str, config: RunConfig, output: Pat
     if command == "train":
         lines.append(f"  algorithm  {preset}{', '.join(parts)}")
     lines += [f"  model      {model}", f"  task       {config.task.name}, verifier {verifier}"]
+    episode = config.episode
+    if episode.max_turns > 1 or episode.tools or episode.environment.name != DEFAULT_ENVIRONMENT:
+        tools = ", ".join(t.name for t in episode.tools) or "no tools"
+        budget = f", {episode.max_tokens} tokens" if episode.max_tokens else ""
+        lines.append(f"  episodes   {episode.environment.name} ({tools}), up to {episode.max_turns} turns{budget}")
     if command == "train":
         lines += [
             f"  engines    rollout {rollout.engine.name}, trainer {config.trainer.engine.name}",

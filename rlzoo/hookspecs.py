@@ -113,6 +113,11 @@ def rlzoo_tool_parsers() -> list[type]:
 
 
 @hookspec
+def rlzoo_environments() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Environment` subclasses (what answers the policy between turns)."""
+
+
+@hookspec
 def rlzoo_rollout_engines() -> list[type]:
     """Return :class:`rlzoo.engines.RolloutEngine` subclasses."""
 
@@ -138,6 +143,7 @@ HOOK_KINDS: dict[str, str] = {
     "rlzoo_tasks": "task",
     "rlzoo_tools": "tool",
     "rlzoo_tool_parsers": "tool_parser",
+    "rlzoo_environments": "environment",
     "rlzoo_rollout_engines": "rollout_engine",
     "rlzoo_training_engines": "training_engine",
 }

@@ -44,12 +44,13 @@ from rlzoo.config import RunConfig
 from rlzoo.decode import response_text
 from rlzoo.distributed import SINGLE, Dist
 from rlzoo.engines import RolloutEngine, SamplingSettings
+from rlzoo.environments import SingleTurn
+from rlzoo.episodes import EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
 from rlzoo.learner import Learner
 from rlzoo.metrics import Timer, reduce_minibatches, take_reports
 from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
 from rlzoo.passk import mean_pass_at_k
-from rlzoo.prompts import prompt_ids
 from rlzoo.rollouts import RolloutSchedule
 from rlzoo.scoring import score
 from rlzoo.seeds import step_seed
@@ -73,6 +74,11 @@ class Components:
     shapers: list[RewardShaper] = field(default_factory=list)
     train_set: Sequence[Sample] = ()  # where a batch filter's further generation batches draw fresh prompts
     schedule: RolloutSchedule = field(default_factory=lambda: RolloutSchedule())  # when rollouts are sampled
+    episodes: EpisodeRunner | None = None  # what an episode is; None: one turn (the single-turn environment)
+
+    def __post_init__(self) -> None:
+        if self.episodes is None:
+            self.episodes = EpisodeRunner(SingleTurn(), self.tokenizer)
 
 
 def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
@@ -130,10 +136,16 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
 
 
 def evaluate(
-    samples: Sequence[Sample], rollout: RolloutEngine, verifier: Verifier, tokenizer: Any, config: RunConfig
+    samples: Sequence[Sample],
+    rollout: RolloutEngine,
+    verifier: Verifier,
+    tokenizer: Any,
+    config: RunConfig,
+    episodes: EpisodeRunner | None = None,
 ) -> dict[str, float]:
-    """Held-out accuracy: share of correct responses, ``train.eval_samples_per_prompt`` per prompt, sampled at
-    ``train.eval_temperature`` (0 = greedy) with a fixed seed, so every evaluation sees the same random stream."""
+    """Held-out accuracy: share of correct responses (episodes: of correct last turns), ``train.eval_samples_per_
+    prompt`` per prompt, sampled at ``train.eval_temperature`` (0 = greedy) with a fixed seed, so every evaluation
+    sees the same random stream; ``eval/pass@k`` counts an episode as one attempt."""
     sampling = SamplingSettings(
         n=config.train.eval_samples_per_prompt,
         max_new_tokens=config.rollout.max_new_tokens,
@@ -141,8 +153,10 @@ def evaluate(
         top_p=1.0,
         seed=step_seed(config.seed, 0, 3),
     )
-    groups = rollout.generate([prompt_ids(tokenizer, s, config.prompt) for s in samples], sampling)
-    responses = [response_text(tokenizer, g.response_ids) for group in groups for g in group]
+    episodes = episodes or EpisodeRunner(SingleTurn(), tokenizer)
+    ran = episodes.run(rollout, samples, sampling, config.prompt)
+    groups = ran.groups
+    responses = [response_text(tokenizer, g.last_turn_ids) for group in groups for g in group]
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
     scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
     rewards = torch.tensor([v.reward for v in scores.verdicts])
@@ -153,7 +167,12 @@ def evaluate(
         "eval/reward_mean": rewards.mean().item(),
         "eval/verifier_errors": float(scores.failed),
         **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
+        **{f"eval/{key.replace('/', '_')}": float(value) for key, value in ran.metrics.items() if key in EVAL_EPISODE_KEYS},
     }
+
+
+#: the episode metrics an evaluation logs too (as eval/episode_turns_mean, ...)
+EVAL_EPISODE_KEYS = ("episode/turns_mean", "episode/truncated", "tool/calls_per_episode")
 
 
 def mismatch_metrics(

@@ -1,4 +1,5 @@
-"""``rlzoo plot RUN_DIR``: PNG curves of a run's metrics (reward, eval accuracy, clip fraction, KL, length)."""
+"""``rlzoo plot RUN_DIR``: PNG curves of a run's metrics (reward, eval accuracy, clip fraction, KL, length; with
+multi-turn episodes also tool calls per episode, turns and truncation, tool errors)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ PANELS = [
     ("response length", ["response/length_mean"]),
     ("seconds per step", ["time/rollout", "time/train", "time/sync"]),
 ]
+#: drawn too when the run has multi-turn episodes (episode/* logged)
+EPISODE_PANELS = [
+    ("tool calls per episode", ["tool/calls_per_episode", "eval/tool_calls_per_episode"]),
+    ("episodes", ["episode/turns_mean", "episode/truncated"]),
+    ("tool errors and timeouts", ["tool/errors", "tool/timeouts"]),
+]
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -26,8 +33,10 @@ def plot_run(run_dir: Path) -> list[Path]:
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
     if not rows:
         raise RlzooError(f"{run_dir} has no metrics.jsonl (or it is empty): nothing to plot")
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
-    for ax, (title, keys) in zip(axes.flat, PANELS):
+    panels = PANELS + (EPISODE_PANELS if any("episode/turns_mean" in r for r in rows) else [])
+    nrows = -(-len(panels) // 3)
+    fig, axes = plt.subplots(nrows, 3, figsize=(15, 4 * nrows), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.flat, panels):
         drawn = False
         for key in keys:
             points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]

@@ -177,7 +177,9 @@ def _model_folder(path: Path) -> tuple[ModelFacts, Problems]:
     hf, facts, problems = _read_model_config(path / "config.json", "model.path")
     if hf is None:
         return facts, problems
-    facts.chat_template = _has_chat_template(path)
+    template = _chat_template_text(path)
+    facts.chat_template = bool(template)
+    facts.chat_template_tools = "tools" in template if template else None
     if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         problems.append(("model.path", f"{path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})"))
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -219,14 +221,17 @@ def _read_model_config(file: Path, loc: str) -> tuple[dict | None, ModelFacts, P
     return hf, facts, []
 
 
-def _has_chat_template(path: Path) -> bool:
-    """transformers keeps a tokenizer's chat template in chat_template.jinja (or .json), or tokenizer_config.json."""
-    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
-        return True
+def _chat_template_text(path: Path) -> str:
+    """The tokenizer's chat template source ("" if none): transformers keeps it in chat_template.jinja (or .json),
+    or tokenizer_config.json."""
     try:
-        return bool(json.loads((path / "tokenizer_config.json").read_text()).get("chat_template"))
+        if (path / "chat_template.jinja").is_file():
+            return (path / "chat_template.jinja").read_text()
+        if (path / "chat_template.json").is_file():
+            return (path / "chat_template.json").read_text()
+        return str(json.loads((path / "tokenizer_config.json").read_text()).get("chat_template") or "")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return False
+        return ""
 
 
 def _vocab_problems(path: Path, vocab_size: object) -> Problems:
@@ -280,6 +285,7 @@ def _prompt_problems(run: RunFacts) -> Problems:
             "model's max_position_embeddings or the rollout engine's limit); use less than "
             f"{context}",
         ))
+    problems += _episode_problems(run, chat_task or p.plain == "chat", context)
     needed = None if p.max_prompt_tokens is None else p.max_prompt_tokens + config.rollout.max_new_tokens
     if needed is not None and context is not None and needed > context:
         problems.append((
@@ -287,6 +293,32 @@ def _prompt_problems(run: RunFacts) -> Problems:
             f"{p.max_prompt_tokens} + rollout.max_new_tokens {config.rollout.max_new_tokens} exceeds the "
             f"{context}-token context (the model's max_position_embeddings or the rollout engine's limit): use at "
             f"most {max(context - config.rollout.max_new_tokens, 0)}",
+        ))
+    return problems
+
+
+def _episode_problems(run: RunFacts, chat: bool, context: int | None) -> Problems:
+    """An episode's token budget fits the context; tools in chat prompts need a template that renders them."""
+    episode, problems = run.config.episode, []
+    if episode.max_tokens is not None and context is not None and episode.max_tokens > context:
+        problems.append((
+            "episode.max_tokens",
+            f"{episode.max_tokens} exceeds the {context}-token context (the model's max_position_embeddings or the "
+            f"rollout engine's limit); use at most {context}",
+        ))
+    prompt_limit = run.config.prompt.max_prompt_tokens
+    if episode.max_tokens is not None and prompt_limit is not None and prompt_limit >= episode.max_tokens:
+        problems.append((
+            "episode.max_tokens",
+            f"{episode.max_tokens} leaves no room for a response after a prompt of up to prompt.max_prompt_tokens "
+            f"{prompt_limit} tokens; use more than {prompt_limit}",
+        ))
+    if episode.tools and chat and run.model.chat_template_tools is False:
+        problems.append((
+            "episode.tools",
+            f"the chat template of {run.config.model.path} never reads `tools`, so the model would not see the tools' "
+            "descriptions: use a model whose template supports tools (Qwen2.5/Qwen3, Hermes), or plain-text prompts "
+            "(prompt.plain: text) whose cold start demonstrates the calls",
         ))
     return problems
 

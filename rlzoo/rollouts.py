@@ -32,7 +32,7 @@ from rlzoo.engines.tokens import make_token_batch
 from rlzoo.interfaces import RewardBatch, Sample, Verdict
 from rlzoo.metrics import Timer, reduce_minibatches, take_reports
 from rlzoo.objective import masked_mean
-from rlzoo.prompts import prompt_ids
+from rlzoo.episodes import EpisodeBatch
 from rlzoo.scoring import score, step_token_ends
 from rlzoo.seeds import rank_seed, step_seed
 
@@ -86,7 +86,7 @@ class ScoredGroup:
     sample: Sample
     generations: list[Generation]
     verdicts: list[Verdict]
-    rewards: torch.Tensor  # [n] the verifier's rewards
+    rewards: torch.Tensor  # [n] the verifier's rewards plus the environment's turn rewards
     shaping: torch.Tensor  # [n] the sum of the reward shapers' terms
 
 
@@ -152,22 +152,25 @@ def generate_and_score(
     mine = ranks.share_items(prompts)
     if ranks.active:  # in every rank's log file: which ranks sampled what
         _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
-    with timer("rollout"):  # includes waiting for the slowest rank's share
-        local = c.rollout.generate([prompt_ids(c.tokenizer, s, config.prompt) for s in mine], sampling) if mine else []
-        shares = ranks.all_gather_object(local)
+    with timer("rollout"):  # includes waiting for the slowest rank's share (episodes: tools and all turns)
+        ran = c.episodes.run(c.rollout, mine, sampling, config.prompt) if mine else EpisodeBatch([])
+        local = ran.groups
+        shares = ranks.all_gather_object((local, ran.metrics))
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
-        responses = [response_text(c.tokenizer, g.response_ids) for group in local for g in group]
+        responses = [response_text(c.tokenizer, g.last_turn_ids) for group in local for g in group]
         all_scores = ranks.all_gather_object(score(c.verifier, samples, responses, config.train.verifier_timeout_s))
-    groups = [group for share in shares for group in share]
+    groups = [group for share, _ in shares for group in share]
     generations = [g for group in groups for g in group]
     verdicts = [v for scores in all_scores for v in scores.verdicts]
-    metrics = reduce_minibatches([scores.metrics() for scores in all_scores])  # fault counts: the shares' sum
-    rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)
-    lengths = torch.tensor([len(g.response_ids) for g in generations])
+    # fault and tool counts: the shares' sum
+    metrics = reduce_minibatches([scores.metrics() for scores in all_scores] + [m for _, m in shares if m])
+    # the verifier's reward plus the environment's turn rewards
+    rewards = torch.tensor([v.reward + sum(g.turn_rewards or ()) for v, g in zip(verdicts, generations, strict=True)])
+    lengths = torch.tensor([g.policy_tokens for g in generations])
     shaping = torch.zeros_like(rewards)
     for shaper in c.shapers:
-        shaping = shaping + shaper.shape(rewards, lengths, config.rollout.max_new_tokens)
+        shaping = shaping + shaper.shape(rewards, lengths, config.response_budget())  # policy tokens of all turns
         metrics.update(take_reports(shaper))
     out, start = [], 0
     for sample, group in zip(prompts, groups, strict=True):
@@ -192,20 +195,38 @@ def assemble(
         [g.prompt_ids for g in generations],
         [g.response_ids for g in generations],
         c.tokenizer.pad_token_id,
-        response_width=config.rollout.max_new_tokens,
+        response_width=c.episodes.response_width(config.rollout.max_new_tokens),
+        policy_masks=[g.policy_mask for g in generations],
     )
     mask = batch.response_mask
     with timer("advantage"):
         step_rewards, step_ends = None, None
-        if c.advantage.needs_step_rewards:
+        if c.advantage.needs_step_rewards and c.episodes.environment.gives_turn_rewards:
+            step_rewards, step_ends = turn_steps(groups)
+        elif c.advantage.needs_step_rewards:
             step_rewards = [v.step_rewards or [] for v in verdicts]
-            step_ends = [
-                step_token_ends(v.step_spans or [], token_char_ends(c.tokenizer, g.response_ids))
+            step_ends = [  # the verifier's steps lie in the last turn: after the earlier turns' policy tokens
+                [g.policy_tokens - len(g.last_turn_ids) + end
+                 for end in step_token_ends(v.step_spans or [], token_char_ends(c.tokenizer, g.last_turn_ids))]
                 for v, g in zip(verdicts, generations, strict=True)
             ]
         advantages = c.advantage.compute(RewardBatch(rewards, group_index, mask, step_rewards, step_ends))
     metrics = {**metrics, "advantage/abs_mean": masked_mean(advantages.abs(), mask).item(), **take_reports(c.advantage)}
     return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), rewards, advantages, metrics)
+
+
+def turn_steps(groups: list[ScoredGroup]) -> tuple[list[list[float]], list[list[int]]]:
+    """One step per turn of each episode (for ``process``): the environment's turn rewards, the verifier's reward
+    and the shapers' terms added to the last; each step ends after its turn's policy tokens."""
+    rewards, ends = [], []
+    for group in groups:
+        for g, outcome in zip(group.generations, (group.rewards + group.shaping).tolist(), strict=True):
+            turn_rewards = list(g.turn_rewards or [0.0])
+            turn_rewards[-1] += outcome - sum(g.turn_rewards or ())  # group.rewards holds the turn rewards' sum
+            rewards.append(turn_rewards)
+            spans = g.turns or [(0, len(g.response_ids))]
+            ends.append(torch.cumsum(torch.tensor([e - s for s, e in spans]), 0).tolist())
+    return rewards, ends
 
 
 def rollout_metrics(groups: list[ScoredGroup], batch_metrics: dict[str, float]) -> dict[str, float]:
@@ -215,7 +236,7 @@ def rollout_metrics(groups: list[ScoredGroup], batch_metrics: dict[str, float]) 
     shaping = torch.cat([g.shaping for g in groups])
     generations = [g for group in groups for g in group.generations]
     correct = [v.correct for group in groups for v in group.verdicts]
-    lengths = torch.tensor([len(g.response_ids) for g in generations], dtype=torch.float32)
+    lengths = torch.tensor([g.policy_tokens for g in generations], dtype=torch.float32)
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,

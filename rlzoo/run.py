@@ -20,6 +20,7 @@ own engine state into the same checkpoint folder.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from rlzoo import distributed, loop
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
 from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, RunConfig, dump_config
 from rlzoo.engines import EngineContext, RolloutEngine
+from rlzoo.episodes import EpisodeRunner, build_episode_runner, with_tool_descriptions
 from rlzoo.errors import RlzooError
 from rlzoo.faults import FaultPolicy
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Verifier
@@ -82,10 +84,12 @@ class TrainingRun:
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
+        self.config = with_tool_descriptions(self.config, self.registry)  # after config.yaml holds the user's config
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()
         self._setup_trainer()
         self.rollout = self._setup_rollout()
+        self.episodes = self._setup_episodes()
         self.components = self._setup_components()
         self.completed_steps = self._restore()
 
@@ -136,6 +140,10 @@ class TrainingRun:
             rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer))
         return rollout
 
+    def _setup_episodes(self) -> EpisodeRunner:
+        """The environment (with its tools) and the limits of an episode; one turn unless the config says more."""
+        return build_episode_runner(self.config, self.registry, self.tokenizer, episode_context(self.rollout, self.start.model_dir))
+
     def _setup_components(self) -> loop.Components:
         algo = self.config.algorithm
         return loop.Components(
@@ -153,6 +161,7 @@ class TrainingRun:
             shapers=[create(self.registry, "reward_shaper", spec) for spec in algo.reward_shaping],
             train_set=self.train_set,  # where further generation batches draw fresh prompts
             schedule=self._setup_schedule(),
+            episodes=self.episodes,
         )
 
     def _setup_schedule(self) -> loop.RolloutSchedule:
@@ -224,7 +233,7 @@ class TrainingRun:
         return run_dir
 
     def evaluate(self) -> dict[str, float]:
-        return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config)
+        return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config, self.episodes)
 
 
 # -- building blocks (also used by `rlzoo sft`) --------------------------------------------------------------------
@@ -261,9 +270,21 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
         tokenizer = load_tokenizer(model_dir)
         rollout.start(engine_context(config, model_dir, tokenizer))
         samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval")
-        return loop.evaluate(samples, rollout, verifier, tokenizer, config)
+        episodes = build_episode_runner(config, registry, tokenizer, episode_context(rollout, model_dir))
+        return loop.evaluate(samples, rollout, verifier, tokenizer, config, episodes)
 
-    return ensure_cold_start(config, task, evaluate_fn, progress)
+    return ensure_cold_start(config, task, evaluate_fn, progress, registry)
+
+
+def episode_context(rollout: RolloutEngine, model_dir: Path) -> int | None:
+    """The most tokens an episode may hold: the rollout engine's limit, else the model's positions."""
+    limit = rollout.context_tokens()
+    if limit is not None:
+        return limit
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
 
 
 def load_tokenizer(model_dir: Path) -> Any:

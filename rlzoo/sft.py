@@ -1,7 +1,10 @@
 """Cold start: supervised fine-tuning of the policy on task demonstrations before RL.
 
 Loss: mean token cross-entropy of ``demonstration + <eos>`` given the prompt (prompt tokens are not trained);
-the prompt is encoded by :func:`rlzoo.prompts.prompt_ids`, as RL encodes it.
+the prompt is encoded by :func:`rlzoo.prompts.prompt_ids`, as RL encodes it. With multi-turn episodes
+(``episode.max_turns`` > 1) a sample's ``demonstration_turns`` are trained instead, as the episode a rollout
+would hold: every turn + ``<eos>`` trained, the environment's observations between them in the context only
+(:meth:`rlzoo.episodes.EpisodeRunner.demonstration`).
 The result is an HF model folder with ``cold_start.json`` recording its held-out accuracy; a folder built from
 the same settings is reused instead of trained again.
 """
@@ -23,9 +26,11 @@ from rlzoo.checkpoint import atomic_directory
 from rlzoo.config import RunConfig
 from rlzoo.engines.tokens import make_token_batch, response_logprobs
 from rlzoo.errors import RlzooError
+from rlzoo.episodes import build_episode_runner
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.prompts import fit_prompts, prompt_ids
+from rlzoo.registry import default_registry
 
 log = logging.getLogger("rlzoo.sft")
 
@@ -45,10 +50,14 @@ def cold_start_fingerprint(config: RunConfig) -> str:
         "tiny": config.model.tiny.model_dump(mode="json"),
         "cold_start": config.cold_start.model_dump(mode="json", exclude={"output_dir"}),
     }
+    if config.episode.max_turns > 1:  # multi-turn demonstrations hold the environment's observations
+        relevant["episode"] = config.episode.model_dump(mode="json")
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def ensure_cold_start(config: RunConfig, task: Task, evaluate_fn: Any = None, progress: bool = True) -> Path:
+def ensure_cold_start(
+    config: RunConfig, task: Task, evaluate_fn: Any = None, progress: bool = True, registry: Any = None
+) -> Path:
     """Return a cold-start model folder for this config, training it first unless an identical one exists."""
     directory = cold_start_dir(config)
     fingerprint = cold_start_fingerprint(config)
@@ -61,33 +70,29 @@ def ensure_cold_start(config: RunConfig, task: Task, evaluate_fn: Any = None, pr
         raise RlzooError(
             f"{directory} holds a cold-start model built from other settings; delete it or set cold_start.output_dir"
         )
-    train_cold_start(config, task, directory, fingerprint, evaluate_fn, progress)
+    train_cold_start(config, task, directory, fingerprint, evaluate_fn, progress, registry)
     return directory
 
 
 def train_cold_start(
-    config: RunConfig, task: Task, directory: Path, fingerprint: str, evaluate_fn: Any = None, progress: bool = True
+    config: RunConfig, task: Task, directory: Path, fingerprint: str, evaluate_fn: Any = None, progress: bool = True,
+    registry: Any = None,
 ) -> dict[str, Any]:
     cs = config.cold_start
     torch.manual_seed(config.seed)
-    demos = [s for s in task.samples("train", cs.examples, config.seed) if s.demonstration is not None]
-    if not demos:
-        raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
     tokenizer = build_char_tokenizer(task.alphabet())
-    demos = fit_prompts(demos, tokenizer, config.prompt, "cold-start")
+    examples = demonstrations(config, task, tokenizer, registry or default_registry())
     model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cs.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cs.lr, total_steps=max(cs.steps, 1), pct_start=0.1)
     rng = random.Random(config.seed)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     start = time.perf_counter()
     bar = tqdm(range(cs.steps), desc="cold start (SFT)", disable=not progress, dynamic_ncols=True)
     for _ in bar:
-        chosen = rng.sample(demos, k=min(cs.batch_size, len(demos)))
+        chosen = rng.sample(examples, k=min(cs.batch_size, len(examples)))
         batch = make_token_batch(
-            [prompt_ids(tokenizer, s, config.prompt) for s in chosen],
-            [encode(s.demonstration) + [tokenizer.eos_token_id] for s in chosen],
-            tokenizer.pad_token_id,
+            [prompt for prompt, _, _ in chosen], [response for _, response, _ in chosen], tokenizer.pad_token_id,
+            policy_masks=[mask for _, _, mask in chosen],
         )
         logp = response_logprobs(model, batch)
         loss = -(logp.sum() / batch.response_mask.sum())
@@ -106,3 +111,22 @@ def train_cold_start(
         (tmp / "cold_start.json").write_text(json.dumps(result, indent=2))
     log.info("cold start done in %.0f s: %s", elapsed, result)
     return result
+
+
+def demonstrations(
+    config: RunConfig, task: Task, tokenizer: Any, registry: Any
+) -> list[tuple[list[int], list[int], list[int] | None]]:
+    """``(prompt ids, response ids, policy mask)`` of each demonstration: ``demonstration + <eos>`` (mask
+    ``None``: all trained), or with multi-turn episodes the sample's ``demonstration_turns`` as an episode."""
+    samples = fit_prompts(task.samples("train", config.cold_start.examples, config.seed), tokenizer, config.prompt, "cold-start")
+    runner = build_episode_runner(config, registry, tokenizer, config.model.tiny.max_position_embeddings)
+    encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    out: list[tuple[list[int], list[int], list[int] | None]] = []
+    for sample in samples:
+        if runner.multi_turn and sample.demonstration_turns:
+            out.append(runner.demonstration(sample, config.prompt))
+        elif sample.demonstration is not None:
+            out.append((prompt_ids(tokenizer, sample, config.prompt), encode(sample.demonstration) + [tokenizer.eos_token_id], None))
+    if not out:
+        raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
+    return out

@@ -36,12 +36,20 @@ class SamplingSettings:
 
 @dataclass
 class Generation:
-    """One sampled response.
+    """One sampled response, or one multi-turn episode (:mod:`rlzoo.episodes`) as one token sequence.
 
-    response_ids:      sampled token ids, including the end-of-sequence token when one was produced.
-    response_logprobs: the rollout engine's log-prob of each sampled token.
+    response_ids:      sampled token ids, including the end-of-sequence token when one was produced; in an
+                       episode every turn's tokens and, between them, the observations' tokens.
+    response_logprobs: the rollout engine's log-prob of each sampled token (0 for an observation's tokens).
     routing:           optional ``[len(prompt_ids) + len(response_ids) - 1, layers, top_k]`` expert indices the
-                       rollout engine used (the last sampled token is never run through the model).
+                       rollout engine used (the last sampled token is never run through the model); in an
+                       episode stitched from its turns (:func:`rlzoo.episodes.stitch_routing`).
+    policy_mask:       per response token, 1 if the policy sampled it, 0 for an observation's token (in the
+                       context, out of the loss); ``None``: every token is the policy's (one turn).
+    turns:             ``(start, end)`` response indices of each turn's policy tokens; ``None``: one turn.
+    turn_rewards:      the environment's reward for each turn (``None``: none given).
+    truncated:         the episode was ended by a limit (``episode.max_turns``, ``episode.max_tokens``, a turn
+                       cut at ``rollout.max_new_tokens``), not by its environment.
     """
 
     prompt_ids: list[int]
@@ -49,6 +57,23 @@ class Generation:
     response_logprobs: list[float]
     finished: bool
     routing: torch.Tensor | None = None
+    policy_mask: list[int] | None = None
+    turns: list[tuple[int, int]] | None = None
+    turn_rewards: list[float] | None = None
+    truncated: bool = False
+
+    @property
+    def policy_tokens(self) -> int:
+        """How many response tokens the policy sampled (observations' tokens excluded)."""
+        return len(self.response_ids) if self.policy_mask is None else sum(self.policy_mask)
+
+    @property
+    def last_turn_ids(self) -> list[int]:
+        """The last turn's sampled ids: what the verifier reads (the whole response for one turn)."""
+        if not self.turns:
+            return self.response_ids
+        start, end = self.turns[-1]
+        return self.response_ids[start:end]
 
 
 @dataclass

@@ -17,6 +17,7 @@ def make_token_batch(
     responses: Sequence[Sequence[int]],
     pad_token_id: int,
     response_width: int | None = None,
+    policy_masks: Sequence[Sequence[int] | None] | None = None,
 ) -> TokenBatch:
     """Right-pad ``prompt + response`` rows into the narrowest input that holds every row.
 
@@ -24,7 +25,10 @@ def make_token_batch(
     normalise by that width (``seq-mean-token-sum-norm``) see ``max_new_tokens`` columns whatever was sampled. The
     model input stays as wide as the longest ``prompt + response``: columns past it would be padding that every
     forward and backward pays for, and they change no response token's log-prob (the model is causal and each
-    padded column is masked)."""
+    padded column is masked).
+
+    ``policy_masks`` (one per row, ``None`` for all ones) zero the response mask on an episode's observation
+    tokens: they stay in the input, and no loss, ratio, aggregation or KL counts them."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     width = max((len(r) for r in responses), default=0)
@@ -45,7 +49,13 @@ def make_token_batch(
         input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention[row, : len(seq)] = 1
         starts[row] = len(prompt)
-        response_mask[row, : len(response)] = 1.0
+        mask = policy_masks[row] if policy_masks is not None else None
+        if mask is None:
+            response_mask[row, : len(response)] = 1.0
+        else:
+            if len(mask) != len(response):
+                raise ValueError(f"row {row}: a policy mask of {len(mask)} for a response of {len(response)} tokens")
+            response_mask[row, : len(response)] = torch.tensor(list(mask), dtype=torch.float32)
     return TokenBatch(input_ids, attention, starts, response_mask)
 
 

@@ -107,6 +107,12 @@ class VLLMRolloutEngine(RolloutEngine):
         max_num_batched_tokens: int | None = Field(
             None, ge=1, description="tokens per scheduler step; longer prompts are prefilled in chunks; null: vLLM's"
         )
+        enable_chunked_prefill: bool | None = Field(
+            None,
+            description="let vLLM prefill part of a prompt in one scheduler step; null: off on CPU unless "
+            "max_num_batched_tokens is set (a seeded request whose prefill is split fails there: its CPU random "
+            "generator cannot be rewound), vLLM's default elsewhere",
+        )
         tensor_parallel_size: int = Field(
             1,
             ge=1,
@@ -256,6 +262,11 @@ class VLLMRolloutEngine(RolloutEngine):
             kwargs.update(distributed_executor_backend="external_launcher", data_parallel_size=1)
         if self.params.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = self.params.max_num_batched_tokens
+        chunked = self.params.enable_chunked_prefill
+        if chunked is None and on_cpu and self.params.max_num_batched_tokens is None:
+            chunked = False  # many long prompts (multi-turn episodes) would otherwise split one: see the parameter
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
         if not on_cpu and self.params.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.params.gpu_memory_utilization
         else:

@@ -6,6 +6,7 @@ from rlzoo.interfaces.base import Component, Params
 from rlzoo.interfaces.batch_filter import BatchFilter
 from rlzoo.interfaces.clipper import Clipper, ClipResult, PolicyBatch
 from rlzoo.interfaces.correction import MismatchCorrection
+from rlzoo.interfaces.environment import Environment, Observation
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.ratio import RatioEstimator
 from rlzoo.interfaces.regulariser import Regulariser
@@ -22,9 +23,11 @@ __all__ = [
     "ClipResult",
     "Clipper",
     "Component",
+    "Environment",
     "KLEstimator",
     "LossAggregation",
     "ModelFacts",
+    "Observation",
     "MalformedCall",
     "MismatchCorrection",
     "Params",

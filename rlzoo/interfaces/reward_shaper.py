@@ -2,7 +2,8 @@
 
 The loop applies the configured shapers (``algorithm.reward_shaping``, a list) in order after the verifier:
 ``reward <- reward + sum_k shaper_k.shape(reward, lengths, budget)``, with ``lengths`` the responses' token counts
-and ``budget`` the rollout's ``max_new_tokens``. A shaper given a response longer than the length it is built
+and ``budget`` the rollout's ``max_new_tokens`` (multi-turn episodes: the policy's tokens over all turns, and
+``max_new_tokens`` times ``episode.max_turns``). A shaper given a response longer than the length it is built
 for raises :class:`ResponseTooLong` (:meth:`RewardShaper.check_within`) naming itself and the lengths;
 :meth:`RewardShaper.budget_problems` lets the config check reject such a set-up before a run starts.
 """
@@ -34,8 +35,9 @@ class RewardShaper(Component):
         raise NotImplementedError
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
-        """:meth:`budget_problems` for responses of up to ``rollout.max_new_tokens`` tokens."""
-        return [(at, problem) for problem in self.budget_problems(run.config.rollout.max_new_tokens)]
+        """:meth:`budget_problems` for responses of up to ``rollout.max_new_tokens`` tokens (per turn of an episode:
+        :meth:`rlzoo.config.RunConfig.response_budget`)."""
+        return [(at, problem) for problem in self.budget_problems(run.config.response_budget())]
 
     def budget_problems(self, budget: int) -> list[str]:
         """Why this shaper cannot shape responses of up to ``budget`` tokens (empty when it can)."""

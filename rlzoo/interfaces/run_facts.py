@@ -33,6 +33,7 @@ class ModelFacts:
     chat_template: bool | None = None  # whether its tokenizer has a chat template
     shape: ModelShape | None = None  # its sizes, for the memory estimate
     tiny: bool = False
+    chat_template_tools: bool | None = None  # whether its chat template reads `tools` (renders tool descriptions)
 
     def field(self, name: str) -> str:
         """Where a problem with the model's ``name`` (e.g. ``head_dim``) is reported."""

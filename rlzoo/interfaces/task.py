@@ -24,6 +24,9 @@ class Sample:
     meta:          anything else a verifier needs (``tests`` for code, ``steps`` for process rewards, ...).
     messages:      the prompt as chat messages (``[{"role": ..., "content": ...}, ...]``), rendered with the
                    tokenizer's chat template; ``None`` for a plain-string prompt.
+    demonstration_turns: a correct multi-turn episode for the cold start: the policy's turns as assistant messages
+                   (``{"content": ..., "tool_calls": [{"name": ..., "arguments": {...}}]}``); the observations
+                   between them come from the run's environment (:meth:`rlzoo.episodes.EpisodeRunner.demonstration`).
     """
 
     prompt: str
@@ -31,6 +34,7 @@ class Sample:
     demonstration: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, str]] | None = None
+    demonstration_turns: list[dict[str, Any]] | None = None
 
 
 class Task(Component):

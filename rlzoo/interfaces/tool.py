@@ -150,7 +150,7 @@ def _signature(props: dict[str, Any]) -> str:
 
 class ToolCallParser(Component):
     """``parse(text) -> ParsedTurn``: the tool calls in one generation; ``format_result(name, content) -> str``:
-    how a tool's observation is shown to the model.
+    how a tool's observation is shown to the model; ``format_call(call) -> str``: how the model writes a call.
 
     ``parse`` never raises on the model's text: a call it cannot read is a :class:`MalformedCall` with the reason,
     which the runner turns into an error observation counted as ``malformed``.
@@ -164,3 +164,8 @@ class ToolCallParser(Component):
 
     def format_result(self, name: str, content: str) -> str:
         raise NotImplementedError
+
+    def format_call(self, call: ToolCall) -> str:
+        """``call`` written as the model writes it (``parse(format_call(c))`` finds ``c``): demonstrations of the
+        cold start are rendered with it."""
+        raise NotImplementedError(f"tool-call parser {self.name!r} cannot write a call (format_call)")

@@ -4,7 +4,8 @@ For tests and random-init smoke runs of the chat path: the real Qwen3 vocabulary
 this project can install, so the BPE merges are trained here with the ``tokenizers`` library on the caller's texts
 (``ByteLevel`` pre-tokenizer and decoder, as Qwen's), and the chat template below follows the structure of Qwen3's
 (``<|im_start|>role\\n...<|im_end|>\\n`` turns; ``enable_thinking=False`` opens the assistant turn with an empty
-``<think>`` block). It is a stand-in with Qwen's format, not Qwen's tokenizer.
+``<think>`` block; ``tools=`` lists the tools' JSON schemas in a system turn, and a ``tool`` message is a user turn
+holding ``<tool_response>...</tool_response>``, as Qwen's template renders them). It is a stand-in with Qwen's format, not Qwen's tokenizer.
 """
 
 from __future__ import annotations
@@ -20,8 +21,21 @@ if TYPE_CHECKING:
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
 QWEN3_STYLE_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nCall a function by writing <tool_call>{\\\"name\\\": ..., \\\"arguments\\\": {...}}</tool_call>. '"
+    " + 'The functions:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and tools %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"

@@ -29,7 +29,8 @@ def rng_for(*parts: object) -> random.Random:
 def fresh(sample: Sample) -> Sample:
     """A copy the caller may mutate without changing the task's cached pools."""
     return Sample(
-        sample.prompt, sample.answer, sample.demonstration, copy.deepcopy(sample.meta), copy.deepcopy(sample.messages)
+        sample.prompt, sample.answer, sample.demonstration, copy.deepcopy(sample.meta), copy.deepcopy(sample.messages),
+        copy.deepcopy(sample.demonstration_turns),
     )
 
 

@@ -25,7 +25,7 @@ def registry() -> Registry:
 
 def test_tasks_are_registered(registry):
     infos = {i.name: i for i in registry.components("task")}
-    assert set(infos) == {"arithmetic", "chain", "dataset", "jsonl"}
+    assert set(infos) == {"arithmetic", "calculator-arithmetic", "chain", "dataset", "jsonl"}
     for info in infos.values():
         assert info.distribution == "rlzoo-tasks"
         assert info.summary and not info.summary.startswith("``")

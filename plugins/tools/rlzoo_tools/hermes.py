@@ -43,6 +43,11 @@ class HermesParser(ToolCallParser):
     def format_result(self, name: str, content: str) -> str:
         return f"<tool_response>\n{content}\n</tool_response>"
 
+    def format_call(self, call: ToolCall) -> str:
+        """Compact JSON (no spaces: fewer tokens for a small model to write)."""
+        body = json.dumps({"name": call.name, "arguments": call.arguments}, separators=(",", ":"))
+        return f"<tool_call>{body}</tool_call>"
+
 
 def _call(body: str) -> ToolCall | MalformedCall:
     shown = _quote(body)

@@ -1,4 +1,4 @@
-"""Entry point of the ``rlzoo-tools`` distribution: contributes the tools and the tool-call parser."""
+"""Entry point of the ``rlzoo-tools`` distribution: contributes the tools, the tool-call parser and the tool-calling environment."""
 
 from __future__ import annotations
 
@@ -18,3 +18,10 @@ def rlzoo_tool_parsers() -> list[type]:
     from rlzoo_tools.hermes import HermesParser
 
     return [HermesParser]
+
+
+@rlzoo.hookimpl
+def rlzoo_environments() -> list[type]:
+    from rlzoo_tools.environment import ToolCalling
+
+    return [ToolCalling]

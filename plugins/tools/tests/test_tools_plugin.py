@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from rlzoo.errors import ConfigError, UnknownComponentError
-from rlzoo.interfaces import Tool, ToolCallParser
+from rlzoo.interfaces import Environment, Tool, ToolCallParser
 from rlzoo.registry import Registry, default_registry
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rlzoo_tools"
-EXPECTED = {("tool", "calculator"), ("tool", "python"), ("tool_parser", "hermes")}
+EXPECTED = {("tool", "calculator"), ("tool", "python"), ("tool_parser", "hermes"), ("environment", "tools")}
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +32,15 @@ def test_the_tools_and_the_parser_are_registered(registry):
     infos = {(i.kind, i.name): i for i in registry.components()}
     assert set(infos) == EXPECTED
     for (kind, _), info in infos.items():
-        assert issubclass(info.cls, Tool if kind == "tool" else ToolCallParser)
+        assert issubclass(info.cls, {"tool": Tool, "tool_parser": ToolCallParser, "environment": Environment}[kind])
         assert info.distribution == "rlzoo-tools"
         assert info.summary and len((info.cls.__doc__ or "").strip().splitlines()) > 2  # states what it does
         assert info.cls.reference
-    assert len({info.cls.__module__ for info in infos.values()}) == 3  # each in its own module
+    assert len({info.cls.__module__ for info in infos.values()}) == 4  # each in its own module
 
 
 def test_the_installed_registry_finds_them():
-    infos = {(i.kind, i.name): i for i in default_registry().components() if i.kind in ("tool", "tool_parser")}
+    infos = {(i.kind, i.name): i for i in default_registry().components() if i.kind in ("tool", "tool_parser", "environment")}
     assert EXPECTED <= set(infos)
     assert {infos[key].distribution for key in EXPECTED} == {"rlzoo-tools"}
 
@@ -63,7 +63,7 @@ def test_a_tool_that_is_not_registered_is_named(registry):
 
 
 def test_plugin_uses_only_the_public_api():
-    allowed = {"rlzoo", "rlzoo.interfaces"}
+    allowed = {"rlzoo", "rlzoo.interfaces", "rlzoo.tools"}  # rlzoo.tools: the public runner of a turn's calls
     for path in PACKAGE.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
