@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlzoo.engines import SamplingSettings
-    from rlzoo.episodes import build_episode_runner, with_tool_descriptions
+    from rlzoo.episodes import build_episode_runner, create_tools, with_tool_descriptions
     from rlzoo.registry import default_registry
     from rlzoo.run import engine_context, episode_context, initial_model_dir, load_tokenizer, make_task, verifier_for
     from rlzoo.sft import cold_start_fingerprint
@@ -235,12 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     say(f"cold start: {cold_seconds:.1f} s ({'reused' if reused else 'built'}); its held-out evaluation: "
         f"accuracy {cold_report.get('eval_accuracy')}, tool calls/episode {cold_report.get('eval_tool_calls_per_episode')}")
 
-    config = with_tool_descriptions(config, registry)  # as a run does (plain-text prompts: no effect)
+    tools = create_tools(config, registry)
+    config = with_tool_descriptions(config, tools)  # as a run does (plain-text prompts: no effect)
     tokenizer = load_tokenizer(model_dir)
     engine = registry.create("rollout_engine", config.rollout.engine.name, config.rollout.engine.params)
     engine.start(engine_context(config, model_dir, tokenizer))
     try:
-        runner = build_episode_runner(config, registry, tokenizer, episode_context(engine, model_dir))
+        runner = build_episode_runner(config, registry, tokenizer, episode_context(engine, model_dir), tools)
         verifier = verifier_for(config, task, registry)
         samples = task.samples("eval", args.prompts, config.seed)
         sampling = SamplingSettings(n=args.group_size, max_new_tokens=config.rollout.max_new_tokens,

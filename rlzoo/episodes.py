@@ -20,7 +20,7 @@ tokens with response mask 0); TRL ``GRPOTrainer(tools=..., environment_factory=.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,7 +31,7 @@ from rlzoo.config import PromptConfig, RunConfig
 from rlzoo.decode import response_text
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.errors import RlzooError
-from rlzoo.interfaces import Environment, Observation, Sample
+from rlzoo.interfaces import Environment, Observation, Sample, Tool
 from rlzoo.metrics import Mean, Sum
 from rlzoo.prompts import chat_messages, prompt_ids
 
@@ -69,7 +69,6 @@ class EpisodeRunner:
     ) -> EpisodeBatch:
         """``sampling.n`` episodes per sample, prompts encoded by ``prompt``; each turn at most
         ``sampling.max_new_tokens`` tokens."""
-        self.prompt = prompt
         prompts = [prompt_ids(self.tokenizer, s, prompt) for s in samples]
         first = engine.generate(prompts, sampling)
         if not self.multi_turn:  # exactly the single-turn rollouts
@@ -291,28 +290,33 @@ def episode_metrics(episodes: Sequence[_Episode], tools: Sequence[str] = ()) -> 
     return metrics
 
 
-def with_tool_descriptions(config: RunConfig, registry: Any) -> RunConfig:
-    """``config`` whose chat prompts describe ``episode.tools`` to the model: the tools' schemas go to the chat
-    template as ``tools=`` (plain-text prompts ignore them: their cold start demonstrates the calls)."""
-    if not config.episode.tools:
+def with_tool_descriptions(config: RunConfig, tools: Mapping[str, Tool]) -> RunConfig:
+    """``config`` whose chat prompts describe ``tools`` to the model: their schemas go to the chat template as
+    ``tools=`` (plain-text prompts ignore them: their cold start demonstrates the calls)."""
+    if not tools:
         return config
-    schemas = [registry.create("tool", spec.name, spec.params).schema() for spec in config.episode.tools]
+    schemas = [tool.schema() for tool in tools.values()]
     kwargs = {**config.prompt.chat_template_kwargs, "tools": schemas}
     return config.model_copy(update={"prompt": config.prompt.model_copy(update={"chat_template_kwargs": kwargs})})
 
 
-def build_episode_runner(config: RunConfig, registry: Any, tokenizer: Any, context: int | None) -> EpisodeRunner:
-    """The run's episode runner: its environment (given its tools and parser when it uses them) and limits;
-    ``context`` is the model's (or rollout engine's) token limit, the budget when ``episode.max_tokens`` is null."""
+def create_tools(config: RunConfig, registry: Any) -> dict[str, Tool]:
+    """``episode.tools`` constructed, by name (the ``python`` tool probes its sandbox here: once per run)."""
+    tools = (registry.create("tool", spec.name, spec.params) for spec in config.episode.tools)
+    return {tool.name: tool for tool in tools}
+
+
+def build_episode_runner(
+    config: RunConfig, registry: Any, tokenizer: Any, context: int | None, tools: Mapping[str, Tool] | None = None
+) -> EpisodeRunner:
+    """The run's episode runner: its environment (given ``tools``, else ``episode.tools`` constructed, and the
+    parser when it uses them) and limits; ``context`` is the model's (or rollout engine's) token limit, the budget
+    when ``episode.max_tokens`` is null."""
     episode = config.episode
     environment: Environment = registry.create("environment", episode.environment.name, episode.environment.params)
     if environment.uses_tools:
-        tools = {}
-        for spec in episode.tools:
-            tool = registry.create("tool", spec.name, spec.params)
-            tools[tool.name] = tool
         parser = registry.create("tool_parser", episode.tool_parser.name, episode.tool_parser.params)
-        environment.use_tools(tools, parser)
+        environment.use_tools(create_tools(config, registry) if tools is None else tools, parser)
     budget = episode.max_tokens or context
     if budget is None:
         budget = (config.prompt.max_prompt_tokens or 0) + episode.max_turns * config.rollout.max_new_tokens

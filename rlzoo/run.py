@@ -32,7 +32,7 @@ from rlzoo import distributed, loop
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
 from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, RunConfig, dump_config
 from rlzoo.engines import EngineContext, RolloutEngine
-from rlzoo.episodes import EpisodeRunner, build_episode_runner, with_tool_descriptions
+from rlzoo.episodes import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
 from rlzoo.faults import FaultPolicy
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Verifier
@@ -84,7 +84,8 @@ class TrainingRun:
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
-        self.config = with_tool_descriptions(self.config, self.registry)  # after config.yaml holds the user's config
+        self.tools = create_tools(self.config, self.registry)
+        self.config = with_tool_descriptions(self.config, self.tools)  # after config.yaml holds the user's config
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()
         self._setup_trainer()
@@ -142,7 +143,8 @@ class TrainingRun:
 
     def _setup_episodes(self) -> EpisodeRunner:
         """The environment (with its tools) and the limits of an episode; one turn unless the config says more."""
-        return build_episode_runner(self.config, self.registry, self.tokenizer, episode_context(self.rollout, self.start.model_dir))
+        context = episode_context(self.rollout, self.start.model_dir)
+        return build_episode_runner(self.config, self.registry, self.tokenizer, context, self.tools)
 
     def _setup_components(self) -> loop.Components:
         algo = self.config.algorithm

@@ -26,6 +26,7 @@ from rlzoo.episodes import (
     EpisodeRunner,
     build_episode_runner,
     chat_observation_text,
+    create_tools,
     with_tool_descriptions,
 )
 from rlzoo.errors import ConfigError
@@ -578,7 +579,7 @@ def test_a_chat_episode_appends_exactly_the_templates_observation(chat_tok):
         "prompt": {"plain": "chat"},
         "episode": {"environment": {"name": "tools"}, "tools": [{"name": "calculator"}], "max_turns": 3},
     }, registry=registry)
-    described = with_tool_descriptions(config, registry)
+    described = with_tool_descriptions(config, create_tools(config, registry))
     assert "tools" not in config.prompt.chat_template_kwargs  # a copy, the config is left as it is
     schema = described.prompt.chat_template_kwargs["tools"]
     assert schema == [registry.create("tool", "calculator").schema()]
@@ -614,7 +615,7 @@ def test_a_chat_episode_appends_exactly_the_templates_observation(chat_tok):
 
 def test_tool_descriptions_leave_a_config_without_tools_alone():
     config = build_config({})
-    assert with_tool_descriptions(config, default_registry()) is config
+    assert with_tool_descriptions(config, create_tools(config, default_registry())) is config
 
 
 # -- 9. cold-start demonstrations -----------------------------------------------------------------------------

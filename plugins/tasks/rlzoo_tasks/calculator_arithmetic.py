@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from rlzoo.interfaces import Params, Sample
+from rlzoo.interfaces import Sample
 
 from rlzoo_tasks.arithmetic import ArithmeticTask, Operation
 
@@ -32,7 +32,7 @@ class CalculatorArithmeticTask(ArithmeticTask):
     name = "calculator-arithmetic"
     default_verifier: ClassVar[str] = "math"
 
-    class Params(Params):
+    class Params(ArithmeticTask.Params):  # arithmetic's parameters, with 3-digit products by default
         digits: int = Field(3, ge=1, le=6, description="digits of each operand")
         operations: list[Operation] = Field(
             default_factory=lambda: ["*"], min_length=1, description="operations to draw from"
@@ -41,8 +41,6 @@ class CalculatorArithmeticTask(ArithmeticTask):
             0.5, ge=0.0, le=1.0, description="share of the demonstrations that call the calculator (the rest answer "
             "directly)",
         )
-        train_size: int = Field(5000, ge=1, description="train samples returned when count is None")
-        eval_size: int = Field(200, ge=1, description="size of the fixed eval pool (at most 1/5 of all problems)")
 
     def draw(self, rng: random.Random) -> Sample:
         sample = super().draw(rng)
