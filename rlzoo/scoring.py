@@ -2,7 +2,9 @@
 
 A verifier's faults cost the affected responses their reward, never the run: a response whose verifier raised,
 was not scored within the batch's time limit, or got a non-finite reward (or step reward) scores 0 and is counted
-(:meth:`Scores.metrics`). Whether too many of them stop the run is :mod:`rlzoo.faults`' call.
+(:meth:`Scores.metrics`). Whether too many of them stop the run is :mod:`rlzoo.faults`' call. What the verifier
+measured of its own phases (:meth:`rlzoo.interfaces.Verifier.take_phase_metrics`: ``time/reward_model``, ...) is
+taken after each scoring and joins the same metrics.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import bisect
 import logging
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rlzoo.interfaces import Sample, Verdict, Verifier
 from rlzoo.metrics import UnscoredResponses
@@ -25,6 +27,7 @@ class Scores:
     errors: int  # the verifier raised
     timeouts: int = 0  # not scored within the time limit
     nonfinite: int = 0  # a NaN or infinite reward or step reward
+    phase: dict[str, float] = field(default_factory=dict)  # the verifier's phase metrics (take_phase_metrics)
 
     @property
     def failed(self) -> int:
@@ -32,8 +35,11 @@ class Scores:
         return self.errors + self.timeouts + self.nonfinite
 
     def metrics(self) -> dict[str, float]:
-        """The fault counts, declared :class:`~rlzoo.metrics.UnscoredResponses` (what the fault policy reads)."""
+        """The fault counts, declared :class:`~rlzoo.metrics.UnscoredResponses` (what the fault policy reads), and
+        the verifier's phase metrics as it declared them (e.g. ``time/reward_model``, a ``Sum``; never in place of a
+        fault count)."""
         return {
+            **self.phase,
             "verifier/errors": UnscoredResponses(self.errors),
             "verifier/timeouts": UnscoredResponses(self.timeouts),
             "verifier/nonfinite_rewards": UnscoredResponses(self.nonfinite),
@@ -95,7 +101,16 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
             )
     if nonfinite:
         log.warning("verifier %s gave %d of %d responses a non-finite reward; they score 0", verifier.name, nonfinite, len(verdicts))
-    return Scores(verdicts, errors, timeouts, nonfinite)
+    return Scores(verdicts, errors, timeouts, nonfinite, _phase_metrics(verifier))
+
+
+def _phase_metrics(verifier: Verifier) -> dict[str, float]:
+    """The verifier's phase metrics since the last scoring; a verifier whose method fails loses them, never the run."""
+    try:
+        return dict(verifier.take_phase_metrics())
+    except Exception as exc:
+        log.warning("verifier %s: take_phase_metrics raised %s: %s", verifier.name, type(exc).__name__, exc)
+        return {}
 
 
 def _finite(verdict: Verdict) -> bool:

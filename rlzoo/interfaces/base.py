@@ -83,7 +83,8 @@ class Component:
         each use of the advantage source, batch filter, reward shapers and train-inference correction; the router
         policy's are collected by the routing learner. Verifiers' reports are not collected: a verifier runs in a
         worker thread that may outlive its time limit, so its reports would be racy or lost; its faults are
-        counted by :mod:`rlzoo.scoring`.
+        counted by :mod:`rlzoo.scoring`, and it records its phases' metrics with
+        :meth:`rlzoo.interfaces.Verifier.record_phase` instead.
         """
         self.__dict__.setdefault("_metric_reports", {})[metric] = value
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rlzoo.interfaces.base import Component
 from rlzoo.interfaces.task import Sample
+from rlzoo.metrics import REDUCERS, Sum, declared
+
+_PHASE_LOCK = threading.Lock()  # guards every verifier's phase metrics (scoring may run in a worker thread)
 
 
 @dataclass
@@ -38,6 +45,13 @@ class Verifier(Component):
     A verifier may raise on a pathological response; the loop then gives that response reward 0 and counts
     the error in ``verifier/errors`` instead of stopping the run. ``verify_batch`` may be overridden to score
     many responses at once (for example in parallel subprocesses).
+
+    Phase metrics. A verifier cannot :meth:`~rlzoo.interfaces.Component.report` (it may run in a worker thread
+    that outlives its time limit), but it may time and measure its own phases (a reward model's forward passes)
+    with :meth:`timed_phase` and :meth:`record_phase`: the values accumulate, thread-safely, until
+    :func:`rlzoo.scoring.score` takes them (:meth:`take_phase_metrics`) after each scoring and adds them to the
+    step's metrics under their own keys (``time/reward_model``, ``memory/reward_model_peak_gb``). A scoring that
+    outlived ``train.verifier_timeout_s`` adds what it measured to a later scoring's metrics.
     """
 
     kind = "verifier"
@@ -47,3 +61,38 @@ class Verifier(Component):
 
     def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict]:
         return [self.verify(s, r) for s, r in zip(samples, responses, strict=True)]
+
+    def judges_correctness(self) -> bool:
+        """Whether :attr:`Verdict.correct` is this verifier's judgement. ``False`` for one that only scores (a
+        reward model without a threshold: its verdicts are never correct); a combination of verifiers (``weighted``)
+        decides correctness by the parts that judge it."""
+        return True
+
+    def record_phase(self, key: str, value: float) -> None:
+        """Add ``value`` to the phase metric ``key`` (a full metric key, e.g. ``memory/reward_model_peak_gb``),
+        combined with the value held since the last :meth:`take_phase_metrics` by its declared reduction over
+        minibatches: a :class:`~rlzoo.metrics.Sum` adds up, ``Min`` / ``Max`` keep the extreme, a plain float (or
+        ``Mean``) keeps the latest value. Thread-safe."""
+        with _PHASE_LOCK:
+            held = self.__dict__.setdefault("_phase_metrics", {})
+            kind = declared(value)
+            if key in held and kind.over_minibatches in ("sum", "min", "max"):
+                value = kind(REDUCERS[kind.over_minibatches]([held[key], value]))
+            held[key] = value
+
+    @contextmanager
+    def timed_phase(self, name: str) -> Iterator[None]:
+        """Time the block into ``time/<name>``: a :class:`~rlzoo.metrics.Sum` of seconds (summed over the step's
+        scorings: its generation batches, and the ranks' shares when every rank scores its own)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record_phase(f"time/{name}", Sum(time.perf_counter() - start))
+
+    def take_phase_metrics(self) -> dict[str, float]:
+        """The phase metrics recorded since the last call, and the buffer cleared (``{}`` when none were).
+        :func:`rlzoo.scoring.score` calls it after every scoring; a verifier made of others (``weighted``) overrides
+        it to add its parts' (:meth:`record_phase` each of theirs, then return ``super().take_phase_metrics()``)."""
+        with _PHASE_LOCK:
+            return self.__dict__.pop("_phase_metrics", None) or {}

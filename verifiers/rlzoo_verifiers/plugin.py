@@ -12,5 +12,10 @@ def rlzoo_verifiers() -> list[type]:
     from rlzoo_verifiers.math import MathVerifier
     from rlzoo_verifiers.process import ProcessVerifier
     from rlzoo_verifiers.regex import RegexVerifier
+    from rlzoo_verifiers.reward_model import RewardModelVerifier
+    from rlzoo_verifiers.weighted import WeightedVerifier
 
-    return [ExactVerifier, MathVerifier, RegexVerifier, ProcessVerifier, CodeVerifier]
+    return [
+        ExactVerifier, MathVerifier, RegexVerifier, ProcessVerifier, CodeVerifier,
+        RewardModelVerifier, WeightedVerifier,
+    ]
