@@ -27,12 +27,16 @@ from rlzoo.config import apply_overrides, read_yaml
 from rlzoo.metrics import read_metrics
 
 STEPS = 8
+# PPO: the critic's weights and optimizer, and an adaptive KL-in-reward coefficient that moves every step, must
+# all come back from the checkpoint for the resumed run to log the same metrics
+PPO = ["algorithm.preset=ppo", "algorithm.kl_in_reward={name: adaptive, coef: 0.05, target: 0.01, horizon: 100}"]
+ALGORITHMS = {"default": [], "ppo": PPO}
 
 
-def write_config(path: Path, cold_start_dir: Path) -> Path:
+def write_config(path: Path, cold_start_dir: Path, extra: list[str] = ()) -> Path:
     data = apply_overrides(
         read_yaml(EXAMPLE),
-        [*FAST, f"train.steps={STEPS}", "train.checkpoint_every=2", f"cold_start.output_dir={cold_start_dir}"],
+        [*FAST, f"train.steps={STEPS}", "train.checkpoint_every=2", f"cold_start.output_dir={cold_start_dir}", *extra],
     )
     path.write_text(yaml.safe_dump(data))
     return path
@@ -48,8 +52,9 @@ def rlzoo(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> sub
     )
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold_start_root):
-    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic")
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold_start_root, algorithm):
+    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", ALGORITHMS[algorithm])
 
     reference = rlzoo("train", str(config), "--set", f"output_dir={tmp_path / 'reference'}")
     assert reference.wait(timeout=600) == 0, reference.stderr.read().decode()
@@ -73,6 +78,9 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold
     actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))
     assert [r["step"] for r in actual] == [r["step"] for r in expected] == list(range(STEPS + 1))
     assert actual == expected
+    if algorithm == "ppo":  # the critic trained and the coefficient moved: the equality above was about them
+        assert len({r["kl/coef"] for r in expected if "kl/coef" in r}) == STEPS
+        assert all(r["critic/vf_loss"] > 0 for r in expected if "critic/vf_loss" in r)
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, cold_start_root):
@@ -149,7 +157,8 @@ def _rows(run_dir: Path) -> int:
 @pytest.mark.skipif(
     not all(__import__("importlib").util.find_spec(m) for m in ("vllm", "deepspeed")), reason="needs vLLM and DeepSpeed"
 )
-def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root):
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root, algorithm):
     """Killed mid-checkpoint, then twice at seeded random moments; the last resume runs to the end."""
     data = apply_overrides(
         read_yaml(EXAMPLE),
@@ -162,6 +171,7 @@ def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root)
             f"train.steps={MAIN_STEPS}",
             "train.eval_every=3",
             "algorithm.minibatches_per_rollout=2",
+            *ALGORITHMS[algorithm],
         ],
     )
     config = tmp_path / "run.yaml"

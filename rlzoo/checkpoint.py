@@ -18,7 +18,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -144,12 +144,20 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def save_checkpoint(
-    run_dir: Path, completed_steps: int, trainer: Any, tokenizer: Any, keep: int, dist: Dist = SINGLE
+    run_dir: Path,
+    completed_steps: int,
+    trainer: Any,
+    tokenizer: Any,
+    keep: int,
+    dist: Dist = SINGLE,
+    engines: Mapping[str, Any] | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoints/step_N`` atomically, then point ``latest`` at it and drop all but the ``keep`` newest.
 
     A collective with several processes (every rank calls it): each rank writes its own engine state
-    (``trainer.save``), rank 0 the tokenizer, the RNG state and ``state.json``. Raises :class:`CheckpointError`
+    (``trainer.save``, and each of ``engines`` into its own sub-folder, e.g. ``critic/``), rank 0 the tokenizer,
+    the RNG state and ``state.json`` (``completed_steps`` and ``state``: the components' JSON state). Raises :class:`CheckpointError`
     if this rank could not write its part (the other ranks then wait for it until the launcher or the process
     group's timeout ends them); the previous checkpoint and ``latest`` are left as they were."""
     root = Path(run_dir) / "checkpoints"
@@ -157,13 +165,16 @@ def save_checkpoint(
     try:
         with atomic_directory(final, dist) as tmp:
             trainer.save(tmp)
+            for name, engine in (engines or {}).items():
+                (tmp / name).mkdir(exist_ok=True)
+                engine.save(tmp / name)
             if dist.is_main:
                 _pause_for_tests()
                 tokenizer.save_pretrained(tmp / "model")
                 tensors, meta = rng_state()
                 save_file(tensors, str(tmp / "rng.safetensors"))
                 (tmp / "rng.json").write_text(json.dumps(meta))
-                (tmp / "state.json").write_text(json.dumps({"completed_steps": completed_steps}))
+                (tmp / "state.json").write_text(json.dumps({**(state or {}), "completed_steps": completed_steps}))
         if dist.is_main:
             atomic_write_text(root / "latest", final.name)
     except Exception as err:
@@ -193,8 +204,13 @@ def _pause_for_tests() -> None:
         time.sleep(0.02)
 
 
-def load_checkpoint(checkpoint: Path, trainer: Any) -> int:
-    """Restore the engine state (a collective: every rank loads its own) and the RNG; returns completed steps."""
+def load_checkpoint(checkpoint: Path, trainer: Any, engines: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Restore the engines' state (a collective: every rank loads its own; ``engines`` from their sub-folders) and
+    the RNG; returns ``state.json`` (``completed_steps`` and the components' state saved with it)."""
     trainer.load_state(checkpoint)
+    for name, engine in (engines or {}).items():
+        if not (checkpoint / name).is_dir():
+            raise RlzooError(f"checkpoint {checkpoint} has no {name}/ folder: it was written by a run without a {name}")
+        engine.load_state(checkpoint / name)
     set_rng_state(load_file(str(checkpoint / "rng.safetensors")), json.loads((checkpoint / "rng.json").read_text()))
-    return json.loads((checkpoint / "state.json").read_text())["completed_steps"]
+    return json.loads((checkpoint / "state.json").read_text())

@@ -51,6 +51,8 @@ CorrectionSpec = _spec("correction")
 BatchFilterSpec = _spec("batch_filter")
 RewardShaperSpec = _spec("reward_shaper")
 RegulariserSpec = _spec("regulariser")
+KLControllerSpec = _spec("kl_controller")
+ValueLossSpec = _spec("value_loss")
 RouterSpec = _spec("router")
 VerifierSpec = _spec("verifier")
 TaskSpec = _spec("task")
@@ -67,11 +69,41 @@ DEFAULT_TRAINING_ENGINE = "torch"
 # episodes: one turn unless an environment says otherwise; tool calls in the Hermes / Qwen format
 DEFAULT_ENVIRONMENT = "single-turn"
 DEFAULT_TOOL_PARSER = "hermes"
+# the critic's loss as verl's compute_value_loss, and its default loss_agg_mode
+DEFAULT_VALUE_LOSS = "clipped"
+DEFAULT_CRITIC_AGGREGATION = "token-mean"
 
 
 def _default(spec: type[ComponentSpec], key: str) -> Any:
     """The default component of an algorithm field: defined once, in ``rlzoo.presets.DEFAULT_COMPONENTS``."""
     return lambda: spec(**DEFAULT_COMPONENTS[key])
+
+
+class CriticConfig(Section):
+    """A value model trained beside the policy (PPO's critic; :mod:`rlzoo.critic`, docs/critic.md). It runs on the
+    run's training engine (``trainer.engine``, with the trainer's micro-batch, dtype and packing settings) with
+    its own weights and optimizer, and is saved and resumed with the run."""
+
+    model: str | None = Field(
+        None,
+        description="null: a copy of the policy's initial weights with a fresh scalar value head; or a folder (a "
+        "Hugging Face model, e.g. a critic saved by an earlier run, whose MoE-or-dense kind matches the policy's)",
+    )
+    lr: float = Field(1e-4, gt=0, description="the critic's AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = Field(1.0, gt=0)
+    value_loss: ValueLossSpec = Field(
+        default_factory=lambda: ValueLossSpec(name=DEFAULT_VALUE_LOSS),
+        description="the regression loss onto the advantage source's returns (clipped: verl's compute_value_loss)",
+    )
+    aggregation: AggregationSpec = Field(
+        default_factory=lambda: AggregationSpec(name=DEFAULT_CRITIC_AGGREGATION),
+        description="how the per-token value loss is reduced (verl's critic loss_agg_mode)",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="steps at the start that train only the critic, the policy unchanged (verl's critic_warmup)"
+    )
 
 
 class AlgorithmConfig(Section):
@@ -84,6 +116,14 @@ class AlgorithmConfig(Section):
     aggregation: AggregationSpec = Field(default_factory=_default(AggregationSpec, "aggregation"))
     kl: KLSpec = Field(default_factory=_default(KLSpec, "kl"))
     kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
+    kl_in_reward: KLControllerSpec | None = Field(
+        None,
+        description="the reference KL (estimator `kl`, on the old log-probs) as a per-token reward penalty, its "
+        "coefficient from this controller (fixed, adaptive); null: none",
+    )
+    critic: CriticConfig | None = Field(
+        None, description="a learned value model (needed by advantages that read values, e.g. gae); null: none"
+    )
     correction: CorrectionSpec = Field(
         default_factory=_default(CorrectionSpec, "correction"),
         description="train-inference mismatch correction (e.g. truncated importance sampling)",

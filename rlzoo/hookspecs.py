@@ -68,6 +68,16 @@ def rlzoo_kl_estimators() -> list[type]:
 
 
 @hookspec
+def rlzoo_kl_controllers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.KLController` subclasses (the coefficient of the KL in the reward)."""
+
+
+@hookspec
+def rlzoo_value_losses() -> list[type]:
+    """Return :class:`rlzoo.interfaces.ValueLoss` subclasses (the critic's regression loss)."""
+
+
+@hookspec
 def rlzoo_corrections() -> list[type]:
     """Return :class:`rlzoo.interfaces.MismatchCorrection` subclasses (train-inference mismatch)."""
 
@@ -134,6 +144,8 @@ HOOK_KINDS: dict[str, str] = {
     "rlzoo_clippers": "clipper",
     "rlzoo_aggregations": "aggregation",
     "rlzoo_kl_estimators": "kl",
+    "rlzoo_kl_controllers": "kl_controller",
+    "rlzoo_value_losses": "value_loss",
     "rlzoo_corrections": "correction",
     "rlzoo_batch_filters": "batch_filter",
     "rlzoo_reward_shapers": "reward_shaper",

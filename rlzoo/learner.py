@@ -54,6 +54,12 @@ class Learner:
         mine = self.dist.share(torch.arange(count))
         return self.dist.gather_rows(self.engine.logprobs(select_rows(batch, mine)), count)
 
+    def values(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` values of every row of ``batch`` (a critic's engine, head ``"value"``), without gradient."""
+        count = batch.input_ids.shape[0]
+        mine = self.dist.share(torch.arange(count))
+        return self.dist.gather_rows(self.engine.values(select_rows(batch, mine)), count)
+
     def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, T]`` log-probs and entropies of every row of ``batch``, without gradient."""
         count = batch.input_ids.shape[0]

@@ -9,13 +9,16 @@
             rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
             keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
         (no group kept: skip the update)
-        advantages <- advantage source, per token                                   (time/advantage)
         old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's  (time/old_logprobs)
                       (old_logprobs: rollout-only skips the training engine's pass)
         weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
+        values     <- the critic on the rollout batch, if there is one                (time/critic)
+        token rewards -= kl_in_reward's beta * KL(old || reference), if configured
+        advantages <- advantage source, per token (+ the critic's returns)          (time/advantage)
         repeat `minibatches_per_rollout` times:                                     (time/train)
             loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
-            training engine takes one optimizer step
+            training engine takes one optimizer step (not during the critic's warm-up)
+            critic takes one optimizer step on the value loss towards the returns
         rollout engine(s) <- the new weights                                        (time/sync)
 
 Every piece is injected by :mod:`rlzoo.run`; this module knows no concrete component. With several processes
@@ -41,6 +44,7 @@ import torch
 from torch import Tensor
 
 from rlzoo.config import RunConfig
+from rlzoo.critic import Critic, value_metrics
 from rlzoo.decode import response_text
 from rlzoo.distributed import SINGLE, Dist
 from rlzoo.engines import RolloutEngine, SamplingSettings
@@ -51,7 +55,9 @@ from rlzoo.learner import Learner
 from rlzoo.metrics import Timer, reduce_minibatches, take_reports
 from rlzoo.objective import Objective, k3_from_samples_of_old, masked_mean
 from rlzoo.passk import mean_pass_at_k
+from rlzoo.reward_kl import KLInReward
 from rlzoo.rollouts import RolloutSchedule
+from rlzoo.rollouts import advantages as compute_advantages
 from rlzoo.scoring import score
 from rlzoo.seeds import step_seed
 
@@ -75,6 +81,8 @@ class Components:
     train_set: Sequence[Sample] = ()  # where a batch filter's further generation batches draw fresh prompts
     schedule: RolloutSchedule = field(default_factory=lambda: RolloutSchedule())  # when rollouts are sampled
     episodes: EpisodeRunner | None = None  # what an episode is; None: one turn (the single-turn environment)
+    critic: Critic | None = None  # a learned value model (algorithm.critic)
+    kl_in_reward: KLInReward | None = None  # the reference KL as a per-token reward penalty
 
     def __post_init__(self) -> None:
         if self.episodes is None:
@@ -94,6 +102,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         c.schedule.settle(timer)
         return c.dist.reduce_metrics({**rollout.metrics, **timer.metrics()})
     batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
+    critic, policy_learns = c.critic, c.critic is None or step >= c.critic.warmup_steps
 
     with timer("old_logprobs"):
         routings = [g.routing for g in rollout.generations]
@@ -108,8 +117,12 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
         correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
         reported = take_reports(c.correction)
+    with timer("critic"):
+        old_values = critic.values(batch) if critic is not None else None
+    with timer("advantage"):
+        advantages, returns, advantage_metrics = compute_advantages(rollout.rewards, c, old_logp, ref_logp, old_values)
 
-    update_metrics = []
+    update_metrics, critic_metrics = [], []
     with timer("train"):
         shuffle = step_seed(config.seed, step, 2)
         for index, rows in enumerate(minibatches(len(mask), algo.minibatches_per_rollout, shuffle)):
@@ -117,10 +130,14 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
 
             def loss_fn(logp: Tensor, entropy: Tensor | None = None, rows: Tensor = rows, seed: int = seed) -> tuple:
                 reference = ref_logp[rows] if ref_logp is not None else None
-                advantages, weights = rollout.advantages[rows], correction[rows]
-                return c.objective(logp, old_logp[rows], advantages, mask[rows], reference, weights, seed, entropy)
+                return c.objective(
+                    logp, old_logp[rows], advantages[rows], mask[rows], reference, correction[rows], seed, entropy
+                )
 
-            update_metrics.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
+            if policy_learns:
+                update_metrics.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
+            if critic is not None:
+                critic_metrics.append(critic.update(batch, rows, old_values, returns))
 
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
@@ -130,7 +147,9 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     if train_logp is not None:  # the training engine's own pass ran
         mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
         policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
-    metrics = {**reduce_minibatches(update_metrics), **rollout.metrics, **mismatch, **policy, **reported}
+    if critic is not None:
+        policy = {**policy, **value_metrics(old_values, returns, mask), **reduce_minibatches(critic_metrics)}
+    metrics = {**reduce_minibatches(update_metrics), **rollout.metrics, **advantage_metrics, **mismatch, **policy, **reported}
     metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
 

@@ -51,9 +51,11 @@ Output layer, in chunks of ``trainer.logits_chunk_tokens`` positions::
 
     logits = logits_chunk_tokens x V x 4 bytes x 4       fp32 logits, log-softmax, softmax (entropy), gradient
 
-The KL reference (``algorithm.kl_coef > 0``) is a second training engine of the same kind, loaded from the initial
-model (:mod:`rlzoo.run`): its ``weights`` and ``master_copy`` as above; it never steps (no gradients, no optimizer
-state). The rollout engine shares the GPU with the trainer (rlzoo colocates them; rank 0 always holds one); each
+The KL reference (``algorithm.kl_coef > 0`` or ``algorithm.kl_in_reward``) is a second training engine of the same
+kind, loaded from the initial model (:mod:`rlzoo.run`): its ``weights`` and ``master_copy`` as above; it never steps
+(no gradients, no optimizer state). A critic (``algorithm.critic``, :mod:`rlzoo.critic`) is another training engine
+that does step: ``critic`` is the policy's weights, master copy, gradients and optimizer again (its value head
+replaces the output layer; counted as the policy's size); its passes run between the policy's, so no activations. The rollout engine shares the GPU with the trainer (rlzoo colocates them; rank 0 always holds one); each
 rollout engine states its own part (:meth:`rlzoo.engines.RolloutEngine.memory`), rlzoo's as follows::
 
     vllm  gpu_memory_utilization x device memory (vLLM's budget for its weights, activations and KV cache), if set;
@@ -295,7 +297,12 @@ def estimate(
     parts = _training_parts(config, shape, world, layout)
     parts["activations"] = _activation_bytes(config, shape)
     parts["logits"] = config.trainer.logits_chunk_tokens * shape.vocab * 4 * LOGITS_COPIES
-    parts["reference"] = parts["weights"] + parts["master_copy"] if config.algorithm.kl_coef > 0 else 0
+    needs_reference = config.algorithm.kl_coef > 0 or config.algorithm.kl_in_reward is not None
+    parts["reference"] = parts["weights"] + parts["master_copy"] if needs_reference else 0
+    # a critic holds a second training state of the policy's shape (its passes run between the policy's, so its
+    # activations are not added)
+    critic = config.algorithm.critic is not None
+    parts["critic"] = sum(_training_parts(config, shape, world, layout).values()) if critic else 0
     sampling = rollout.memory(config, shape, world)
     parts["rollout"] = sampling.bytes
     local = _local_parameters(shape, layout)

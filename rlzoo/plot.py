@@ -1,5 +1,6 @@
 """``rlzoo plot RUN_DIR``: PNG curves of a run's metrics (reward, eval accuracy, clip fraction, KL, length; with
-multi-turn episodes also tool calls per episode, turns and truncation, tool errors)."""
+multi-turn episodes also tool calls per episode, turns and truncation, tool errors; with a critic its value loss
+and explained variance, and the KL in the reward)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ EPISODE_PANELS = [
     ("tool errors and timeouts", ["tool/errors", "tool/timeouts"]),
 ]
 
+#: drawn too when the run trains a critic (critic/* logged)
+CRITIC_PANELS = [
+    ("critic: explained variance", ["critic/explained_variance"]),
+    ("critic: value loss", ["critic/vf_loss", "critic/vf_clipfrac"]),
+    ("KL in the reward", ["kl/in_reward", "kl/coef"]),
+]
+
 
 def plot_run(run_dir: Path) -> list[Path]:
     import matplotlib
@@ -34,6 +42,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     if not rows:
         raise RlzooError(f"{run_dir} has no metrics.jsonl (or it is empty): nothing to plot")
     panels = PANELS + (EPISODE_PANELS if any("episode/turns_mean" in r for r in rows) else [])
+    panels += CRITIC_PANELS if any("critic/vf_loss" in r for r in rows) else []
     nrows = -(-len(panels) // 3)
     fig, axes = plt.subplots(nrows, 3, figsize=(15, 4 * nrows), constrained_layout=True)
     for ax, (title, keys) in zip(axes.flat, panels):

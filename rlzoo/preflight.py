@@ -84,6 +84,7 @@ def preflight(
     problems += _prompt_problems(run)
     problems += _batch_problems(config, registry, world)
     problems += _overlap_problems(config, world)
+    problems += _critic_problems(run)
     for loc, component in components.items():  # each component's own rules (Component.preflight)
         problems += component.preflight(run, loc)
     problems += _eval_problems(config)
@@ -254,6 +255,63 @@ def _vocab_problems(path: Path, vocab_size: object) -> Problems:
             f"0..{vocab_size - 1}): the tokenizer does not belong to this model",
         )]
     return []
+
+
+# -- the critic ------------------------------------------------------------------------------------------------
+
+
+def _critic_problems(run: RunFacts) -> Problems:
+    """A critic (``algorithm.critic``) runs on a training engine that can train values, learns the returns of an
+    advantage source that reads values, and (from a folder of its own) is the policy's kind of model: dense or
+    MoE as the policy (one engine configuration, e.g. DeepSpeed-MoE, serves both), over the same token ids.
+    A critic never needs the policy's old-log-prob pass: it runs its own, so ``old_logprobs: rollout-only`` stays
+    possible."""
+    critic, config = run.config.algorithm.critic, run.config
+    if critic is None:
+        return []
+    problems: Problems = []
+    engine = run.registry.get("training_engine", config.trainer.engine.name).cls
+    if not engine.trains_values:
+        usable = run.names("training_engine", lambda cls: cls.trains_values)
+        problems.append((
+            "trainer.engine.name",
+            f"{engine.name!r} cannot train a critic (algorithm.critic) (trains_values is false); use one of {usable}",
+        ))
+    advantage = run.registry.get("advantage", config.algorithm.advantage.name).cls
+    if not advantage.needs_values:
+        usable = run.names("advantage", lambda cls: cls.needs_values)
+        problems.append((
+            "algorithm.critic",
+            f"advantage {advantage.name!r} reads no values and gives the critic no returns to learn; use an advantage "
+            f"that does ({', '.join(usable)}), or critic: null",
+        ))
+    if critic.model is None:
+        return problems
+    path, loc = Path(critic.model), "algorithm.critic.model"
+    if not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
+        return problems + [(loc, f"{path} {what}; name a model folder, or null for a copy of the policy")]
+    hf, facts, read_problems = _read_model_config(path / "config.json", loc)
+    problems += read_problems
+    if hf is None:
+        return problems
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        problems.append((loc, f"{path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})"))
+    if run.model.moe is not None and facts.moe != run.model.moe:
+        kinds = {True: "a mixture-of-experts", False: "a dense"}
+        problems.append((
+            loc,
+            f"{path} is {kinds[facts.moe]} model but the policy is {kinds[run.model.moe]} one: the critic trains on "
+            "the policy's engine configuration; use a critic of the policy's kind, or null for a copy of the policy",
+        ))
+    policy_vocab = run.model.shape.vocab if run.model.shape is not None and not run.model.tiny else None  # tiny: a bound
+    if policy_vocab is not None and hf.get("vocab_size") != policy_vocab:
+        problems.append((
+            loc,
+            f"{path} has vocab_size {hf.get('vocab_size')} but the policy {policy_vocab}: the critic reads the "
+            "policy's token ids; use a critic built on the policy's tokenizer",
+        ))
+    return problems
 
 
 # -- prompts ---------------------------------------------------------------------------------------------------

@@ -59,6 +59,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # OPO (Hao et al. 2025): exactly on-policy (one gradient step per rollout batch) with the length-weighted
     # group baseline; token-level loss, no KL.
     "opo": {"advantage": {"name": "opo"}, "aggregation": {"name": "token-mean"}, "minibatches_per_rollout": 1},
+    # PPO for LLMs (Ouyang et al. 2022; verl's PPO recipe): a learned critic (the policy's initial weights with a
+    # value head, clipped value loss 0.5), GAE advantages (gamma = lambda = 1, whitened), PPO clip 0.2, token-level
+    # loss, and the reference KL in the reward (k1, verl's kl_penalty "kl", fixed coefficient 0.001) instead of a
+    # KL loss term.
+    "ppo": {
+        "advantage": {"name": "gae"},
+        "critic": {},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k1"},
+        "kl_in_reward": {"name": "fixed"},
+    },
     # KL-Cov (Cui et al. 2025): no clip; a |logp - old| penalty (coefficient 1) on the 0.02% of tokens with the
     # largest advantage-logp covariance; token-level loss as in the paper's verl recipe.
     "kl-cov": {"clipper": {"name": "kl-cov"}, "aggregation": {"name": "token-mean"}},

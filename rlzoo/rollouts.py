@@ -1,12 +1,13 @@
 """A step's rollout batch: sample ``group_size`` responses per prompt, score and shape them, keep the groups the
-batch filter keeps, compute advantages; and the :class:`RolloutSchedule` that says when that happens.
+batch filter keeps, and the :class:`RolloutSchedule` that says when that happens.
 
     collect(step, prompts):
         repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
             generate_and_score: rollouts <- rollout engine (several processes: each rank its share, gathered)
                                 rewards  <- verifier (+ reward shapers' terms)
             keep the groups the batch filter keeps; stop once `len(prompts)` are kept
-        assemble: the kept groups as one padded TokenBatch, advantages per token
+        assemble: the kept groups as one padded TokenBatch, rewards per response and per token
+    advantages (in the step, after the old log-probs and values): the KL-in-reward penalty, the advantage source
 
 :func:`rlzoo.loop.rl_step` asks its schedule for the step's batch; the base schedule calls :func:`collect` at the
 start of the step, :class:`rlzoo.overlap.OverlappedRollouts` (``rollout.overlap: 1``) calls the same function one
@@ -19,7 +20,7 @@ import logging
 import random
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -74,8 +75,7 @@ class RolloutBatch:
     generations: list[Generation]
     batch: TokenBatch | None
     rollout_logp: torch.Tensor  # [B, T] the rollout engine's log-probs of the sampled tokens
-    rewards: torch.Tensor  # [B] the verifier's rewards plus the reward shapers' terms
-    advantages: torch.Tensor  # [B, T]
+    rewards: RewardBatch  # per response (the verifier's rewards plus the shapers' terms) and per token
     metrics: dict[str, float]
 
 
@@ -91,8 +91,7 @@ class ScoredGroup:
 
 
 def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
-    """Sample ``group_size`` responses per prompt, score and shape them, keep the groups the batch filter keeps,
-    compute advantages.
+    """Sample ``group_size`` responses per prompt, score and shape them, keep the groups the batch filter keeps.
 
     While fewer than ``len(prompts)`` groups are kept, further generation batches of as many fresh prompts (not
     yet drawn this step) are sampled, up to the filter's ``max_gen_batches``; each batch has its own reproducible
@@ -127,7 +126,7 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         "filter/underfilled": float(0 < len(kept) < target),
         "filter/skipped": float(not kept),
     }
-    return assemble(kept, c, config, timer, metrics)
+    return assemble(kept, c, config, metrics)
 
 
 def generate_and_score(
@@ -180,15 +179,14 @@ def generate_and_score(
     return out, metrics
 
 
-def assemble(
-    groups: list[ScoredGroup], c: Components, config: RunConfig, timer: Timer, metrics: dict[str, float]
-) -> RolloutBatch:
-    """The kept groups as one padded batch with per-token advantages (an empty batch when none was kept)."""
+def assemble(groups: list[ScoredGroup], c: Components, config: RunConfig, metrics: dict[str, float]) -> RolloutBatch:
+    """The kept groups as one padded batch with their rewards per response and per token (an empty batch when none
+    was kept); advantages come later, once the old log-probs and values are known (:func:`advantages`)."""
     generations = [g for group in groups for g in group.generations]
     verdicts = [v for group in groups for v in group.verdicts]
     if not groups:
         empty = torch.zeros(0, config.rollout.max_new_tokens)
-        return RolloutBatch([], None, empty, torch.zeros(0), empty, metrics)
+        return RolloutBatch([], None, empty, RewardBatch(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty), metrics)
     rewards = torch.cat([g.rewards + g.shaping for g in groups])
     group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group.generations])
     batch = make_token_batch(
@@ -199,20 +197,50 @@ def assemble(
         policy_masks=[g.policy_mask for g in generations],
     )
     mask = batch.response_mask
-    with timer("advantage"):
-        step_rewards, step_ends = None, None
-        if c.advantage.needs_step_rewards and c.episodes.environment.gives_turn_rewards:
-            step_rewards, step_ends = turn_steps(groups)
-        elif c.advantage.needs_step_rewards:
-            step_rewards = [v.step_rewards or [] for v in verdicts]
-            step_ends = [  # the verifier's steps lie in the last turn: after the earlier turns' policy tokens
-                [g.policy_tokens - len(g.last_turn_ids) + end
-                 for end in step_token_ends(v.step_spans or [], token_char_ends(c.tokenizer, g.last_turn_ids))]
-                for v, g in zip(verdicts, generations, strict=True)
-            ]
-        advantages = c.advantage.compute(RewardBatch(rewards, group_index, mask, step_rewards, step_ends))
-    metrics = {**metrics, "advantage/abs_mean": masked_mean(advantages.abs(), mask).item(), **take_reports(c.advantage)}
-    return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), rewards, advantages, metrics)
+    turn_rewards, turn_ends = turn_steps(groups)
+    step_rewards, step_ends = None, None
+    if c.advantage.needs_step_rewards and c.episodes.environment.gives_turn_rewards:
+        step_rewards, step_ends = turn_rewards, turn_ends
+    elif c.advantage.needs_step_rewards:
+        step_rewards = [v.step_rewards or [] for v in verdicts]
+        step_ends = [  # the verifier's steps lie in the last turn: after the earlier turns' policy tokens
+            [g.policy_tokens - len(g.last_turn_ids) + end
+             for end in step_token_ends(v.step_spans or [], token_char_ends(c.tokenizer, g.last_turn_ids))]
+            for v, g in zip(verdicts, generations, strict=True)
+        ]
+    token_rewards = token_level_rewards(turn_rewards, turn_ends, mask)
+    reward_batch = RewardBatch(rewards, group_index, mask, step_rewards, step_ends, token_rewards=token_rewards)
+    return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), reward_batch, metrics)
+
+
+def advantages(
+    rewards: RewardBatch,
+    c: Components,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    values: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """The batch's ``[B, T]`` advantages, the critic's returns (``None`` without a critic) and their metrics: the
+    KL-in-reward penalty first (on the old log-probs, ``c.kl_in_reward``), then the advantage source."""
+    metrics: dict[str, float] = {}
+    if c.kl_in_reward is not None:
+        penalised, metrics = c.kl_in_reward.penalise(rewards.token_rewards, old_logp, ref_logp, rewards.mask)
+        rewards = replace(rewards, token_rewards=penalised)
+    advantage, returns = c.advantage.advantages_and_returns(replace(rewards, values=values))
+    metrics = {**metrics, "advantage/abs_mean": masked_mean(advantage.abs(), rewards.mask).item()}
+    return advantage, returns, {**metrics, **take_reports(c.advantage)}
+
+
+def token_level_rewards(step_rewards: list[list[float]], step_ends: list[list[int]], mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` each step's reward at its last policy token (``step_ends`` count policy tokens, i.e. the columns
+    where ``mask`` is 1), 0 elsewhere: verl's ``token_level_scores`` (one step: the outcome at the last token)."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for row, (rewards_i, ends_i) in enumerate(zip(step_rewards, step_ends, strict=True)):
+        columns = torch.nonzero(mask[row] > 0).flatten()
+        for reward, end in zip(rewards_i, ends_i, strict=True):
+            if 0 < end <= len(columns):  # a step without policy tokens has nowhere to put its reward
+                out[row, columns[end - 1]] += reward
+    return out
 
 
 def turn_steps(groups: list[ScoredGroup]) -> tuple[list[list[float]], list[list[int]]]:

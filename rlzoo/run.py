@@ -6,7 +6,8 @@ Run folder::
     config.yaml            the resolved config
     metrics.jsonl          one line per step (keys in docs/metrics.md); the last line is the final evaluation
     cold_start/            the cold-start model (unless model.path or cold_start.output_dir say otherwise)
-    checkpoints/step_N/    model/ (HF folder, safetensors), optimizer.safetensors + .json, rng.*, state.json
+    checkpoints/step_N/    model/ (HF folder, safetensors), optimizer.safetensors + .json, rng.*, state.json;
+                           critic/ (the same for the critic's engine) when there is one
     checkpoints/latest     name of the newest complete checkpoint
 
 Several processes (``torchrun --nproc_per_node N -m rlzoo.cli train CONFIG``; docs/distributed.md): every rank
@@ -21,7 +22,7 @@ own engine state into the same checkpoint folder.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from rlzoo import distributed, loop
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
 from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, RunConfig, dump_config
+from rlzoo.critic import Critic
 from rlzoo.engines import EngineContext, RolloutEngine
 from rlzoo.episodes import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
@@ -43,6 +45,7 @@ from rlzoo.overlap import OverlappedRollouts
 from rlzoo.preflight import check_data_parallel, preflight
 from rlzoo.prompts import fit_prompts
 from rlzoo.registry import Registry, default_registry
+from rlzoo.reward_kl import KLInReward
 from rlzoo.routing_learner import RoutingLearner
 from rlzoo.sft import ensure_cold_start
 
@@ -156,7 +159,7 @@ class TrainingRun:
             rollout=self.rollout,
             learner=self._setup_learner(),
             tokenizer=self.tokenizer,
-            reference=self._setup_reference() if algo.kl_coef > 0 else None,
+            reference=self._setup_reference() if algo.kl_coef > 0 or algo.kl_in_reward is not None else None,
             dist=self.dist,
             rollout_per_rank=self.rollout_per_rank,
             batch_filter=create(self.registry, "batch_filter", algo.batch_filter),
@@ -164,6 +167,8 @@ class TrainingRun:
             train_set=self.train_set,  # where further generation batches draw fresh prompts
             schedule=self._setup_schedule(),
             episodes=self.episodes,
+            critic=self._setup_critic(),
+            kl_in_reward=self._setup_kl_in_reward(),
         )
 
     def _setup_schedule(self) -> loop.RolloutSchedule:
@@ -194,10 +199,47 @@ class TrainingRun:
         reference.start(engine_context(self.config, self.start.initial_model, self.tokenizer), self.config.trainer)
         return Learner(reference, self.dist)
 
+    def _setup_critic(self) -> Critic | None:
+        """The value model: the critic's folder or the policy's initial weights, with a value head, in its own
+        instance of the training engine with the critic's optimizer settings."""
+        spec = self.config.algorithm.critic
+        if spec is None:
+            return None
+        engine = create(self.registry, "training_engine", self.config.trainer.engine)
+        model_dir = Path(spec.model) if spec.model else self.start.initial_model
+        context = replace(engine_context(self.config, model_dir, self.tokenizer), head="value")
+        optimizer = {"lr": spec.lr, "betas": spec.betas, "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip}
+        engine.start(context, self.config.trainer.model_copy(update=optimizer))
+        return Critic(
+            Learner(engine, self.dist),
+            create(self.registry, "value_loss", spec.value_loss),
+            create(self.registry, "aggregation", spec.aggregation),
+            spec.warmup_steps,
+        )
+
+    def _setup_kl_in_reward(self) -> KLInReward | None:
+        algo = self.config.algorithm
+        if algo.kl_in_reward is None:
+            return None
+        return KLInReward(create(self.registry, "kl_controller", algo.kl_in_reward), create(self.registry, "kl", algo.kl))
+
+    def _engines_to_save(self) -> dict[str, Any]:
+        """Engines checkpointed beside the policy's, each in its own sub-folder."""
+        critic = self.components.critic
+        return {"critic": critic.learner.engine} if critic is not None else {}
+
+    def _state_to_save(self) -> dict[str, Any]:
+        """The components' own state that a resumed run continues from (JSON)."""
+        kl = self.components.kl_in_reward
+        return {"kl_in_reward": kl.controller.state_dict()} if kl is not None else {}
+
     def _restore(self) -> int:
         if self.start.checkpoint is None:
             return 0
-        return load_checkpoint(self.start.checkpoint, self.trainer)
+        state = load_checkpoint(self.start.checkpoint, self.trainer, self._engines_to_save())
+        if self.components.kl_in_reward is not None and "kl_in_reward" in state:
+            self.components.kl_in_reward.controller.load_state_dict(state["kl_in_reward"])
+        return state["completed_steps"]
 
     def run(self) -> Path:
         self.setup()
@@ -223,7 +265,10 @@ class TrainingRun:
                 faults.check(step, metrics)  # stops the run before a bad streak reaches a checkpoint
                 if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
                     keep = config.train.keep_checkpoints
-                    save_checkpoint(run_dir, step + 1, self.trainer, self.tokenizer, keep, dist)
+                    save_checkpoint(
+                        run_dir, step + 1, self.trainer, self.tokenizer, keep, dist,
+                        engines=self._engines_to_save(), state=self._state_to_save(),
+                    )
             if completed <= steps and dist.is_main:
                 logger.log(steps, {**self.evaluate(), "final": 1.0})
         finally:

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "components.md"
 KINDS = [
     "ratio", "advantage", "clipper", "aggregation", "kl", "correction", "batch_filter", "reward_shaper", "regulariser",
+    "value_loss", "kl_controller",
 ]
 FIRST_PARTY = {"rlzoo", "rlzoo-estimators"}
 
@@ -28,7 +29,8 @@ HEADER = """# Components
 Every algorithm component rlzoo ships, one row each: what it computes, where it comes from, what verl and TRL
 call the same thing, and its parameters' defaults. An algorithm picks one per kind (`algorithm.ratio`,
 `.advantage`, `.clipper`, `.aggregation`, `.kl`, `.correction`, `.batch_filter`) and lists of reward shapers and
-regularisers (`algorithm.reward_shaping`, `.regularisers`); [presets.md](presets.md) lists the named
+regularisers (`algorithm.reward_shaping`, `.regularisers`), a critic's value loss (`algorithm.critic.value_loss`)
+and the KL-in-reward controller (`algorithm.kl_in_reward`); [presets.md](presets.md) lists the named
 combinations, [objective.md](objective.md) how they compose. Notation: `rho` the ratio estimator's ratio, `A` the
 advantage, `m` the response mask, `sg` stop-gradient, `N` the batch's valid tokens. Each module's docstring has
 the full formula and where it differs from its reference; `rlzoo plugins list` shows the same components.

@@ -1,4 +1,4 @@
-"""Record reference outputs of verl's own loss, advantage, KL and correction functions as rlzoo test data.
+"""Record reference outputs of verl's own loss, advantage, value, KL and correction functions as rlzoo test data.
 
     python scripts/record_reference.py [--out estimators/tests/reference/verl.json] [--target DIR]
 
@@ -6,9 +6,10 @@ The pinned wheels (``PINS``) are installed with ``pip install --no-deps --target
 temporary one unless ``--target`` names one), never into the environment and never as a project dependency. The
 script then re-runs itself in a subprocess with that folder first on ``PYTHONPATH`` and calls verl's functions on
 float64 tensors: ``core_algos.get_policy_loss_fn`` (loss, gradient w.r.t. the log-probs, clip fractions),
-``core_algos.agg_loss``, the advantage estimators, ``kl_penalty`` and
-``rollout_corr_helper.compute_rollout_correction_weights``. Nothing of verl is stubbed. The output is JSON, every
-float written with Python's shortest round-trip repr, so the float64 values come back bit-exact.
+``core_algos.agg_loss``, the advantage estimators, ``compute_gae_advantage_return``, ``compute_value_loss``,
+``kl_penalty``, the KL controllers and ``rollout_corr_helper.compute_rollout_correction_weights``. Nothing of
+verl is stubbed. The output is JSON, every float written with Python's shortest round-trip repr, so the float64
+values come back bit-exact.
 ``estimators/tests/test_estimators_reference.py`` feeds the same inputs to rlzoo's components.
 
 TRL is not recorded: its losses live inline in ``GRPOTrainer._compute_loss``, which needs a model and an
@@ -237,6 +238,126 @@ def _correction_cases():
     return cases
 
 
+def _episode_batch(seed: int, rows: int = 7, width: int = 12):
+    """float64 GAE inputs shaped like multi-turn episodes: holes (observation tokens, mask 0) inside responses, a
+    response that starts with a hole, a fully masked row, per-turn rewards, and finite junk at masked positions."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(rows, width, dtype=torch.float64)
+    for i in range(rows):
+        length = int(torch.randint(width // 2, width + 1, (1,), generator=g))
+        mask[i, :length] = 1.0
+        if i % 2 == 0:  # one or two observation spans inside the response
+            for _ in range(1 + i % 4 // 2):
+                start = int(torch.randint(1, max(2, length - 2), (1,), generator=g))
+                mask[i, start : start + int(torch.randint(1, 3, (1,), generator=g))] = 0.0
+    mask[1, :2] = 0.0  # a response that starts with a hole
+    mask[rows // 2] = 0.0  # a fully masked row
+    keep = mask > 0
+    # turn rewards at the last policy token before each hole, the outcome at the last one, a small dense term
+    # (the KL in the reward) on every policy token
+    ends = keep & ~torch.cat([keep[:, 1:], torch.zeros(rows, 1, dtype=torch.bool)], dim=1)
+    rewards = torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.05
+    rewards = rewards + ends * torch.rand(rows, width, generator=g, dtype=torch.float64)
+    values = torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.5
+    junk_r, junk_v = torch.full_like(rewards, 5.0), torch.full_like(values, -7.0)
+    rewards, values = torch.where(keep, rewards, junk_r), torch.where(keep, values, junk_v)
+    inner = keep[:, :1].new_zeros(rows, dtype=torch.bool)
+    for i in range(rows):
+        valid = keep[i].nonzero().flatten()
+        inner[i] = len(valid) > 0 and bool((~keep[i, valid[0] : valid[-1] + 1]).any())
+    if not inner.any():
+        raise RuntimeError("the GAE batch must have holes inside a response")
+    return rewards, values, mask
+
+
+def _gae_cases():
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    cases = []
+    for seed, (gamma, lam) in enumerate([(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.8, 0.5)]):
+        rewards, values, mask = _episode_batch(400 + seed)
+        adv, returns = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma=gamma, lam=lam)
+        cases.append(
+            {
+                "id": f"gae-{gamma}-{lam}",
+                "verl": {"adv_estimator": "gae", "gamma": gamma, "lam": lam},
+                "inputs": {"token_rewards": rewards.tolist(), "values": values.tolist(), "mask": mask.tolist()},
+                "outputs": {"advantages": adv.tolist(), "returns": returns.tolist()},
+            }
+        )
+    return cases
+
+
+def _value_loss_cases():
+    import torch
+    from verl.trainer.ppo import core_algos
+
+    cases = []
+    for seed, (clip, agg) in enumerate(
+        [(0.2, "token-mean"), (0.5, "token-mean"), (1e9, "token-mean"), (0.2, "seq-mean-token-mean")]
+    ):
+        g = torch.Generator().manual_seed(500 + seed)
+        rows, width = 6, 8
+        lengths = torch.randint(1, width + 1, (rows,), generator=g)
+        lengths[rows // 2] = 0
+        mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.float64)
+        old = torch.randn(rows, width, generator=g, dtype=torch.float64)
+        vpreds = old + torch.randn(rows, width, generator=g, dtype=torch.float64) * 0.5
+        returns = old + torch.randn(rows, width, generator=g, dtype=torch.float64)
+        junk = torch.full_like(old, 3.0)
+        old, vpreds, returns = (torch.where(mask > 0, x, junk) for x in (old, vpreds, returns))
+        x = vpreds.clone().requires_grad_()
+        loss, clipfrac = core_algos.compute_value_loss(x, returns, old, mask, cliprange_value=clip, loss_agg_mode=agg)
+        loss.backward()
+        clipfrac = float(clipfrac)
+        if clip < 1e6 and not 0 < clipfrac < 1:
+            raise RuntimeError(f"value loss case {clip}: vf_clipfrac is {clipfrac}; pick inputs that exercise it")
+        cases.append(
+            {
+                "id": f"value_loss-{clip}-{agg}",
+                "verl": {"cliprange_value": clip, "loss_agg_mode": agg},
+                "inputs": {"vpreds": vpreds.tolist(), "values": old.tolist(), "returns": returns.tolist(),
+                           "mask": mask.tolist()},
+                "outputs": {"vf_loss": loss.item(), "vf_clipfrac": clipfrac, "grad": x.grad.tolist()},
+            }
+        )
+    return cases
+
+
+def _kl_controller_cases():
+    from verl.trainer.ppo import core_algos
+
+    # (current_kl, n_steps) after each batch: above, far above, below, far below and near the target
+    updates = [(0.15, 256), (0.9, 256), (0.05, 512), (0.0, 128), (0.1, 64), (0.11, 1000), (0.3, 4096)]
+    specs = [
+        ("fixed", {"kl_coef": 0.001}),
+        ("adaptive", {"init_kl_coef": 0.001, "target_kl": 0.1, "horizon": 10000}),
+        ("adaptive", {"init_kl_coef": 0.05, "target_kl": 0.2, "horizon": 500}),
+    ]
+    cases = []
+    for i, (kind, params) in enumerate(specs):
+        if kind == "fixed":
+            controller = core_algos.FixedKLController(**params)
+        else:
+            controller = core_algos.AdaptiveKLController(**params)
+        coefs = []
+        for current_kl, n_steps in updates:
+            controller.update(current_kl=current_kl, n_steps=n_steps)
+            coefs.append(float(controller.value))
+        cases.append(
+            {
+                "id": f"kl_ctrl-{kind}-{i}",
+                "verl": {"type": kind, **params},
+                "inputs": {"updates": [list(u) for u in updates]},
+                "outputs": {"coefs": coefs},
+            }
+        )
+    return cases
+
+
 def record(out: Path) -> None:
     import torch
     import verl
@@ -250,6 +371,9 @@ def record(out: Path) -> None:
         "advantages": _advantage_cases(),
         "kl": _kl_cases(),
         "corrections": _correction_cases(),
+        "gae": _gae_cases(),
+        "value_losses": _value_loss_cases(),
+        "kl_controllers": _kl_controller_cases(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")

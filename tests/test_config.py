@@ -166,6 +166,7 @@ DOCUMENTED_ZOO = {
     "sapo": ("token", "group", {"name": "sapo", "tau_pos": 1.0, "tau_neg": 1.05}, "seq-mean-token-mean", 0.0, 4),
     "gmpo": ("token", "group", {"name": "gmpo", "eps_low": 0.4, "eps_high": 0.4}, "seq-mean-token-mean", 0.0, 4),
     "gpg": ("gpg", "gpg", {"name": "none"}, "token-mean", 0.0, 1),
+    "ppo": ("token", "gae", {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2}, "token-mean", 0.0, 4),
     "kl-cov": ("token", "group", {"name": "kl-cov", "select_fraction": 0.0002, "kl_coef": 1.0}, "token-mean", 0.0, 4),
     "clip-cov": (
         "token", "group",
@@ -177,6 +178,14 @@ DOCUMENTED_ZOO = {
 
 def test_every_preset_is_tested():
     assert set(PRESETS) == set(DOCUMENTED) | set(DOCUMENTED_ZOO)
+
+
+def test_ppo_preset_has_a_critic_and_the_kl_in_the_reward():
+    algorithm = build_config({"algorithm": {"preset": "ppo", "critic": {"lr": 3e-5}}}).algorithm
+    assert algorithm.critic is not None and algorithm.critic.lr == 3e-5  # the user's keys merge into the preset's
+    assert algorithm.critic.value_loss.name == "clipped" and algorithm.critic.value_loss.params == {"clip_range": 0.5}
+    assert (algorithm.kl_in_reward.name, algorithm.kl_in_reward.params, algorithm.kl.name) == ("fixed", {"coef": 0.001}, "k1")
+    assert build_config({"algorithm": {"preset": "ppo", "critic": None}}).algorithm.critic is None
 
 
 @pytest.mark.parametrize("preset", sorted(DOCUMENTED_ZOO))
@@ -416,8 +425,13 @@ def test_preset_states_only_what_differs_from_the_defaults(preset):
     from rlzoo.registry import default_registry
 
     registry = default_registry()
-    kinds = {"reward_shaping": "reward_shaper", "regularisers": "regulariser"}
+    kinds = {"reward_shaping": "reward_shaper", "regularisers": "regulariser", "kl_in_reward": "kl_controller"}
     for key, value in PRESETS[preset].items():
+        if key == "critic":  # a section, not a component: its keys differ from CriticConfig's defaults
+            from rlzoo.config import CriticConfig
+
+            assert all(v != CriticConfig.model_fields[k].default for k, v in value.items()), (preset, key)
+            continue
         specs = value if isinstance(value, list) else [value] if isinstance(value, dict) else None
         if specs is None:
             assert value != AlgorithmConfig.model_fields[key].default, (preset, key)

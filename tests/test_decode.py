@@ -102,4 +102,4 @@ def test_training_and_evaluation_score_identical_strings(bpe):
     result = evaluate(samples, rollout, verifier, bpe, config)
     assert scored_in_training == [TEXT] * 2
     assert verifier.seen == [TEXT] * len(verifier.seen) and verifier.seen
-    assert collected.rewards.tolist() == [1.0, 1.0] and result["eval/accuracy"] == 1.0
+    assert collected.rewards.rewards.tolist() == [1.0, 1.0] and result["eval/accuracy"] == 1.0

@@ -538,7 +538,12 @@ def test_turn_rewards_give_one_process_step_per_turn():
     expected[0, 8:12] = r[1]  # turn 2 (after the masked observation at 5..7)
     expected[1, :3] = r[2]
     assert rollout.batch.response_mask[0, 5:8].tolist() == [0.0] * 3
-    assert torch.allclose(rollout.advantages.double(), expected.double(), atol=1e-6)
+    assert torch.allclose(parts.advantage.compute(rollout.rewards).double(), expected.double(), atol=1e-6)
+    # the same steps per token (gae's token rewards): each turn's reward at its last policy token, the observation
+    # columns 5..7 skipped; the verifier's reward and shaping at the episode's last policy token
+    token_rewards = torch.zeros(2, 40)
+    token_rewards[0, 4], token_rewards[0, 11], token_rewards[1, 2] = 0.25, 0.6, -0.3
+    assert torch.allclose(rollout.rewards.token_rewards, token_rewards, atol=1e-6)
 
 
 def test_reward_shaping_of_an_episode_longer_than_one_turns_budget():
@@ -546,7 +551,7 @@ def test_reward_shaping_of_an_episode_longer_than_one_turns_budget():
     the episode's budget, max_new_tokens x max_turns, and do not fail."""
     config, parts = _turn_reward_components(6, shapers=[{"name": "length", "coef": 0.1}])
     rollout = collect(0, [Sample("Q:", "x")], parts, config, Timer())
-    assert rollout.rewards.tolist() == pytest.approx([1.75 - 0.9, -0.3])
+    assert rollout.rewards.rewards.tolist() == pytest.approx([1.75 - 0.9, -0.3])
 
 
 # -- 8. chat mode ----------------------------------------------------------------------------------------------

@@ -26,3 +26,17 @@ def test_plot_writes_a_png(tmp_path, capsys):
 def test_plot_without_metrics_is_a_clear_error(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 1
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_a_run_with_a_critic_gets_its_panels(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    rows = [{"step": s, "reward/mean": 0.5, "critic/vf_loss": 1.0 / (s + 1), "critic/explained_variance": 0.1 * s,
+             "kl/in_reward": 0.01, "kl/coef": 0.001} for s in range(5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    titles = []
+    original = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, *a, **k: titles.append(t) or original(ax, t, *a, **k))
+    assert main(["plot", str(tmp_path)]) == 0
+    assert {"critic: explained variance", "critic: value loss", "KL in the reward"} <= set(titles)
+    assert "tool calls per episode" not in titles  # no episodes logged: no episode panels

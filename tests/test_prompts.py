@@ -139,7 +139,7 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
     for row in range(batch.input_ids.shape[0]):
         start = int(batch.response_start[row])
         assert batch.input_ids[row, :start].tolist() == expected[row // 2]
-    assert torch.equal(collected.rewards, torch.ones(6))  # the response decodes to \boxed{42}
+    assert torch.equal(collected.rewards.rewards, torch.ones(6))  # the response decodes to \boxed{42}
     metrics = loop.evaluate(samples, rollout, components.verifier, tok, config)  # evaluation
     assert rollout.seen[1] == expected and metrics["eval/accuracy"] == 1.0
 

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from rlzoo.config import RunConfig
 from rlzoo.distributed import SINGLE, Dist
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TrainingEngine
+from rlzoo.registry import default_registry
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
 from rlzoo.learner import Learner
 from rlzoo.loop import Components
@@ -114,8 +115,9 @@ def _summary(rollout) -> dict:
         "generations": [(g.prompt_ids, g.response_ids, g.response_logprobs) for g in rollout.generations],
         "input_ids": rollout.batch.input_ids.tolist(),
         "rollout_logp": rollout.rollout_logp.tolist(),
-        "rewards": rollout.rewards.tolist(),
-        "advantages": rollout.advantages.tolist(),
+        "rewards": rollout.rewards.rewards.tolist(),
+        "token_rewards": rollout.rewards.token_rewards.tolist(),
+        "advantages": default_registry().create("advantage", "group").compute(rollout.rewards).tolist(),
         "metrics": rollout.metrics,
     }
 

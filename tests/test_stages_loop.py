@@ -92,7 +92,7 @@ def test_dynamic_sampling_fills_the_batch_with_fresh_informative_groups():
     prompts = [p for texts, _ in parts.rollout.calls for p in texts]
     assert len(prompts) == len(set(prompts))  # every further batch draws prompts not drawn yet
     assert len(rollout.generations) == 2 * 4
-    groups = rollout.rewards.view(2, 4)
+    groups = rollout.rewards.rewards.view(2, 4)
     assert ((groups.max(1).values - groups.min(1).values) > 0).all()  # only informative groups are trained on
     m = rollout.metrics
     assert m["filter/gen_batches"] == len(parts.rollout.calls) >= 2
@@ -144,7 +144,7 @@ def test_shapers_add_to_the_rewards_before_advantages():
     config, parts, train_set = _setup(["mix0"], shapers=[{"name": "length", "coef": 0.25}], prompts_per_step=1)
     rollout = collect(0, train_set, parts, config, Timer())
     raw = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    assert torch.allclose(rollout.rewards, raw - 0.25)  # every response is 1 token long
+    assert torch.allclose(rollout.rewards.rewards, raw - 0.25)  # every response is 1 token long
     assert rollout.metrics["reward/shaping_mean"] == pytest.approx(-0.25)
     assert rollout.metrics["reward/mean"] == pytest.approx(0.5)  # the verifier's reward, unshaped
 
@@ -152,7 +152,7 @@ def test_shapers_add_to_the_rewards_before_advantages():
 def test_overlong_shaping_lowers_long_responses():
     config, parts, train_set = _setup(["mix0"], shapers=[{"name": "overlong", "buffer": 2}], long=4, prompts_per_step=1)
     rollout = collect(0, train_set, parts, config, Timer())
-    assert torch.allclose(rollout.rewards, torch.full((4,), -1.0))  # |y| = L_max: the full penalty
+    assert torch.allclose(rollout.rewards.rewards, torch.full((4,), -1.0))  # |y| = L_max: the full penalty
 
 
 def test_a_response_longer_than_the_shaper_budget_is_an_error_naming_it():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import rlzoo
+from rlzoo_estimators.advantages.gae import GAEAdvantage
 from rlzoo_estimators.advantages.gpg import GPGAdvantage
 from rlzoo_estimators.advantages.group import GroupAdvantage
 from rlzoo_estimators.advantages.opo import OPOAdvantage
@@ -30,6 +31,8 @@ from rlzoo_estimators.filters.none import NoFilter
 from rlzoo_estimators.kl.k1 import K1
 from rlzoo_estimators.kl.k2 import K2
 from rlzoo_estimators.kl.k3 import K3
+from rlzoo_estimators.kl_controllers.adaptive import AdaptiveKLController
+from rlzoo_estimators.kl_controllers.fixed import FixedKLController
 from rlzoo_estimators.ratios.gpg import GPGRatio
 from rlzoo_estimators.ratios.sequence import SequenceRatio
 from rlzoo_estimators.ratios.sequence_token import SequenceTokenRatio
@@ -37,6 +40,8 @@ from rlzoo_estimators.ratios.token import TokenRatio
 from rlzoo_estimators.regularisers.entropy import EntropyBonus
 from rlzoo_estimators.shapers.length import LengthPenalty
 from rlzoo_estimators.shapers.overlong import OverlongShaping
+from rlzoo_estimators.value_losses.clipped import ClippedValueLoss
+from rlzoo_estimators.value_losses.unclipped import UnclippedValueLoss
 
 
 @rlzoo.hookimpl
@@ -54,6 +59,7 @@ def rlzoo_advantage_sources() -> list[type]:
         ReinforcePlusPlusBaselineAdvantage,
         OPOAdvantage,
         GPGAdvantage,
+        GAEAdvantage,
     ]
 
 
@@ -90,3 +96,13 @@ def rlzoo_reward_shapers() -> list[type]:
 @rlzoo.hookimpl
 def rlzoo_regularisers() -> list[type]:
     return [EntropyBonus]
+
+
+@rlzoo.hookimpl
+def rlzoo_value_losses() -> list[type]:
+    return [ClippedValueLoss, UnclippedValueLoss]
+
+
+@rlzoo.hookimpl
+def rlzoo_kl_controllers() -> list[type]:
+    return [FixedKLController, AdaptiveKLController]

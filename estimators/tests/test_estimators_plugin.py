@@ -15,7 +15,7 @@ from rlzoo.interfaces import Params
 PACKAGE_DIR = pathlib.Path(rlzoo_estimators.__file__).parent
 EXPECTED = {
     "ratio": ["gpg", "sequence", "sequence-token", "token"],
-    "advantage": ["gpg", "group", "opo", "process", "reinforce++", "reinforce++-baseline", "rloo"],
+    "advantage": ["gae", "gpg", "group", "opo", "process", "reinforce++", "reinforce++-baseline", "rloo"],
     "clipper": ["cispo", "clip-cov", "dual-clip", "gmpo", "kl-cov", "none", "ppo", "sapo"],
     "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"],
     "kl": ["k1", "k2", "k3"],
@@ -23,6 +23,8 @@ EXPECTED = {
     "batch_filter": ["dynamic-sampling", "none"],
     "reward_shaper": ["length", "overlong"],
     "regulariser": ["entropy"],
+    "value_loss": ["clipped", "unclipped"],
+    "kl_controller": ["adaptive", "fixed"],
 }
 
 

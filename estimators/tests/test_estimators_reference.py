@@ -65,6 +65,9 @@ def test_every_recorded_case_is_checked():
     assert {c["id"] for c in DATA["advantages"]} == set(ADVANTAGE)
     assert {c["id"] for c in DATA["kl"]} == set(KL)
     assert {c["id"] for c in DATA["corrections"]} == set(CORRECTION)
+    assert {c["id"] for c in DATA["gae"]} == set(GAE)
+    assert {c["id"] for c in DATA["value_losses"]} == set(VALUE_LOSS)
+    assert {c["id"] for c in DATA["kl_controllers"]} == set(KL_CONTROLLER)
 
 
 @pytest.mark.parametrize("case", DATA["policy_losses"], ids=lambda c: c["id"])
@@ -157,3 +160,77 @@ def test_correction_matches_verl(case):
     valid = t(x["mask"]) > 0
     changed = (expected[valid] == 0) if name == "icepop" else (expected[valid] == params["threshold"])
     assert changed.any() and not changed.all(), "the case must keep some weights and drop or cap others"
+
+
+GAE = {
+    "gae-1.0-1.0": {"gamma": 1.0, "lam": 1.0},
+    "gae-0.99-0.95": {"gamma": 0.99, "lam": 0.95},
+    "gae-0.9-0.0": {"gamma": 0.9, "lam": 0.0},
+    "gae-0.8-0.5": {"gamma": 0.8, "lam": 0.5},
+}
+
+
+@pytest.mark.parametrize("whiten", [True, False], ids=["whiten", "raw"])
+@pytest.mark.parametrize("case", DATA["gae"], ids=lambda c: c["id"])
+def test_gae_matches_verl(case, whiten):
+    # compared on valid tokens only: in a hole verl leaves the next valid token's advantage (and whitens the
+    # padding too), where rlzoo's advantages and returns are 0
+    x = case["inputs"]
+    mask, values = t(x["mask"]), t(x["values"])
+    batch = RewardBatch(
+        torch.zeros(len(mask)), torch.arange(len(mask)), mask, token_rewards=t(x["token_rewards"]), values=values
+    )
+    adv, returns = create("advantage", "gae", whiten=whiten, **GAE[case["id"]]).advantages_and_returns(batch)
+    valid = mask > 0
+    verl_returns = t(case["outputs"]["returns"])
+    # verl's advantages are always whitened; its raw GAE advantage is its return minus the value
+    expected = t(case["outputs"]["advantages"]) if whiten else verl_returns - values
+    torch.testing.assert_close(adv[valid], expected[valid], rtol=0, atol=TOL)
+    torch.testing.assert_close(returns[valid], verl_returns[valid], rtol=0, atol=TOL)
+    assert (adv[~valid] == 0).all() and (returns[~valid] == 0).all()
+    # the data has holes inside responses, where a recursion that did not skip them would differ
+    inner_hole = [row.nonzero().flatten() for row in valid]
+    assert any(len(i) and not valid[r, i[0] : i[-1] + 1].all() for r, i in enumerate(inner_hole))
+
+
+VALUE_LOSS = {
+    "value_loss-0.2-token-mean": ("clipped", {"clip_range": 0.2}, "token-mean"),
+    "value_loss-0.5-token-mean": ("clipped", {"clip_range": 0.5}, "token-mean"),
+    "value_loss-1000000000.0-token-mean": ("unclipped", {}, "token-mean"),
+    "value_loss-0.2-seq-mean-token-mean": ("clipped", {"clip_range": 0.2}, "seq-mean-token-mean"),
+}
+
+
+@pytest.mark.parametrize("case", DATA["value_losses"], ids=lambda c: c["id"])
+def test_value_loss_matches_verl(case):
+    # verl's vf_loss is the aggregation of rlzoo's per-token loss, its vf_clipfrac the masked mean of `clipped`
+    name, params, aggregation = VALUE_LOSS[case["id"]]
+    x = case["inputs"]
+    mask = t(x["mask"])
+    vpreds = t(x["vpreds"]).requires_grad_()
+    result = create("value_loss", name, **params).loss(vpreds, t(x["values"]), t(x["returns"]), mask)
+    loss = create("aggregation", aggregation).aggregate(result.per_token, mask)
+    loss.backward()
+    out = case["outputs"]
+    assert loss.item() == pytest.approx(out["vf_loss"], abs=TOL)
+    torch.testing.assert_close(vpreds.grad, t(out["grad"]), rtol=0, atol=TOL)
+    clipfrac = (result.clipped & (mask > 0)).sum().item() / (mask > 0).sum().item()
+    assert clipfrac == pytest.approx(out["vf_clipfrac"], abs=TOL)
+
+
+KL_CONTROLLER = {
+    "kl_ctrl-fixed-0": ("fixed", {"coef": 0.001}),
+    "kl_ctrl-adaptive-1": ("adaptive", {"coef": 0.001, "target": 0.1, "horizon": 10000}),
+    "kl_ctrl-adaptive-2": ("adaptive", {"coef": 0.05, "target": 0.2, "horizon": 500}),
+}
+
+
+@pytest.mark.parametrize("case", DATA["kl_controllers"], ids=lambda c: c["id"])
+def test_kl_controller_matches_verl(case):
+    name, params = KL_CONTROLLER[case["id"]]
+    controller = create("kl_controller", name, **params)
+    coefs = []
+    for current_kl, n_steps in case["inputs"]["updates"]:
+        controller.update(current_kl, n_steps)
+        coefs.append(controller.coef)
+    assert coefs == pytest.approx(case["outputs"]["coefs"], rel=TOL, abs=1e-12)

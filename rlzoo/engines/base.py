@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -78,7 +78,13 @@ class Generation:
 
 @dataclass
 class EngineContext:
-    """What every engine is started with."""
+    """What every engine is started with.
+
+    ``head`` (training engines): ``"lm"`` trains a policy, whose per-token outputs are the log-probs of the response
+    tokens; ``"value"`` trains a critic (:mod:`rlzoo.critic`): the model in ``model_dir`` with a scalar value head
+    (a fresh one, seeded by ``seed``, when the folder holds a causal LM), whose per-token output is the value of
+    the state before each response token. Only engines that declare ``trains_values`` accept ``"value"``.
+    """
 
     model_dir: Path
     dtype: str = "float32"
@@ -86,6 +92,7 @@ class EngineContext:
     eos_token_id: int = 0
     pad_token_id: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    head: Literal["lm", "value"] = "lm"
 
 
 class RolloutEngine(Component):
@@ -171,11 +178,14 @@ class TrainingEngine(Component):
       minibatch to :meth:`train_step`; gradients are averaged over ranks). Otherwise the engine is one process.
     - ``collective_weights``: :meth:`named_weights` is a collective (ZeRO-3, expert parallelism): every rank
       must call it, although only rank 0's rollout engine receives the weights.
+    - ``trains_values``: can be started with ``EngineContext.head = "value"`` to train a critic: :meth:`values`
+      then gives the per-token values and :meth:`train_step`'s ``loss_fn`` receives values instead of log-probs.
     """
 
     kind = "training_engine"
     data_parallel: ClassVar[bool] = False
     collective_weights: ClassVar[bool] = False
+    trains_values: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -183,6 +193,11 @@ class TrainingEngine(Component):
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` log-probs of the response tokens, without gradient."""
         raise NotImplementedError
+
+    def values(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` values of the state before each response token, without gradient (started with
+        ``head="value"``)."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot train a critic (trains_values is False)")
 
     def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, T]`` log-probs of the response tokens and ``[B, T]`` entropies of the full next-token distribution

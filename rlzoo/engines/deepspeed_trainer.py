@@ -138,8 +138,6 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
             raise ImportError(f"the deepspeed training engine needs DeepSpeed (pip install deepspeed): {err}") from err
         import torch.distributed as dist
 
-        from rlzoo.models import load_model
-
         p = self.params
         self.context = context
         self.config = trainer_config
@@ -150,7 +148,7 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
 
         ds_config = deepspeed_config(trainer_config, p.zero_stage)
         with partitioned_load(ds_config) if p.zero_stage == 3 else nullcontext():
-            model, _ = load_model(context.model_dir, "float32")  # fp32 master weights
+            model = self._load_module()  # fp32 master weights
         model.train()
         self._prepare_model(model)
         if p.moe == "deepspeed":

@@ -62,7 +62,10 @@ class ModuleTrainingEngine(TrainingEngine):
     its routing (hooks on the module's routers, :mod:`rlzoo.moe`), and copying / exchanging its weights for
     ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
 
+    trains_values = True
+
     config: Any
+    context: Any  # the EngineContext the engine was started with
     _aux_loss: AuxLoss
     _packing: bool = False
     _routers: list | None = None  # the policy's MoE routers, found once (the module's layers do not change)
@@ -141,6 +144,14 @@ class ModuleTrainingEngine(TrainingEngine):
 
     # -- set-up ---------------------------------------------------------------------------------------------------
 
+    def _load_module(self) -> torch.nn.Module:
+        """The model to train in fp32 master weights: the policy (``context.head == "lm"``) or a critic."""
+        from rlzoo.models import load_model, load_value_model
+
+        if self.context.head == "value":
+            return load_value_model(self.context.model_dir, "float32", seed=self.context.seed)
+        return load_model(self.context.model_dir, "float32")[0]
+
     def _prepare_model(self, model: torch.nn.Module) -> None:
         """Activation checkpointing as configured; packing where the model's attention honours packed positions."""
         if self.config.activation_checkpointing:
@@ -170,18 +181,22 @@ class ModuleTrainingEngine(TrainingEngine):
     def _forward(
         self, batch: TokenBatch, mb: MicroBatch, entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens."""
+        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens; for a critic, their values."""
         device = self._device()
         layout = ForwardLayout(mb.source_row, mb.source_pos, *batch.input_ids.shape)
+        value_head = self.context.head == "value"
+        # a policy's logits come from its hidden states below, chunk by chunk; a critic has one scalar per position
+        outputs = {} if value_head else {"output_hidden_states": True, "logits_to_keep": 1}
         with forward_layout(layout):
             out = self._module()(
                 input_ids=mb.input_ids.to(device),
                 attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
                 position_ids=mb.position_ids.to(device),
-                output_hidden_states=True,
-                logits_to_keep=1,  # the logits come from the hidden states below, chunk by chunk
                 use_cache=False,
+                **outputs,
             )
+        if value_head:
+            return out.logits[..., 0].reshape(-1)[mb.predict.to(device)].float(), None
         hidden = out.hidden_states[-1]  # [b, w, H], after the final norm
         picked = hidden.reshape(-1, hidden.shape[-1])[mb.predict.to(device)]  # [N, H]
         head = self.model.get_output_embeddings()
@@ -189,6 +204,12 @@ class ModuleTrainingEngine(TrainingEngine):
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        return self._no_grad_pass(batch, entropy=False)[0]
+
+    @torch.no_grad()
+    def values(self, batch: TokenBatch) -> torch.Tensor:
+        if self.context.head != "value":
+            raise RlzooError(f"training engine {self.name!r} was started for a policy, not a critic (head 'lm')")
         return self._no_grad_pass(batch, entropy=False)[0]
 
     @torch.no_grad()

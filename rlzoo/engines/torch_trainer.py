@@ -28,11 +28,9 @@ class TorchTrainingEngine(ModuleTrainingEngine):
         """The parameters every training engine shares; none of its own."""
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
-        from rlzoo.models import load_model
-
         self.context = context
         self.config = trainer_config
-        self._model, _ = load_model(context.model_dir, "float32")  # fp32 master weights
+        self._model = self._load_module()  # fp32 master weights
         self._model.train()
         self._prepare_model(self._model)
         self.optimizer = torch.optim.AdamW(

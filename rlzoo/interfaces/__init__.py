@@ -8,12 +8,14 @@ from rlzoo.interfaces.clipper import Clipper, ClipResult, PolicyBatch
 from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.environment import Environment, Observation
 from rlzoo.interfaces.kl import KLEstimator
+from rlzoo.interfaces.kl_controller import KLController
 from rlzoo.interfaces.ratio import RatioEstimator
 from rlzoo.interfaces.regulariser import Regulariser
 from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.run_facts import ModelFacts, Problem, RunFacts
 from rlzoo.interfaces.task import Sample, Task
+from rlzoo.interfaces.value_loss import ValueLoss, ValueLossResult
 from rlzoo.interfaces.tool import MalformedCall, ParsedTurn, Tool, ToolCall, ToolCallParser, ToolError, ToolTimeout
 from rlzoo.interfaces.verifier import Verdict, Verifier
 
@@ -24,6 +26,7 @@ __all__ = [
     "Clipper",
     "Component",
     "Environment",
+    "KLController",
     "KLEstimator",
     "LossAggregation",
     "ModelFacts",
@@ -49,6 +52,8 @@ __all__ = [
     "ToolCallParser",
     "ToolError",
     "ToolTimeout",
+    "ValueLoss",
+    "ValueLossResult",
     "Verdict",
     "Verifier",
 ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from rlzoo.interfaces.base import Component
+from rlzoo.interfaces.run_facts import Problem, RunFacts
 
 
 @dataclass
@@ -19,6 +21,12 @@ class RewardBatch:
     step_rewards: per response, the reward of each step (process verifiers), or ``None``.
     step_ends:    per response, the exclusive end token index (within the response) of each step, aligned
                   with ``step_rewards``; tokens after the last step belong to no step.
+    token_rewards: ``[batch, tokens]`` the same rewards per token (verl's ``token_level_rewards``): each response's
+                  outcome reward (verifier + shapers) at its last policy token, an environment's turn rewards at
+                  their turn's last policy token, minus the KL-in-reward penalty where configured
+                  (``algorithm.kl_in_reward``); 0 elsewhere. Built by the core for every batch.
+    values:       ``[batch, tokens]`` the critic's value of the state before each response token (its prediction
+                  at the position that predicts the token), for sources that declare ``needs_values``; else None.
     """
 
     rewards: torch.Tensor
@@ -26,18 +34,52 @@ class RewardBatch:
     mask: torch.Tensor
     step_rewards: list[list[float]] | None = None
     step_ends: list[list[int]] | None = None
+    token_rewards: torch.Tensor | None = None
+    values: torch.Tensor | None = None
 
 
 class AdvantageSource(Component):
     """Computes ``[batch, tokens]`` advantages (zero at masked positions) from a :class:`RewardBatch`.
 
     Outcome sources give every token of a response the same value; process sources may vary inside a response.
-    ``needs_step_rewards`` tells the loop that a process verifier must supply ``step_rewards``.
+    Capabilities (class attributes, read by the run's assembly; never probed):
+
+    - ``needs_step_rewards``: a process verifier must supply ``step_rewards``;
+    - ``needs_values``: the source reads ``RewardBatch.values``, so the run needs a critic (``algorithm.critic``);
+      such a source also gives the critic its regression targets (:meth:`advantages_and_returns`);
+    - ``reads_token_rewards``: the source reads ``RewardBatch.token_rewards``, where the KL-in-reward penalty is
+      (``algorithm.kl_in_reward`` needs such a source: the others would silently ignore it).
     """
 
     kind = "advantage"
     metric_namespace = "advantage"
-    needs_step_rewards: bool = False
+    needs_step_rewards: ClassVar[bool] = False
+    needs_values: ClassVar[bool] = False
+    reads_token_rewards: ClassVar[bool] = False
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         raise NotImplementedError
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        problems = []
+        if self.needs_values and run.config.algorithm.critic is None:
+            usable = run.names("advantage", lambda cls: not cls.needs_values)
+            problems.append((
+                "algorithm.critic",
+                f"null, but advantage {self.name!r} ({at}) reads a critic's values: add a critic (algorithm.critic: "
+                f"{{}}, or preset: ppo), or use an advantage that needs none ({', '.join(usable)})",
+            ))
+        if run.config.algorithm.kl_in_reward is not None and not self.reads_token_rewards:
+            usable = run.names("advantage", lambda cls: cls.reads_token_rewards)
+            problems.append((
+                "algorithm.kl_in_reward",
+                f"advantage {self.name!r} ({at}) reads one reward per response, so a per-token KL penalty would be "
+                f"lost; use an advantage that reads token rewards ({', '.join(usable)}), or the KL as a loss term "
+                "(algorithm.kl_coef) with kl_in_reward: null",
+            ))
+        return problems
+
+    def advantages_and_returns(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The advantages and the critic's ``[batch, tokens]`` targets (returns); ``None`` targets for sources
+        that use no critic. Sources with ``needs_values`` override this (one pass gives both)."""
+        return self.compute(batch), None

@@ -86,3 +86,28 @@ def load_model(directory: str | Path, dtype: str = "float32") -> tuple[PreTraine
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
     return model, tokenizer
+
+
+def load_value_model(directory: str | Path, dtype: str = "float32", seed: int = 0) -> PreTrainedModel:
+    """A critic: the model of ``directory`` with one output per position (``AutoModelForTokenClassification``,
+    ``num_labels = 1``, as verl's critic). From a causal LM folder the transformer's weights are the folder's and
+    the value head is new, initialised from ``seed``; from a critic's own folder (saved by a run) the head is
+    the saved one. The head's dropout is off: a value is a regression target, not a classifier's feature."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory} is not a Hugging Face model folder (no config.json)")
+    config = AutoConfig.from_pretrained(directory)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "newly initialized: score.weight" is the point, not a problem
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForTokenClassification.from_pretrained(directory, config=config, dtype=getattr(torch, dtype))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model

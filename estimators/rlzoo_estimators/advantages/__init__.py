@@ -1,2 +1,2 @@
 """Advantage sources: group (GRPO / Dr.GRPO), rloo, process (per-step rewards), reinforce++, reinforce++-baseline,
-opo, gpg."""
+opo, gpg, gae (from a critic's values)."""
