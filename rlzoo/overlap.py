@@ -5,7 +5,7 @@ With ``w_t`` the training engine's weights at the start of step t (what the roll
 
     step t:  batch t      <- prefetched during step t-1 (sampled by w_{t-1}); the first batch of a run (or of a
                              resumed run) is sampled now, by w_t
-             background   <- start sampling, scoring and advantages of batch t+1 on the rollout engine (w_t)
+             background   <- start sampling and scoring batch t+1 on the rollout engine (w_t)
              old logp     <- the training engine with the weights that sampled batch t swapped in, then w_t back
              updates      :  w_t -> w_{t+1}
              wait for batch t+1 (time/prefetch_wait); rollout engine <- w_{t+1}
@@ -29,7 +29,7 @@ cost a whole engine and record Routing Replay's routing on another module.
 Time: generation runs in a thread of this process. Torch releases the GIL in its kernels, so the rollout engine
 (``hf``: transformers ``generate`` on its own copy of the policy; ``vllm``: the engine core runs in this process)
 and the trainer run at once, but they share the machine's cores: on a few CPU cores each phase slows down and the
-step may gain nothing (docs/overlap.md). ``time/rollout``, ``time/verify`` and ``time/advantage`` of a
+step may gain nothing (docs/overlap.md). ``time/rollout`` and ``time/verify`` of a
 prefetched batch are the background thread's durations (so with overlap the ``time/*`` sum exceeds the step);
 ``time/prefetch_wait`` is what the step spent waiting for the next batch before the weight sync;
 ``rollout/staleness`` is the number of weight syncs between the sampling weights and the trained ones (0 or 1).
