@@ -42,7 +42,8 @@ class Critic:
 
     def values(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` values of every row (0 at masked positions), without gradient."""
-        return self.learner.values(batch) * (batch.response_mask > 0)
+        values = self.learner.values(batch)
+        return torch.where(batch.response_mask > 0, values, torch.zeros_like(values))
 
     def update(
         self, batch: TokenBatch, rows: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor

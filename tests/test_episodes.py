@@ -9,15 +9,14 @@ scripted environments; the real `calculator` tool, `hermes` parser, objective an
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+
+from test_cli import _rlzoo_command
 
 from rlzoo.config import PromptConfig, RunConfig, TinyModelConfig, TrainerConfig, build_config
 from rlzoo.engines import EngineContext, Generation, RolloutEngine, SamplingSettings
@@ -661,14 +660,6 @@ def test_demonstrations_replay_through_the_real_tools():
     examples = demonstrations(config, task, tokenizer, registry)
     assert len(examples) == 16 and all(m is not None and len(m) == len(r) for _, r, m in examples)
     assert any(0 in m for _, _, m in examples) and any(0 not in m for _, _, m in examples)
-
-
-def _rlzoo_command() -> list[str]:
-    script = Path(sys.executable).with_name("rlzoo")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("rlzoo")
-    return [found] if found else [sys.executable, "-m", "rlzoo.cli"]
 
 
 # -- 10. config errors -------------------------------------------------------------------------------------------

@@ -11,12 +11,11 @@ often the core called its ``routing_pass`` and weight-copy methods as ``relay/*`
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from test_cli import TINY_RUN
-from test_third_party_plugin import layered_venv, pip_install, rlzoo_cli, run
+from test_third_party_plugin import rlzoo_cli, run, venv_with_distribution
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,14 +40,7 @@ SHORT = [f"{key}={THREE_STEPS.get(key, value)}" for key, value in (item.split("=
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A venv layered over the test environment with ``rlzoo-thirdparty-engines`` installed; returns its python."""
-    root = tmp_path_factory.mktemp("thirdparty_engines")
-    source = root / "src"
-    shutil.copytree(SOURCE, source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
-    python = layered_venv(root / "venv")
-    pip_install(python, source)
-    where = run([python, "-c", "import rlzoo_thirdparty_engines; print(rlzoo_thirdparty_engines.__file__)"]).stdout
-    assert where.strip().startswith(str(root / "venv")), where  # installed into the new venv, not the test environment
-    return python
+    return venv_with_distribution(tmp_path_factory.mktemp("thirdparty_engines"), SOURCE, "rlzoo_thirdparty_engines")
 
 
 def test_both_engines_are_listed_with_their_distribution(venv, tmp_path):

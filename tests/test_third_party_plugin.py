@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -109,6 +110,18 @@ def layered_venv(env_dir: Path) -> Path:
     purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
     (Path(purelib) / "_rlzoo_test_outer.pth").write_text(f"import site; list(map(site.addsitedir, {outer!r}))\n")
+    return python
+
+
+def venv_with_distribution(root: Path, source: Path, module: str) -> Path:
+    """A copy of the distribution folder ``source`` installed into a venv layered over the test environment, in
+    ``root``; returns the venv's python, after checking that ``module`` imports from the new venv."""
+    copy = root / "src"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
+    python = layered_venv(root / "venv")
+    pip_install(python, copy)
+    where = run([python, "-c", f"import {module}; print({module}.__file__)"]).stdout
+    assert where.strip().startswith(str(root / "venv")), where  # installed into the new venv, not the test environment
     return python
 
 

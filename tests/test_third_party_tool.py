@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 from test_cli import TINY_RUN
-from test_third_party_plugin import layered_venv, pip_install, rlzoo_cli, run
+from test_third_party_plugin import rlzoo_cli, run, venv_with_distribution
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,14 +32,7 @@ OBSERVATION = "<tool_response>\n4 words\n</tool_response>\n"  # its result as he
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A venv layered over the test environment with ``rlzoo-wordcount-tool`` installed; returns its python."""
-    root = tmp_path_factory.mktemp("thirdparty_tool")
-    source = root / "src"
-    shutil.copytree(SOURCE, source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
-    python = layered_venv(root / "venv")
-    pip_install(python, source)
-    where = run([python, "-c", "import rlzoo_wordcount_tool; print(rlzoo_wordcount_tool.__file__)"]).stdout
-    assert where.strip().startswith(str(root / "venv")), where  # installed into the new venv, not the test environment
-    return python
+    return venv_with_distribution(tmp_path_factory.mktemp("thirdparty_tool"), SOURCE, "rlzoo_wordcount_tool")
 
 
 def test_the_tool_is_listed_with_its_distribution(venv, tmp_path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import struct
+import math
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -268,26 +268,22 @@ def folder_problems(params: RewardModelVerifier.Params) -> list[tuple[str, str]]
 
 
 def weight_bytes(path: Path, dtype: str) -> int | None:
-    """The bytes of the folder's weights in ``dtype``: the parameter count from the safetensors files' headers
-    (nothing else read), floating-point tensors cast to ``dtype``; ``None`` without safetensors files."""
+    """The bytes of the folder's weights in ``dtype``: each tensor's shape and dtype from the safetensors headers
+    (no tensor is read), floating-point tensors cast to ``dtype``; ``None`` without readable safetensors files."""
+    from safetensors import SafetensorError, safe_open
+
     files = sorted(path.glob("*.safetensors"))
     if not files:
         return None
     total = 0
     for file in files:
         try:
-            with file.open("rb") as handle:
-                (size,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(size))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError):
+            with safe_open(str(file), framework="pt") as weights:
+                slices = [weights.get_slice(name) for name in weights.keys()]
+                entries = [(math.prod(s.get_shape()), s.get_dtype()) for s in slices]
+        except (OSError, SafetensorError):
             return None
-        for name, entry in header.items():
-            if name == "__metadata__" or not isinstance(entry, dict):
-                continue
-            count = 1
-            for dim in entry.get("shape", []):
-                count *= int(dim)
-            kind = str(entry.get("dtype", "F32"))
+        for count, kind in entries:
             floating = kind.startswith(("F", "BF"))
             total += count * (DTYPE_BYTES[dtype] if floating else SAFETENSORS_BYTES.get(kind, 4))
     return total
