@@ -30,6 +30,10 @@ median over the ``--repeats`` steps after ``--warmup`` steps (old log-probs + up
 step's process CPU time beside it (less sensitive to other load on the machine; the 1-minute load average after each
 point is reported too).
 
+LoRA: ``--set 'model.lora={rank: 8, target_modules: [q_proj, v_proj]}'`` starts the training engine with those
+adapters (only they train; ``benchmarks/lora.py`` compares that against full fine-tuning); the worker reports the
+trainable parameter count either way.
+
 Token budget: ``--budget`` sets ``trainer.max_tokens_per_micro_batch`` (default 8192); ``--no-budget`` sets it to
 the whole rollout batch's padded token count, so every pass is one forward (the behaviour before micro-batching).
 Code without that setting (``TrainerConfig`` has no ``max_tokens_per_micro_batch``, e.g. a worktree of an older
@@ -197,7 +201,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     registry = default_registry()
     engine = create(registry, "training_engine", config.trainer.engine)
-    engine.start(engine_context(config, model_dir, tokenizer), config.trainer)
+    engine.start(engine_context(config, model_dir, tokenizer, lora=config.model.lora), config.trainer)
     learner = make_learner(config, engine)
     objective = build_objective(config.algorithm, registry)
     correction = create(registry, "correction", config.algorithm.correction)
@@ -241,6 +245,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "budget": budget,
         "trainer": config.trainer.model_dump(mode="json"),
         "learner": type(learner).__name__,
+        "parameters": sum(p.numel() for p in engine.model.parameters()),
+        "trainable_parameters": sum(p.numel() for p in engine.model.parameters() if p.requires_grad),
         "torch_threads": torch.get_num_threads(),
         **tokens,
         "base_rss_mb": base_rss,

@@ -30,7 +30,14 @@ STEPS = 8
 # PPO: the critic's weights and optimizer, and an adaptive KL-in-reward coefficient that moves every step, must
 # all come back from the checkpoint for the resumed run to log the same metrics
 PPO = ["algorithm.preset=ppo", "algorithm.kl_in_reward={name: adaptive, coef: 0.05, target: 0.01, horizon: 100}"]
-ALGORITHMS = {"default": [], "ppo": PPO}
+# LoRA: the checkpoint holds the adapters and their optimizer state; the base comes from the initial model, the
+# rollout engine gets the adapters back on resume, and the KL reference is the base with the adapters disabled
+LORA = [
+    "model.lora={rank: 4, alpha: 16, target_modules: [q_proj, v_proj, o_proj, experts.down_proj]}",
+    "trainer.lr=0.001",
+    "algorithm.kl_coef=0.01",
+]
+ALGORITHMS = {"default": [], "ppo": PPO, "lora": LORA}
 
 
 def write_config(path: Path, cold_start_dir: Path, extra: list[str] = ()) -> Path:
@@ -172,6 +179,8 @@ def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root,
             "train.eval_every=3",
             "algorithm.minibatches_per_rollout=2",
             *ALGORITHMS[algorithm],
+            # LoRA: DeepSpeed without DeepSpeed-MoE (its ZeRO-2 needs trainable experts); attention adapters, which vLLM loads
+            *(["model.lora.target_modules=[q_proj, v_proj, o_proj]", "trainer.engine.moe=none"] if algorithm == "lora" else []),
         ],
     )
     config = tmp_path / "run.yaml"

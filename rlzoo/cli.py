@@ -127,6 +127,27 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A checkpoint's LoRA adapters merged into their base, as a plain Hugging Face folder."""
+    from rlzoo.models.lora import export_merged
+
+    source, output = Path(args.checkpoint), Path(args.output)
+    if source.name != "model" and (source / "model").is_dir():
+        source = source / "model"  # a checkpoints/step_N folder
+    config = source / "adapter_config.json"
+    if not config.is_file():
+        hint = " (already a plain Hugging Face folder: use it as it is)" if (source / "config.json").is_file() else ""
+        raise RlzooError(f"export: {source} holds no LoRA adapters (no adapter_config.json){hint}")
+    base = Path(args.base) if args.base else Path(json.loads(config.read_text()).get("base_model_name_or_path") or "")
+    if not (base / "config.json").is_file():
+        raise RlzooError(f"export: the adapters' base model {str(base) or '(not recorded)'} is not a Hugging Face "
+                         "folder; pass --base DIR")
+    if output.exists() and any(output.iterdir()):
+        raise RlzooError(f"export: {output} exists and is not empty; choose another folder")
+    print(export_merged(source, output, base))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from rlzoo.plot import plot_run
 
@@ -235,6 +256,12 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
     compare.add_argument("--out", metavar="DIR", help="where to write them (default: the folder, or . for several)")
     compare.set_defaults(func=cmd_compare)
+
+    export = sub.add_parser("export", help="merge a checkpoint's LoRA adapters into a plain Hugging Face folder")
+    export.add_argument("checkpoint", help="a checkpoint (checkpoints/step_N) or its model/ folder of adapters")
+    export.add_argument("output", help="the folder to write (new or empty)")
+    export.add_argument("--base", metavar="DIR", help="the base model (default: the one the adapters record)")
+    export.set_defaults(func=cmd_export)
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")

@@ -203,10 +203,59 @@ class TinyModelConfig(Section):
         return problems
 
 
+#: what model.lora targets unless told: every attention projection (dense and MoE models alike)
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class LoraConfig(Section):
+    """LoRA adapters on the policy (:mod:`rlzoo.models.lora`, through peft): only the adapters train, the KL
+    reference is the same model with its adapters disabled, checkpoints hold the adapters (docs/lora.md)."""
+
+    rank: int = Field(8, gt=0, description="the adapters' rank r")
+    alpha: float = Field(16.0, gt=0, description="the scale is alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
+        description="module names (q_proj, ..., a dense MLP's gate_proj/up_proj/down_proj) or a mixture-of-experts "
+        "block's expert parameters (experts.gate_up_proj, experts.down_proj), matched as name suffixes",
+    )
+    sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto",
+        description="what the rollout engine receives after each step: the adapters (engines that load them), the "
+        "merged weights, or auto: the adapters where the rollout engine can load these targets, else merged",
+    )
+
+
 class ModelConfig(Section):
     path: str | None = Field(None, description="an existing Hugging Face model folder; null builds `tiny`")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraConfig | None = Field(None, description="train LoRA adapters instead of every weight; null: full")
+
+
+class TeacherConfig(Section):
+    """A frozen model that scores every token the policy samples (on-policy distillation; :mod:`rlzoo.teacher`,
+    docs/distillation.md). It runs on the run's training engine and never trains; an advantage source that reads it
+    (``needs_teacher``, e.g. ``reverse-kl``) turns its log-probs into the signal. Give ``model`` or ``tiny``."""
+
+    model: str | None = Field(None, description="a Hugging Face model folder with the policy's tokenizer")
+    tiny: TinyModelConfig | None = Field(
+        None,
+        description="a tiny model cold-started as the policy's is (same task, tokenizer and cold_start settings, "
+        "these sizes), reused when its settings are unchanged",
+    )
+    output_dir: str | None = Field(None, description="where the tiny teacher's cold start is saved; null: "
+                                   "<output_dir>/teacher_cold_start")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> TeacherConfig:
+        if (self.model is None) == (self.tiny is None):
+            raise ValueError(
+                "give exactly one of teacher.model (a Hugging Face model folder) and teacher.tiny (the sizes of a "
+                "tiny model to cold-start)"
+            )
+        return self
 
 
 class PromptConfig(Section):
@@ -392,6 +441,7 @@ class RunConfig(Section):
     seed: int = 0
     output_dir: str = "runs/default"
     model: ModelConfig = Field(default_factory=ModelConfig)
+    teacher: TeacherConfig | None = Field(None, description="a frozen model scoring the policy's tokens; null: none")
     task: TaskSpec = Field(default_factory=lambda: TaskSpec(name="arithmetic"))
     verifier: VerifierSpec | None = Field(None, description="null: the task's default verifier")
     prompt: PromptConfig = Field(default_factory=PromptConfig)

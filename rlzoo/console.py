@@ -190,6 +190,11 @@ def start_summary(command: str, config_file: str, config: RunConfig, output: Pat
         model = f"tiny {config.model.tiny.architecture} built locally ({config.model.dtype})"
         if config.cold_start.enabled:
             model += f", cold start {config.cold_start.steps} SFT steps"
+    teacher = config.teacher
+    if command == "train" and teacher is not None:  # what scores the policy's tokens (on-policy distillation)
+        tiny = teacher.tiny
+        built = f"tiny {tiny.architecture} of hidden size {tiny.hidden_size}, cold-started" if tiny is not None else ""
+        model += f"; teacher {teacher.model or built}"
     verifier = config.verifier.name if config.verifier is not None else "the task's default"
     lines = [f"rlzoo {command} {config_file}"]
     if command == "train":

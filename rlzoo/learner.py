@@ -13,7 +13,8 @@ The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:
   every aggregation sees the global normaliser, and the loss is multiplied by the world size because the engine
   averages the ranks' gradients while each rank's holds only its rows' part of the sum;
 - :meth:`Learner.push_weights` — the new weights into rank 0's rollout engine, or into every rank's when each
-  rank samples (every rank joins when gathering the weights is a collective, ``TrainingEngine.collective_weights``).
+  rank samples (every rank joins when gathering the weights is a collective, ``TrainingEngine.collective_weights``);
+  under LoRA the adapters themselves when the run chose to send them (``sends_adapters``), else the merged weights.
 
 In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
 :class:`rlzoo.routing_learner.RoutingLearner`, which adds the router policy's record/replay around the same calls.
@@ -34,6 +35,8 @@ class Learner:
     def __init__(self, engine: TrainingEngine, dist: Dist = SINGLE) -> None:
         self.engine = engine
         self.dist = dist
+        self.sends_adapters = False  # set by the run's assembly (model.lora.sync); else the (merged) weights
+        self._adapter_version = 0
 
     def old_logprobs(
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
@@ -88,10 +91,17 @@ class Learner:
         """Send the current weights to this rank's rollout engine: rank 0's only, or with ``every_rank`` each
         rank's own (the data-parallel update leaves the same weights on every rank)."""
         receives = every_rank or self.dist.is_main
-        if self.engine.collective_weights or receives:
-            weights = self.engine.named_weights()
+        if not (self.engine.collective_weights or receives):
+            return
+        if self.sends_adapters:
+            self._adapter_version += 1
+            adapter = self.engine.adapter(self._adapter_version)
             if receives:
-                rollout.sync_weights(weights)
+                rollout.sync_adapter(adapter)
+            return
+        weights = self.engine.named_weights()
+        if receives:
+            rollout.sync_weights(weights)
 
     def step_metrics(self) -> dict[str, float]:
         """Diagnostics of the rollout batch just trained on (none for a dense policy)."""

@@ -12,6 +12,7 @@
         old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's  (time/old_logprobs)
                       (old_logprobs: rollout-only skips the training engine's pass)
         weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
+        teacher logp <- the teacher on the rollout batch, if there is one             (time/teacher)
         values     <- the critic on the rollout batch, if there is one                (time/critic)
         token rewards -= kl_in_reward's beta * KL(old || reference), if configured
         advantages <- advantage source, per token (+ the critic's returns)          (time/advantage)
@@ -60,6 +61,7 @@ from rlzoo.rollouts import RolloutSchedule
 from rlzoo.rollouts import advantages as compute_advantages
 from rlzoo.scoring import score
 from rlzoo.seeds import step_seed
+from rlzoo.teacher import Teacher, distill_metrics
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Components:
     episodes: EpisodeRunner | None = None  # what an episode is; None: one turn (the single-turn environment)
     critic: Critic | None = None  # a learned value model (algorithm.critic)
     kl_in_reward: KLInReward | None = None  # the reference KL as a per-token reward penalty
+    teacher: Teacher | None = None  # a frozen model scoring the sampled tokens (on-policy distillation)
 
     def __post_init__(self) -> None:
         if self.episodes is None:
@@ -117,10 +120,14 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
         correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
         reported = take_reports(c.correction)
+    with timer("teacher"):
+        teacher_logp = c.teacher.logprobs(batch) if c.teacher is not None else None
     with timer("critic"):
         old_values = critic.values(batch) if critic is not None else None
     with timer("advantage"):
-        advantages, returns, advantage_metrics = compute_advantages(rollout.rewards, c, old_logp, ref_logp, old_values)
+        advantages, returns, advantage_metrics = compute_advantages(
+            rollout.rewards, c, old_logp, ref_logp, old_values, teacher_logp
+        )
 
     update_metrics, critic_metrics = [], []
     with timer("train"):
@@ -149,6 +156,8 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
     if critic is not None:
         policy = {**policy, **value_metrics(old_values, returns, mask), **reduce_minibatches(critic_metrics)}
+    if teacher_logp is not None:
+        policy = {**policy, **distill_metrics(old_logp, teacher_logp, mask)}
     metrics = {**reduce_minibatches(update_metrics), **rollout.metrics, **advantage_metrics, **mismatch, **policy, **reported}
     metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's

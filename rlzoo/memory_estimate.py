@@ -53,10 +53,15 @@ Output layer, in chunks of ``trainer.logits_chunk_tokens`` positions::
 
 The KL reference (``algorithm.kl_coef > 0`` or ``algorithm.kl_in_reward``) is a second training engine of the same
 kind, loaded from the initial model (:mod:`rlzoo.run`): its ``weights`` and ``master_copy`` as above; it never steps
-(no gradients, no optimizer state). A critic (``algorithm.critic``, :mod:`rlzoo.critic`) is another training engine
+(no gradients, no optimizer state). Under LoRA (``model.lora``) the reference is the policy's base (0 more), and only
+the adapters' ``Pa = r (in + out)`` per wrapped matrix (:meth:`ModelShape.lora_parameters`) take the place of ``P``
+in ``master_copy``, ``gradients`` and ``optimizer``; ``weights`` hold ``P + Pa``. A critic (``algorithm.critic``, :mod:`rlzoo.critic`) is another training engine
 that does step: ``critic`` is the policy's weights, master copy, gradients and optimizer again (its value head
-replaces the output layer; counted as the policy's size); its passes run between the policy's, so no activations. The rollout engine shares the GPU with the trainer (rlzoo colocates them; rank 0 always holds one); each
-rollout engine states its own part (:meth:`rlzoo.engines.RolloutEngine.memory`), rlzoo's as follows::
+replaces the output layer; counted as the policy's size); its passes run between the policy's, so no activations. A
+teacher (``teacher``, :mod:`rlzoo.teacher`) is a third, frozen one of the teacher's own shape: ``teacher`` is its
+``weights`` and ``master_copy``, as the reference's. The rollout engine shares the GPU with the trainer (rlzoo
+colocates them; rank 0 always holds one); each rollout engine states its own part
+(:meth:`rlzoo.engines.RolloutEngine.memory`), rlzoo's as follows::
 
     vllm  gpu_memory_utilization x device memory (vLLM's budget for its weights, activations and KV cache), if set;
           else kv_cache_memory_bytes + P x model.dtype bytes / tensor_parallel_size
@@ -210,6 +215,20 @@ class ModelShape:
         """``Pe``: all routed experts."""
         return self.moe_layers * self.layer_expert_parameters()
 
+    def lora_parameters(self, rank: int, targets: list[str]) -> int:
+        """``Pa``: LoRA adapters of ``rank`` on ``targets`` (``model.lora.target_modules``), ``r (in + out)`` per
+        wrapped matrix, per expert for fused expert weights; names of no Qwen3 projection count 0."""
+        h, i, e, m = self.hidden, self.intermediate, self.experts, self.moe_intermediate
+        dense_layers = self.layers - self.moe_layers
+        per_name = {
+            "q_proj": self.layers * (h + self.q), "k_proj": self.layers * (h + self.kv),
+            "v_proj": self.layers * (h + self.kv), "o_proj": self.layers * (self.q + h),
+            "gate_proj": dense_layers * (h + i), "up_proj": dense_layers * (h + i),
+            "down_proj": dense_layers * (i + h) + (self.moe_layers * e * (m + h) if "experts.down_proj" not in targets else 0),
+            "experts.gate_up_proj": self.moe_layers * e * (h + 2 * m), "experts.down_proj": self.moe_layers * e * (m + h),
+        }
+        return rank * sum(per_name.get(name.removeprefix("mlp."), 0) for name in set(targets))
+
     def parameters(self) -> int:
         """``P``: every parameter (see the module docstring's formula)."""
         h = self.hidden
@@ -279,13 +298,14 @@ class RolloutMemory:
 
 
 def estimate(
-    config: RunConfig, shape: ModelShape, world: int = 1, *, training: Any = None, rollout: Any = None
+    config: RunConfig, shape: ModelShape, world: int = 1, *, training: Any = None, rollout: Any = None,
+    teacher: ModelShape | None = None,
 ) -> MemoryEstimate:
     """GPU memory of the most loaded rank of ``config`` (resolved) on ``world`` processes, by the module's formula.
 
     ``training`` / ``rollout``: the config's engines, constructed (not started); built from the default registry
     when not given. Each answers for its own part (:meth:`~rlzoo.engines.TrainingEngine.memory_layout`,
-    :meth:`~rlzoo.engines.RolloutEngine.memory`)."""
+    :meth:`~rlzoo.engines.RolloutEngine.memory`). ``teacher``: the teacher's shape, if the run has one."""
     if training is None or rollout is None:
         from rlzoo.registry import default_registry
 
@@ -294,11 +314,17 @@ def estimate(
         training = training or registry.create("training_engine", trainer_spec.name, trainer_spec.params)
         rollout = rollout or registry.create("rollout_engine", rollout_spec.name, rollout_spec.params)
     layout = training.memory_layout()
-    parts = _training_parts(config, shape, world, layout)
+    lora = config.model.lora
+    adapters = shape.lora_parameters(lora.rank, lora.target_modules) if lora is not None else None
+    parts = _training_parts(config, shape, world, layout, adapters)
     parts["activations"] = _activation_bytes(config, shape)
     parts["logits"] = config.trainer.logits_chunk_tokens * shape.vocab * 4 * LOGITS_COPIES
-    needs_reference = config.algorithm.kl_coef > 0 or config.algorithm.kl_in_reward is not None
+    # under LoRA the reference is the policy's own base (its adapters disabled): nothing more
+    needs_reference = (config.algorithm.kl_coef > 0 or config.algorithm.kl_in_reward is not None) and lora is None
     parts["reference"] = parts["weights"] + parts["master_copy"] if needs_reference else 0
+    # a teacher is frozen as the reference is, in its own shape: weights in the engine's layout, nothing that steps
+    frozen = _training_parts(config, teacher, world, layout) if teacher is not None else {}
+    parts["teacher"] = frozen.get("weights", 0) + frozen.get("master_copy", 0)
     # a critic holds a second training state of the policy's shape (its passes run between the policy's, so its
     # activations are not added)
     critic = config.algorithm.critic is not None
@@ -317,16 +343,20 @@ def _local_parameters(shape: ModelShape, layout: TrainingLayout) -> int:
     return shape.parameters() - experts + experts // layout.expert_parallel
 
 
-def _training_parts(config: RunConfig, shape: ModelShape, world: int, layout: TrainingLayout) -> dict[str, int]:
-    """weights, master_copy, gradients, optimizer, gathered and weight_copies (module docstring)."""
+def _training_parts(
+    config: RunConfig, shape: ModelShape, world: int, layout: TrainingLayout, adapters: int | None = None
+) -> dict[str, int]:
+    """weights, master_copy, gradients, optimizer, gathered and weight_copies (module docstring); ``adapters``:
+    LoRA's ``Pa``, the only parameters with a master copy, gradients and optimizer state."""
     stage = layout.zero_stage
     local, shard = _local_parameters(shape, layout), shape.parameters() // max(world, 1)
     largest = max(shape.largest_layer_parameters(), shape.embedding_parameters())
+    trained_local, trained_shard = (local, shard) if adapters is None else (adapters, adapters // max(world, 1))
     parts = {
-        "weights": MASTER_BYTES * (shard if stage == 3 else local),
-        "master_copy": MASTER_BYTES * shard if stage in (1, 2) else 0,
-        "gradients": MASTER_BYTES * (shard if stage >= 2 else local),
-        "optimizer": ADAM_BYTES * (shard if stage >= 1 else local),
+        "weights": MASTER_BYTES * ((shard if stage == 3 else local) + (adapters or 0)),
+        "master_copy": MASTER_BYTES * trained_shard if stage in (1, 2) else 0,
+        "gradients": MASTER_BYTES * (trained_shard if stage >= 2 else trained_local),
+        "optimizer": ADAM_BYTES * (trained_shard if stage >= 1 else trained_local),
         "gathered": MASTER_BYTES * 2 * largest if stage == 3 else 0,
         "weight_copies": 0,
     }

@@ -27,6 +27,9 @@ What it checks (each problem is ``(dotted.field, message saying what is allowed)
   equal minibatches, each with a row for every process (:func:`check_data_parallel`), and a rollout engine that
   can run under a launcher (its declared capabilities);
 - ``rollout.overlap: 1`` only in one process;
+- a teacher (``teacher``) only with an advantage source that reads it, and a teacher that scores the policy's token
+  ids: a model folder with weights, the policy's tokenizer and at least the policy's ``vocab_size``, or valid
+  ``teacher.tiny`` sizes (its cold start is built on the task's character tokenizer, which the policy must use);
 - evaluation settings that cannot sample (several greedy samples per prompt);
 - the run folder: ``--resume`` names a folder with a complete checkpoint; otherwise ``output_dir`` holds no run;
 - GPU memory: with a device memory (``trainer.device_memory``, or ``rlzoo config check --device-memory``), the
@@ -76,7 +79,8 @@ def preflight(
     run = RunFacts(config, model, world, registry, components)
     training, rollout = run.training_engine, run.rollout_engine
     if model.shape is not None and training is not None and rollout is not None:
-        run.memory = estimate(config, model.shape, world, training=training, rollout=rollout)
+        teacher = _teacher_shape(config)
+        run.memory = estimate(config, model.shape, world, training=training, rollout=rollout, teacher=teacher)
     limit = device_memory_limit(config, device_memory)
     if limit is not None and (run.memory is not None or not model_problems):
         run.device_memory = limit[1]
@@ -85,6 +89,8 @@ def preflight(
     problems += _batch_problems(config, registry, world)
     problems += _overlap_problems(config, world)
     problems += _critic_problems(run)
+    problems += _lora_problems(run)
+    problems += _teacher_problems(run)
     for loc, component in components.items():  # each component's own rules (Component.preflight)
         problems += component.preflight(run, loc)
     problems += _eval_problems(config)
@@ -235,26 +241,202 @@ def _chat_template_text(path: Path) -> str:
         return ""
 
 
-def _vocab_problems(path: Path, vocab_size: object) -> Problems:
+def _tokenizer_vocab(file: Path) -> dict[str, int]:
+    """Token -> id of a ``tokenizer.json``: its model's vocabulary and the added tokens (raises if unreadable)."""
+    tok = json.loads(file.read_text())
+    vocab = tok["model"]["vocab"]
+    pieces = vocab.items() if isinstance(vocab, dict) else ((piece, i) for i, (piece, _) in enumerate(vocab))  # Unigram
+    return {**dict(pieces), **{t["content"]: t["id"] for t in tok.get("added_tokens", [])}}
+
+
+UNREADABLE_TOKENIZER = (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError)
+
+
+def _vocab_problems(path: Path, vocab_size: object, loc: str = "model.path") -> Problems:
     """Every token id the tokenizer can produce must index the model's embedding (``config.json`` vocab_size)."""
     file = path / "tokenizer.json"
     if not isinstance(vocab_size, int) or not file.is_file():
         return []
     try:
-        tok = json.loads(file.read_text())
-        vocab = tok["model"]["vocab"]
-        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))  # Unigram: a list
-        ids += [t["id"] for t in tok.get("added_tokens", [])]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
-        return [("model.path", f"{file} is not a readable tokenizer: {type(err).__name__}: {err}")]
+        ids = list(_tokenizer_vocab(file).values())
+    except UNREADABLE_TOKENIZER as err:
+        return [(loc, f"{file} is not a readable tokenizer: {type(err).__name__}: {err}")]
     largest = max(ids, default=-1)
     if largest >= vocab_size:
         return [(
-            "model.path",
+            loc,
             f"the tokenizer's ids reach {largest} but config.json vocab_size is {vocab_size} (ids must be "
             f"0..{vocab_size - 1}): the tokenizer does not belong to this model",
         )]
     return []
+
+
+# -- LoRA -------------------------------------------------------------------------------------------------------
+
+
+def _lora_problems(run: RunFacts) -> Problems:
+    """LoRA adapters (``model.lora``) need a training engine that trains them; every target names a projection of
+    the model (matched on its skeleton, built on the meta device: no weights); both engines accept the targets
+    (e.g. an engine's own MoE layers may have no fused expert weights to wrap), and ``sync: adapter`` needs a
+    rollout engine that loads adapters on these targets."""
+    lora, config = run.config.model.lora, run.config
+    if lora is None or run.model.moe is None and config.model.path is not None and not Path(config.model.path).is_dir():
+        return []  # the model folder's own problem is reported already
+    engine = run.registry.get("training_engine", config.trainer.engine.name).cls
+    if not engine.trains_adapters:
+        usable = run.names("training_engine", lambda cls: cls.trains_adapters)
+        return [("trainer.engine.name", f"{engine.name!r} cannot train LoRA adapters (model.lora); use one of {usable}")]
+    from rlzoo.models.lora import skeleton, split_targets, target_names
+
+    try:
+        model = skeleton(Path(config.model.path) if config.model.path else None, config.model.tiny)
+    except (OSError, ValueError, ConfigError):
+        return []  # an unreadable model is reported as the model's problem
+    modules, parameters, unknown = split_targets(model, lora.target_modules)
+    if unknown:
+        return [("model.lora.target_modules", f"{unknown} name no projection of this {type(model).__name__}; use "
+                 f"some of {target_names(model)} (module names, or expert parameters of a mixture-of-experts block)")]
+    problems: Problems = []
+    training = run.training_engine
+    reason = training.adapter_targets_supported(parameters) if training is not None else None
+    if reason:
+        problems.append(("model.lora.target_modules", reason))
+    rollout = run.rollout_engine
+    reason = rollout.adapter_targets_supported(lora.target_modules, bool(run.model.moe)) if rollout is not None else None
+    if lora.sync == "adapter" and reason:
+        problems.append(("model.lora.sync", f"'adapter': {reason}; use 'auto' or 'merged' (the merged weights)"))
+    return problems
+
+
+# -- the teacher -----------------------------------------------------------------------------------------------
+
+
+def _teacher_problems(run: RunFacts) -> Problems:
+    """A teacher (``teacher``) is read by the advantage source (``needs_teacher``; the source's own check refuses the
+    opposite) and scores the policy's token ids: a model folder with weights and the policy's tokenizer (the same
+    token -> id map) whose ``vocab_size`` covers every id the policy can sample (the policy's ``vocab_size``; a larger,
+    padded embedding is fine: only the sampled tokens' log-probs are read), or a tiny teacher of valid sizes,
+    cold-started on the task's character tokenizer."""
+    teacher = run.config.teacher
+    if teacher is None:
+        return []
+    problems: Problems = []
+    advantage = run.components.get("algorithm.advantage")
+    if advantage is not None and not advantage.needs_teacher:
+        usable = run.names("advantage", lambda cls: cls.needs_teacher)
+        problems.append((
+            "teacher",
+            f"set, but advantage {advantage.name!r} (algorithm.advantage) reads no teacher, so its passes would be "
+            f"wasted: use an advantage that reads one ({', '.join(usable)}), or teacher: null",
+        ))
+    policy, source = _policy_vocab(run)
+    if teacher.tiny is not None:
+        problems += [(f"teacher.tiny.{field}", message) for field, message in teacher.tiny.shape_problems()]
+        task = run.components.get("task")
+        mismatch = _vocab_mismatch(_char_vocab(task), policy) if task is not None else None
+        if mismatch:
+            problems.append((
+                "teacher.tiny",
+                f"a tiny teacher is cold-started on the task's character tokenizer, which differs from the policy's "
+                f"({source}): {mismatch}; use teacher.model, a folder with the policy's tokenizer",
+            ))
+        return problems
+    path, loc = Path(teacher.model), "teacher.model"
+    if not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
+        return problems + [(loc, f"{path} {what}; name a model folder (config.json, weights, the policy's tokenizer), "
+                                 "or use teacher.tiny")]
+    hf, _, read_problems = _read_model_config(path / "config.json", loc)
+    if hf is None:
+        return problems + read_problems
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        problems.append((loc, f"{path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})"))
+    if not (path / "tokenizer.json").is_file():
+        return problems + [(loc, f"{path} has no tokenizer.json to compare with the policy's tokenizer; save the "
+                                 "teacher's tokenizer into the folder")]
+    try:
+        vocab = _tokenizer_vocab(path / "tokenizer.json")
+    except UNREADABLE_TOKENIZER as err:
+        return problems + [(loc, f"{path / 'tokenizer.json'} is not a readable tokenizer: {type(err).__name__}: {err}")]
+    problems += _vocab_problems(path, hf.get("vocab_size"), loc)
+    size, sampled = hf.get("vocab_size"), _policy_vocab_size(run, policy)
+    if isinstance(size, int) and sampled is not None and size < sampled:
+        problems.append((
+            loc,
+            f"{path} has vocab_size {size} but the policy's is {sampled}: the policy can sample every id up to "
+            f"{sampled - 1} and the teacher scores each one; use a teacher whose vocab_size is at least {sampled}",
+        ))
+    mismatch = _vocab_mismatch(vocab, policy)
+    if mismatch:
+        problems.append((
+            loc,
+            f"the tokenizer of {path} differs from the policy's ({source}): {mismatch}; the teacher scores the "
+            "policy's token ids, so both need one tokenizer: use a teacher built on the policy's tokenizer",
+        ))
+    return problems
+
+
+def _char_vocab(task: Component) -> dict[str, int]:
+    """The character tokenizer's vocabulary a cold start builds for ``task``."""
+    from rlzoo.models.tokenizer import char_vocab
+
+    return char_vocab(task.alphabet())
+
+
+def _policy_vocab(run: RunFacts) -> tuple[dict[str, int] | None, str]:
+    """The policy's token -> id map (``None`` when it cannot be read here) and where it comes from."""
+    if run.config.model.path is None:
+        task = run.components.get("task")
+        return (_char_vocab(task) if task is not None else None), "the task's character tokenizer, model.tiny"
+    file = Path(run.config.model.path) / "tokenizer.json"
+    try:
+        return _tokenizer_vocab(file), "model.path"
+    except UNREADABLE_TOKENIZER:  # no folder here (--model-config), or a problem of model.path reported already
+        return None, "model.path"
+
+
+def _policy_vocab_size(run: RunFacts, policy: dict[str, int] | None) -> int | None:
+    """How many token ids the policy can sample: its config.json ``vocab_size`` (``None`` if unknown), or the tiny
+    model's tokenizer length."""
+    if run.config.model.path is None:
+        return max(policy.values()) + 1 if policy else None
+    if run.model.shape is not None:
+        return run.model.shape.vocab
+    try:
+        size = json.loads((Path(run.config.model.path) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):  # a problem of model.path, reported already
+        return None
+    return size if isinstance(size, int) else None
+
+
+def _vocab_mismatch(teacher: dict[str, int], policy: dict[str, int] | None) -> str | None:
+    """How the teacher's token -> id map differs from the policy's; ``None`` when they agree (or one is unknown)."""
+    if policy is None:
+        return None
+    differ = [token for token in teacher.keys() | policy.keys() if teacher.get(token) != policy.get(token)]
+    if not differ:
+        return None
+
+    def where(vocab: dict[str, int], token: str) -> str:
+        return f"id {vocab[token]}" if token in vocab else "absent"
+
+    example = min(differ)
+    return (f"{len(differ)} tokens differ, e.g. {example!r}: {where(teacher, example)} in the teacher's, "
+            f"{where(policy, example)} in the policy's")
+
+
+def _teacher_shape(config: RunConfig) -> ModelShape | None:
+    """The teacher's sizes for the memory estimate (``None``: no teacher, or a config.json the teacher's check
+    reports)."""
+    teacher = config.teacher
+    if teacher is None:
+        return None
+    if teacher.tiny is not None:
+        return ModelShape.from_tiny(teacher.tiny)
+    try:
+        return ModelShape.from_hf(json.loads((Path(teacher.model) / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # -- the critic ------------------------------------------------------------------------------------------------
@@ -277,7 +459,9 @@ def _critic_problems(run: RunFacts) -> Problems:
             "trainer.engine.name",
             f"{engine.name!r} cannot train a critic (algorithm.critic) (trains_values is false); use one of {usable}",
         ))
-    advantage = run.registry.get("advantage", config.algorithm.advantage.name).cls
+    # the constructed source: one that nests another (reverse-kl) reads what the nested one reads
+    advantage = run.components.get("algorithm.advantage")
+    advantage = advantage or run.registry.get("advantage", config.algorithm.advantage.name).cls
     if not advantage.needs_values:
         usable = run.names("advantage", lambda cls: cls.needs_values)
         problems.append((
@@ -536,6 +720,7 @@ def _memory_hints(run: RunFacts) -> dict[str, str]:
         "activations": f"lower trainer.max_tokens_per_micro_batch (now {t.max_tokens_per_micro_batch}){checkpointing}",
         "logits": f"lower trainer.logits_chunk_tokens (now {t.logits_chunk_tokens})",
         "reference": f"algorithm.kl_coef: 0 drops the KL reference model (now {config.algorithm.kl_coef})",
+        "teacher": "a smaller teacher (teacher.model or teacher.tiny)",
         "rollout": run.rollout_engine.memory_hint(run),
     }
     state = run.training_engine.memory_hint(run)

@@ -219,13 +219,17 @@ def advantages(
     old_logp: torch.Tensor,
     ref_logp: torch.Tensor | None,
     values: torch.Tensor | None,
+    teacher_logp: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
     """The batch's ``[B, T]`` advantages, the critic's returns (``None`` without a critic) and their metrics: the
-    KL-in-reward penalty first (on the old log-probs, ``c.kl_in_reward``), then the advantage source."""
+    KL-in-reward penalty first (on the old log-probs, ``c.kl_in_reward``), then the advantage source (which sees
+    the teacher's and the old log-probs when it declares ``needs_teacher``)."""
     metrics: dict[str, float] = {}
     if c.kl_in_reward is not None:
         penalised, metrics = c.kl_in_reward.penalise(rewards.token_rewards, old_logp, ref_logp, rewards.mask)
         rewards = replace(rewards, token_rewards=penalised)
+    if c.advantage.needs_teacher:
+        rewards = replace(rewards, teacher_logprobs=teacher_logp, old_logprobs=old_logp)
     advantage, returns = c.advantage.advantages_and_returns(replace(rewards, values=values))
     metrics = {**metrics, "advantage/abs_mean": masked_mean(advantage.abs(), rewards.mask).item()}
     return advantage, returns, {**metrics, **take_reports(c.advantage)}

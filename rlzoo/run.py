@@ -6,6 +6,7 @@ Run folder::
     config.yaml            the resolved config
     metrics.jsonl          one line per step (keys in docs/metrics.md); the last line is the final evaluation
     cold_start/            the cold-start model (unless model.path or cold_start.output_dir say otherwise)
+    teacher_cold_start/    the tiny teacher's cold start (teacher.tiny; unless teacher.output_dir says otherwise)
     checkpoints/step_N/    model/ (HF folder, safetensors), optimizer.safetensors + .json, rng.*, state.json;
                            critic/ (the same for the critic's engine) when there is one
     checkpoints/latest     name of the newest complete checkpoint
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 
 from rlzoo import distributed, loop
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
-from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, RunConfig, dump_config
+from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, LoraConfig, RunConfig, dump_config
 from rlzoo.critic import Critic
 from rlzoo.engines import EngineContext, RolloutEngine
 from rlzoo.episodes import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
@@ -48,6 +49,7 @@ from rlzoo.registry import Registry, default_registry
 from rlzoo.reward_kl import KLInReward
 from rlzoo.routing_learner import RoutingLearner
 from rlzoo.sft import ensure_cold_start
+from rlzoo.teacher import Teacher, teacher_cold_start_config
 
 
 def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
@@ -64,10 +66,15 @@ class Start:
     run_dir: Path
     initial_model: Path  # the cold-start (or user) model: the KL reference, and the weights of a fresh run
     checkpoint: Path | None
+    teacher_model: Path | None = None  # the teacher's folder (teacher.model, or its cold start); frozen, never saved
 
     @property
     def model_dir(self) -> Path:
-        return self.checkpoint / "model" if self.checkpoint is not None else self.initial_model
+        """The whole model the engines start from: the checkpoint's, or the initial model when there is none or it
+        holds LoRA adapters only (which the training engine then loads on top)."""
+        if self.checkpoint is not None and (self.checkpoint / "model" / "config.json").is_file():
+            return self.checkpoint / "model"
+        return self.initial_model
 
 
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "clip/fraction")  # shown beside the progress bar
@@ -112,11 +119,13 @@ class TrainingRun:
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, self.progress)
+            teacher = teacher_model_dir(self.config, self.task, self.registry, self.progress)
             atomic_write_text(run_dir / "config.yaml", dump_config(self.config))
-        self.dist.barrier()  # the others wait while rank 0 builds the cold start, then find and reuse it
+        self.dist.barrier()  # the others wait while rank 0 builds the cold starts, then find and reuse them
         if not self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, progress=False)
-        return Start(run_dir, initial, checkpoint)
+            teacher = teacher_model_dir(self.config, self.task, self.registry, progress=False)
+        return Start(run_dir, initial, checkpoint, teacher)
 
     def _setup_data(self) -> tuple[list[Sample], list[Sample]]:
         """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens``."""
@@ -128,7 +137,8 @@ class TrainingRun:
 
     def _setup_trainer(self) -> None:
         trainer = self.trainer
-        trainer.start(engine_context(self.config, self.start.model_dir, self.tokenizer), self.config.trainer)
+        context = engine_context(self.config, self.start.model_dir, self.tokenizer, lora=self.config.model.lora)
+        trainer.start(context, self.config.trainer)
         if trainer.world_size != self.dist.world:
             usable = [i.name for i in self.registry.components("training_engine") if i.cls.data_parallel]
             raise RlzooError(
@@ -141,7 +151,7 @@ class TrainingRun:
         rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
         self.rollout_per_rank = self.dist.active and self.config.rollout.per_rank and rollout.runs_per_rank
         if self.dist.is_main or self.rollout_per_rank:  # otherwise this rank holds an engine that is never started
-            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer))
+            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora=self.config.model.lora))
         return rollout
 
     def _setup_episodes(self) -> EpisodeRunner:
@@ -169,6 +179,7 @@ class TrainingRun:
             episodes=self.episodes,
             critic=self._setup_critic(),
             kl_in_reward=self._setup_kl_in_reward(),
+            teacher=self._setup_teacher(),
         )
 
     def _setup_schedule(self) -> loop.RolloutSchedule:
@@ -187,14 +198,26 @@ class TrainingRun:
         if self.trainer.moe_layout() is None:  # preflight refused a replaying policy on a dense model whose config.json it could read
             if policy.replays_routing():
                 raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
-            return Learner(self.trainer, self.dist)
+            return self._with_adapter_sync(Learner(self.trainer, self.dist))
         # R3 (preflight: the engine can record); otherwise the engine records only if its config asks (diagnostics)
         if policy.needs_rollout_routing() and (self.dist.is_main or self.rollout_per_rank):
             self.rollout.set_record_routing(True)
-        return RoutingLearner(self.trainer, policy, self.dist)
+        return self._with_adapter_sync(RoutingLearner(self.trainer, policy, self.dist))
+
+    def _with_adapter_sync(self, learner: Learner) -> Learner:
+        """Under LoRA, whether the rollout engine receives the adapters or the merged weights (``model.lora.sync``;
+        preflight refused ``adapter`` where the engine cannot)."""
+        lora = self.config.model.lora
+        if lora is not None and lora.sync != "merged":
+            moe = self.trainer.moe_layout() is not None
+            learner.sends_adapters = self.rollout.adapter_targets_supported(lora.target_modules, moe) is None
+        return learner
 
     def _setup_reference(self) -> Learner:
-        """The frozen initial policy for the KL term, in the same kind of engine."""
+        """The frozen initial policy for the KL term: under LoRA the policy's own base (its adapters disabled, no
+        second copy of the weights), else the initial model in another instance of the same engine."""
+        if self.config.model.lora is not None:
+            return Learner(self.trainer.without_adapters(), self.dist)
         reference = create(self.registry, "training_engine", self.config.trainer.engine)
         reference.start(engine_context(self.config, self.start.initial_model, self.tokenizer), self.config.trainer)
         return Learner(reference, self.dist)
@@ -216,6 +239,15 @@ class TrainingRun:
             create(self.registry, "aggregation", spec.aggregation),
             spec.warmup_steps,
         )
+
+    def _setup_teacher(self) -> Teacher | None:
+        """The frozen teacher (``teacher``): its folder in another instance of the same engine, head "lm", without
+        the policy's adapters; rebuilt the same way on resume (nothing of it is checkpointed)."""
+        if self.start.teacher_model is None:
+            return None
+        engine = create(self.registry, "training_engine", self.config.trainer.engine)
+        engine.start(engine_context(self.config, self.start.teacher_model, self.tokenizer), self.config.trainer)
+        return Teacher(Learner(engine, self.dist))
 
     def _setup_kl_in_reward(self) -> KLInReward | None:
         algo = self.config.algorithm
@@ -239,6 +271,8 @@ class TrainingRun:
         state = load_checkpoint(self.start.checkpoint, self.trainer, self._engines_to_save())
         if self.components.kl_in_reward is not None and "kl_in_reward" in state:
             self.components.kl_in_reward.controller.load_state_dict(state["kl_in_reward"])
+        if self.start.model_dir != self.start.checkpoint / "model":  # the rollout engine started from the base
+            self.components.learner.push_weights(self.rollout, every_rank=self.rollout_per_rank)
         return state["completed_steps"]
 
     def run(self) -> Path:
@@ -323,6 +357,16 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
     return ensure_cold_start(config, task, evaluate_fn, progress, registry)
 
 
+def teacher_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path | None:
+    """The teacher's folder: ``teacher.model``, or the tiny teacher's cold start (built and evaluated as the policy's,
+    unless already there); ``None`` without a teacher."""
+    if config.teacher is None:
+        return None
+    if config.teacher.model:
+        return Path(config.teacher.model)
+    return initial_model_dir(teacher_cold_start_config(config), task, registry, progress)
+
+
 def episode_context(rollout: RolloutEngine, model_dir: Path) -> int | None:
     """The most tokens an episode may hold: the rollout engine's limit, else the model's positions."""
     limit = rollout.context_tokens()
@@ -340,11 +384,13 @@ def load_tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any) -> EngineContext:
+def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None) -> EngineContext:
+    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic)."""
     return EngineContext(
         model_dir=Path(model_dir),
         dtype=config.model.dtype,
         seed=config.seed,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        lora=lora,
     )

@@ -61,6 +61,15 @@ def hf_folder(root: Path, *, config: dict | None = None, tokenizer: bool = True,
 QWEN3 = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32, "vocab_size": 20}
 
 
+DISTILL = {"algorithm": {"advantage": {"name": "reverse-kl"}}}  # an advantage that reads a teacher
+
+
+def teacher_folder(root: Path, **kwargs) -> str:
+    """An ``hf_folder`` of its own, for a teacher beside a model.path policy."""
+    (root / "teacher").mkdir()
+    return hf_folder(root / "teacher", **kwargs)
+
+
 def data_file(root: Path, name: str = "train.jsonl") -> dict:
     (root / name).write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "1+2=", "answer": "3"}\n')
     return {}
@@ -144,8 +153,52 @@ CASES = [
          ("algorithm.kl_in_reward.name", "did you mean 'adaptive'")),
     Case("kl-in-reward-per-response", {"algorithm": {"kl_in_reward": {"name": "fixed"}}},
          ("algorithm.kl_in_reward", "advantage 'group'", "one reward per response", "gae", "algorithm.kl_coef")),
+    Case("lora-rank", {"model": {"lora": {"rank": 0}}}, ("model.lora.rank", "greater than 0")),
+    Case("lora-targets", {"model": {"lora": {"target_modules": ["q_proj", "qkv"]}}},
+         ("model.lora.target_modules", "['qkv']", "q_proj", "experts.gate_up_proj")),
+    Case("lora-dense-experts", {"model": {"tiny": {"architecture": "qwen3"}, "lora": {"target_modules": ["experts.down_proj"]}}},
+         ("model.lora.target_modules", "['experts.down_proj']", "gate_proj")),
+    Case("lora-ds-moe-zero2", {"model": {"lora": {}}, "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "zero_stage": 2}}},
+         ("trainer.engine.zero_stage", "needs trainable experts", "moe: none", "zero_stage 0")),
+    Case("lora-zero3", {"model": {"lora": {}}, "trainer": {"engine": {"name": "deepspeed", "zero_stage": 3}}},
+         ("trainer.engine.zero_stage", "3 under model.lora is not supported", "use 0, 1 or 2")),
+    Case("lora-ds-moe-experts", {"model": {"lora": {"target_modules": ["q_proj", "experts.gate_up_proj"]}},
+                                 "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed"}}},
+         ("model.lora.target_modules", "DeepSpeed-MoE", "target attention only", "moe: none")),
     Case("ep-size-world", {"trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "ep_size": 2}}},
          ("trainer.engine.ep_size", "does not divide the 3 process(es)", "use one of [1, 3]"), processes=3),
+    Case("teacher-both", {"teacher": {"model": "t", "tiny": {}}, **DISTILL}, ("teacher", "exactly one of teacher.model")),
+    Case("teacher-unread", {"teacher": {"tiny": {"hidden_size": 128}}},
+         ("teacher", "advantage 'group'", "reads no teacher", "reverse-kl", "teacher: null")),
+    Case("distill-no-teacher", DISTILL, ("teacher", "null, but advantage 'reverse-kl'", "teacher's log-probs", "group")),
+    Case("distill-nested-unknown", {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "grpo"}}}},
+         ("algorithm.advantage.task.name", "did you mean 'group'")),
+    Case("distill-nested-gae", {"teacher": {"tiny": {}}, "algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gae"}}}},
+         ("algorithm.critic", "advantage 'gae' (algorithm.advantage.task)", "reads a critic's values")),
+    Case("teacher-missing", {"teacher": {"model": "no/such/teacher"}, **DISTILL},
+         ("teacher.model", "does not exist", "teacher.tiny")),
+    Case("teacher-not-hf", setup=lambda d: {"teacher": {"model": teacher_folder(d)}, **DISTILL},
+         expect=("teacher.model", "no config.json")),
+    Case("teacher-no-tokenizer",
+         setup=lambda d: {"teacher": {"model": teacher_folder(d, config=QWEN3, tokenizer=False)}, **DISTILL},
+         expect=("teacher.model", "has no tokenizer.json to compare with the policy's")),
+    Case("teacher-tokenizer", setup=lambda d: {"teacher": {"model": teacher_folder(d, config=QWEN3)}, **DISTILL},
+         expect=("teacher.model", "differs from the policy's (the task's character tokenizer", "22 tokens differ",
+                 "'*': absent in the teacher's, id 3 in the policy's", "built on the policy's tokenizer")),
+    Case("teacher-tokenizer-ids",
+         setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=20)}, **DISTILL,
+                          "teacher": {"model": teacher_folder(d, config={**QWEN3, "vocab_size": 10}, vocab=20)}},
+         expect=("teacher.model", "reach 19", "vocab_size is 10", "does not belong to this model")),
+    Case("teacher-vocab-size",  # one tokenizer, but the policy's padded embedding lets it sample ids 20..23
+         setup=lambda d: {"model": {"path": hf_folder(d, config={**QWEN3, "vocab_size": 24}, vocab=20)}, **DISTILL,
+                          "teacher": {"model": teacher_folder(d, config=QWEN3, vocab=20)}},
+         expect=("teacher.model", "has vocab_size 20 but the policy's is 24", "every id up to 23",
+                 "at least 24")),
+    Case("teacher-tiny-shape", {"teacher": {"tiny": {"head_dim": 15}}, **DISTILL}, ("teacher.tiny.head_dim", "even")),
+    Case("teacher-tiny-tokenizer",
+         setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=20)}, "teacher": {"tiny": {}}, **DISTILL},
+         expect=("teacher.tiny", "the task's character tokenizer, which differs from the policy's (model.path)",
+                 "use teacher.model")),
 ]
 # a real subprocess per case and command costs seconds (torch's import); these cover every kind of check
 SUBPROCESS_IDS = (
@@ -272,6 +325,14 @@ def _preflight(data: dict, **kwargs) -> None:
 def test_a_complete_model_folder_passes(tmp_path):
     path = hf_folder(tmp_path, config=QWEN3, vocab=20)
     _preflight(merge(BASE, {"output_dir": str(tmp_path / "out"), "model": {"path": path}}))
+
+
+def test_a_teacher_on_the_policys_tokenizer_passes(tmp_path):
+    path = hf_folder(tmp_path, config=QWEN3, vocab=20)
+    teacher = teacher_folder(tmp_path, config={**QWEN3, "vocab_size": 24}, vocab=20)  # a padded embedding is fine
+    _preflight(merge(BASE, {"output_dir": str(tmp_path / "out"), "model": {"path": path}, "teacher": {"model": teacher},
+                            **DISTILL}))
+    _preflight(merge(BASE, {"output_dir": str(tmp_path / "out"), "teacher": {"tiny": {"hidden_size": 128}}, **DISTILL}))
 
 
 @pytest.mark.parametrize("experts, ok", [(8, True), (None, False)])

@@ -99,6 +99,17 @@ def test_reference_model_adds_the_engines_weights():
     assert kl["reference"] == plain["weights"] + plain["master_copy"] == 4 * 11120
 
 
+def test_a_teacher_adds_its_own_weights_in_the_engines_layout():
+    shape, teacher = ModelShape.from_hf(MOE), ModelShape.from_hf(DENSE)
+    plain = estimate(run_config(), shape).parts
+    with_teacher = estimate(run_config(), shape, teacher=teacher).parts
+    assert plain["teacher"] == 0
+    assert with_teacher["teacher"] == 4 * teacher.parameters()  # fp32 master weights, no gradients or optimizer
+    assert {k: v for k, v in with_teacher.items() if k != "teacher"} == {k: v for k, v in plain.items() if k != "teacher"}
+    zero3 = estimate(run_config(engine={"name": "deepspeed", "zero_stage": 3}), shape, world=2, teacher=teacher).parts
+    assert zero3["teacher"] == 4 * (teacher.parameters() // 2)  # partitioned as the policy's weights are
+
+
 def test_zero_stages_partition_over_the_processes():
     shape, p, n = ModelShape.from_hf(MOE), 11120, 4
     parts = {s: estimate(run_config(engine={"name": "deepspeed", "zero_stage": s}), shape, world=n).parts

@@ -10,6 +10,7 @@ from rlzoo_estimators.advantages.opo import OPOAdvantage
 from rlzoo_estimators.advantages.process import ProcessAdvantage
 from rlzoo_estimators.advantages.reinforce_pp import ReinforcePlusPlusAdvantage
 from rlzoo_estimators.advantages.reinforce_pp_baseline import ReinforcePlusPlusBaselineAdvantage
+from rlzoo_estimators.advantages.reverse_kl import ReverseKLAdvantage
 from rlzoo_estimators.advantages.rloo import RLOOAdvantage
 from rlzoo_estimators.aggregations.seq_mean_token_mean import SeqMeanTokenMean
 from rlzoo_estimators.aggregations.seq_mean_token_sum import SeqMeanTokenSum
@@ -60,6 +61,7 @@ def rlzoo_advantage_sources() -> list[type]:
         OPOAdvantage,
         GPGAdvantage,
         GAEAdvantage,
+        ReverseKLAdvantage,
     ]
 
 

@@ -1,6 +1,7 @@
 """Rollout and training engines."""
 
 from rlzoo.engines.base import (
+    Adapter,
     EngineContext,
     Generation,
     LossFn,
@@ -13,6 +14,7 @@ from rlzoo.engines.base import (
 from rlzoo.engines.module_engine import ModuleTrainingEngine
 
 __all__ = [
+    "Adapter",
     "EngineContext",
     "Generation",
     "LossFn",

@@ -19,7 +19,7 @@ from rlzoo.interfaces.base import Component
 from rlzoo.memory_estimate import RolloutMemory, TrainingLayout, policy_bytes
 
 if TYPE_CHECKING:
-    from rlzoo.config import RunConfig
+    from rlzoo.config import LoraConfig, RunConfig
     from rlzoo.interfaces.run_facts import RunFacts
     from rlzoo.memory_estimate import ModelShape
     from rlzoo.moe import Layout, Routing
@@ -93,6 +93,35 @@ class EngineContext:
     pad_token_id: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     head: Literal["lm", "value"] = "lm"
+    lora: LoraConfig | None = None
+
+
+@dataclass
+class Adapter:
+    """A policy's LoRA adapters as peft saves them (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+    config:  the peft ``LoraConfig`` as a dict (what ``adapter_config.json`` holds; ``target_modules`` and
+             ``target_parameters`` name the base model's modules and parameters).
+    tensors: ``get_peft_model_state_dict`` of the policy: keys as peft writes them, e.g.
+             ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``.
+    version: how many times adapters were sent before (a rollout engine that caches adapters by id needs a new
+             id for new weights).
+    """
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    version: int = 0
+
+    def save(self, directory: Path) -> Path:
+        """Write the adapters as a peft folder (``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load it)."""
+        import json
+
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "adapter_config.json").write_text(json.dumps(self.config, indent=2, default=list))
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}, str(directory / "adapter_model.safetensors"))
+        return directory
 
 
 class RolloutEngine(Component):
@@ -106,10 +135,14 @@ class RolloutEngine(Component):
     - ``runs_per_rank``: one engine per rank of such a run can sample at the same time, each in its own process
       (colocated with that rank's training engine), without a process group of its own. Then every rank samples
       its share of each step's prompts (``rollout.per_rank``) and receives the weights after every update.
+    - ``loads_adapters``: started with ``EngineContext.lora`` (the policy trains LoRA adapters, ``model.lora``), it
+      can receive the adapters themselves (:meth:`sync_adapter`) instead of the merged weights, for the targets
+      :meth:`adapter_targets_supported` accepts.
     """
 
     kind = "rollout_engine"
     can_record_routing: ClassVar[bool] = False
+    loads_adapters: ClassVar[bool] = False
     runs_under_launcher: ClassVar[bool] = True
     runs_per_rank: ClassVar[bool] = False
 
@@ -123,6 +156,15 @@ class RolloutEngine(Component):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging-Face-named weights into the engine without rebuilding it."""
         raise NotImplementedError
+
+    def sync_adapter(self, adapter: Adapter) -> None:
+        """Sample with ``adapter`` on the base weights from now on (only engines with ``loads_adapters``)."""
+        raise NotImplementedError(f"rollout engine {self.name!r} cannot load LoRA adapters (loads_adapters is False)")
+
+    def adapter_targets_supported(self, targets: list[str], moe: bool) -> str | None:
+        """Why this engine cannot load adapters on ``targets`` (``model.lora.target_modules``) of a dense (or, with
+        ``moe``, a mixture-of-experts) model, or ``None`` when it can. Asked before :meth:`start`."""
+        return None if self.loads_adapters else f"rollout engine {self.name!r} does not load LoRA adapters"
 
     def set_record_routing(self, enabled: bool) -> None:
         """Record (or stop recording) the experts of every generation; only engines with ``can_record_routing``."""
@@ -180,12 +222,16 @@ class TrainingEngine(Component):
       must call it, although only rank 0's rollout engine receives the weights.
     - ``trains_values``: can be started with ``EngineContext.head = "value"`` to train a critic: :meth:`values`
       then gives the per-token values and :meth:`train_step`'s ``loss_fn`` receives values instead of log-probs.
+    - ``trains_adapters``: can be started with ``EngineContext.lora`` (``model.lora``) to train LoRA adapters only:
+      :meth:`named_weights` then gives the merged weights, :meth:`adapter` the adapters, :meth:`without_adapters`
+      the base policy (the KL reference), and :meth:`save` writes the adapters as a peft folder.
     """
 
     kind = "training_engine"
     data_parallel: ClassVar[bool] = False
     collective_weights: ClassVar[bool] = False
     trains_values: ClassVar[bool] = False
+    trains_adapters: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -218,8 +264,25 @@ class TrainingEngine(Component):
         raise NotImplementedError
 
     def save(self, directory: Path) -> None:
-        """Write a loadable HF model folder plus optimizer state (no pickle) into ``directory``."""
+        """Write a loadable HF model folder (under LoRA: a peft adapter folder, ``PeftModel.from_pretrained``) plus
+        optimizer state (no pickle) into ``directory``."""
         raise NotImplementedError
+
+    def adapter(self, version: int = 0) -> Adapter:
+        """The current LoRA adapters (started with ``EngineContext.lora``); a collective where :meth:`named_weights`
+        is one."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot train LoRA adapters (trains_adapters is False)")
+
+    def adapter_targets_supported(self, fused_parameters: list[str]) -> str | None:
+        """Why this engine (with its parameters) cannot train adapters on the model's fused expert parameters
+        ``fused_parameters`` (``model.lora.target_modules`` entries such as ``experts.gate_up_proj``), or ``None``.
+        Asked before :meth:`start`."""
+        return None
+
+    def without_adapters(self) -> Any:
+        """The base policy without its adapters, sharing this engine's weights: an object with :meth:`logprobs` and
+        :meth:`logprobs_and_entropy` (what the KL reference's learner calls)."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot train LoRA adapters (trains_adapters is False)")
 
     def load_state(self, directory: Path) -> None:
         raise NotImplementedError

@@ -106,6 +106,7 @@ def load_checkpoint(engine: DeepSpeedTrainingEngine, directory: Path) -> None:
     """Restore weights (master copies included) and optimizer state written by :func:`save_checkpoint`. Collective."""
     from safetensors.torch import load_file
 
+    from rlzoo.models.lora import load_adapter
     from rlzoo.models.weights import load_checkpoint_weights
 
     directory = Path(directory)
@@ -121,10 +122,13 @@ def load_checkpoint(engine: DeepSpeedTrainingEngine, directory: Path) -> None:
         raise FileNotFoundError(f"{directory / 'model'} holds no safetensors weights")
     with hf_model(engine, write_back=True, modifier_rank=0) as model:
         if engine.params.zero_stage < 3 or engine.rank == 0:
-            weights: dict[str, torch.Tensor] = {}  # load_checkpoint_weights checks that nothing is missing
-            for file in files:
-                weights.update(load_file(str(file)))
-            load_checkpoint_weights(model, weights.items())
+            if engine.lora:  # the adapters alone: the base weights are the initial model's, loaded at start
+                load_adapter(model, directory / "model")
+            else:
+                weights: dict[str, torch.Tensor] = {}  # load_checkpoint_weights checks that nothing is missing
+                for file in files:
+                    weights.update(load_file(str(file)))
+                load_checkpoint_weights(model, weights.items())
     ds_optimizer = engine.engine.optimizer
     if engine.params.zero_stage > 0:
         ds_optimizer.refresh_fp32_params()  # master partitions from the loaded fp32 weights

@@ -105,6 +105,20 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
                 f"{p.ep_size} does not divide the {run.world} process(es) the run is started with; use one of "
                 f"{divisors} (or start more processes; rlzoo config check --processes N checks for N)",
             ))
+        if run.config.model.lora is not None and p.zero_stage == 3:
+            problems.append((
+                f"{at}.zero_stage",
+                "3 under model.lora is not supported: ZeRO-3 releases the frozen output layer before backward "
+                "recomputes the chunked log-probs (rlzoo.engines.tokens.hidden_logprobs); use 0, 1 or 2 (LoRA's base "
+                "has no gradients or optimizer state to partition), or full fine-tuning (model.lora: null)",
+            ))
+        if run.config.model.lora is not None and p.moe == "deepspeed" and p.zero_stage in (1, 2):
+            problems.append((
+                f"{at}.zero_stage",
+                f"{p.zero_stage} with moe: deepspeed needs trainable experts (DeepSpeed's ZeRO 1-2 optimizer asserts an "
+                "expert parameter group), but under model.lora the experts are frozen: use moe: none (the adapters "
+                "may then target the experts too), or zero_stage 0",
+            ))
         if run.config.rollout.overlap and p.zero_stage == 3:
             problems.append((
                 "rollout.overlap",
@@ -112,6 +126,12 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
                 f"ZeRO-3 partitions: use {at}.zero_stage 0, 1 or 2, or rollout.overlap: 0",
             ))
         return problems
+
+    def adapter_targets_supported(self, fused_parameters: list[str]) -> str | None:
+        if fused_parameters and self.params.moe == "deepspeed":
+            return (f"{fused_parameters} are the fused experts of transformers' MoE blocks, which moe: deepspeed "
+                    "replaces with DeepSpeed-MoE experts: target attention only, or use trainer.engine.moe: none")
+        return None
 
     def process_group_backend(self) -> str:
         return self.params.backend
@@ -156,6 +176,10 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
 
             if convert_to_deepspeed_moe(model, p.ep_size) == 0:
                 raise ValueError(f"moe=deepspeed: {context.model_dir} has no sparse MoE blocks to convert")
+            if self.lora:
+                from rlzoo.models.lora import freeze_base
+
+                freeze_base(model)  # the conversion built new (trainable) expert weights; the adapters alone train
         # the HF router stays the block's `mlp.gate` after conversion: one finder serves both MoE paths
         self._aux_loss = AuxLoss(model, p.aux_loss_coef)
         optimizer = client_optimizer(model, trainer_config, expert_groups=p.moe == "deepspeed")
@@ -261,12 +285,19 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights. A collective under ZeRO-3 and expert parallelism (all ranks call it)."""
         from rlzoo.models.export import checkpoint_weights
+        from rlzoo.models.lora import merged_weights
 
+        weights = merged_weights if self.lora else checkpoint_weights
         if self.params.zero_stage < 3 and self.params.moe == "none":
-            return checkpoint_weights(self.engine.module)  # views of the live (full) parameters, as the torch engine
+            return weights(self.engine.module)  # views of the live (full) parameters, as the torch engine
         with hf_model(self) as model:
             # copies: gathered ZeRO-3 parameters are released and swapped-in expert tensors dropped on exit
-            return [(name, tensor.clone()) for name, tensor in checkpoint_weights(model)]
+            return [(name, tensor.clone()) for name, tensor in weights(model)]
+
+    @contextmanager
+    def _whole_model(self) -> Iterator[torch.nn.Module]:
+        with hf_model(self) as model:
+            yield model
 
     def save(self, directory: Path) -> None:
         """``directory/model`` (HF folder), ``deepspeed.json`` and per-rank optimizer state. Collective."""

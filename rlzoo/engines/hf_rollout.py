@@ -6,6 +6,13 @@ routes the (left-padded) prompt, each decode step routes the newest token — an
 training engine's positions: ``[len(prompt) + len(response) - 1, layers, top_k]`` (left padding removed). The last
 sampled token is never fed through the model, so it has no routing; ``rlzoo.moe.routing_for_batch`` marks its
 position (and the padding) to be routed afresh at replay time, which changes no response log-prob.
+
+LoRA (``model.lora``): with ``sync`` ``auto`` or ``adapter`` the run sends this engine the adapters (it loads any
+target peft wraps), so :meth:`start` wraps its model with peft on the same targets (``rlzoo.models.lora.wrap``; the
+adapters start at ``B = 0``: the base model) and :meth:`sync_adapter` loads each new adapter into it; sampling runs on
+the transformers model itself, whose layers peft replaced in place. With ``merged`` the model is not wrapped at all:
+the merged weights it receives by :meth:`sync_weights` are a plain model's, under a plain model's names, and a
+wrapped model would add its adapters on top of them.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RunFacts
 from rlzoo.memory_estimate import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
 from rlzoo.models.weights import load_checkpoint_weights
@@ -30,6 +38,7 @@ class HFRolloutEngine(RolloutEngine):
 
     name = "hf"
     can_record_routing = True
+    loads_adapters = True
     runs_per_rank = True  # an in-process model: one per rank is one more copy of the policy, nothing shared
 
     class Params(Params):
@@ -57,8 +66,19 @@ class HFRolloutEngine(RolloutEngine):
 
         self.context = context
         self.model, _ = load_model(context.model_dir, context.dtype)
+        self._peft = None
+        if context.lora is not None and context.lora.sync != "merged":
+            from rlzoo.models.lora import wrap
+
+            # peft puts its layers into self.model itself; generate() and the routing hooks stay on self.model (the
+            # PeftModel's own hooks would never fire: its generate() is the wrapped model's)
+            self._peft = wrap(self.model, context.lora, context.seed)
         self.model.eval()
         self.model.requires_grad_(False)
+
+    @property
+    def wraps_adapters(self) -> bool:
+        return self._peft is not None
 
     @property
     def records_routing(self) -> bool:
@@ -150,4 +170,23 @@ class HFRolloutEngine(RolloutEngine):
         return routing
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.wraps_adapters:
+            raise RlzooError(
+                "this hf engine samples with LoRA adapters (model.lora.sync: auto or adapter): it receives adapters, "
+                "not weights"
+            )
         load_checkpoint_weights(self.model, named_tensors)
+
+    def sync_adapter(self, adapter: Adapter) -> None:
+        if not self.wraps_adapters:
+            raise RlzooError(
+                "this hf engine was started without adapters (no model.lora, or sync: merged): it receives the merged "
+                "weights"
+            )
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self._peft, adapter.tensors)
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if result.unexpected_keys or missing:
+            raise KeyError(f"adapter does not fit this engine's adapters: unexpected {result.unexpected_keys[:3]}, "
+                           f"missing {missing[:3]}")

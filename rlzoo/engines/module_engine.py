@@ -30,12 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlzoo.engines.aux_loss import AuxLoss
-from rlzoo.engines.base import LossFn, RoutingPass, TokenBatch, TrainingEngine
+from rlzoo.engines.base import Adapter, LossFn, RoutingPass, TokenBatch, TrainingEngine
 from rlzoo.engines.micro_batches import (
     PACKABLE_ATTENTION,
     MicroBatch,
@@ -63,6 +64,7 @@ class ModuleTrainingEngine(TrainingEngine):
     ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
 
     trains_values = True
+    trains_adapters = True
 
     config: Any
     context: Any  # the EngineContext the engine was started with
@@ -122,35 +124,68 @@ class ModuleTrainingEngine(TrainingEngine):
         result.routing = used
         result.fresh = replaying.fresh if replaying is not None else used
 
+    def _trained(self) -> list[torch.Tensor]:
+        """The parameters an optimizer step changes (the adapters only, under LoRA): what a weight copy holds."""
+        return [param for param in self.model.parameters() if param.requires_grad]
+
     @torch.no_grad()
     def copy_weights(self, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if into is None:
-            return [param.detach().clone() for param in self.model.parameters()]
-        for saved, param in zip(into, self.model.parameters(), strict=True):
+            return [param.detach().clone() for param in self._trained()]
+        for saved, param in zip(into, self._trained(), strict=True):
             saved.copy_(param)
         return into
 
     @torch.no_grad()
     def exchange_weights(self, copy: list[torch.Tensor]) -> None:
-        for param, saved in zip(self.model.parameters(), copy, strict=True):
+        for param, saved in zip(self._trained(), copy, strict=True):
             current = param.detach().clone()
             param.copy_(saved)
             saved.copy_(current)
 
     @torch.no_grad()
     def restore_weights(self, copy: list[torch.Tensor]) -> None:
-        for param, saved in zip(self.model.parameters(), copy, strict=True):
+        for param, saved in zip(self._trained(), copy, strict=True):
             param.copy_(saved)
+
+    # -- LoRA (context.lora): the adapters, the merged weights, the base policy ------------------------------------
+
+    @property
+    def lora(self) -> bool:
+        return self.context.lora is not None and self.context.head == "lm"
+
+    def adapter(self, version: int = 0) -> Adapter:
+        if not self.lora:
+            raise RlzooError(f"training engine {self.name!r} trains every weight (model.lora is null): no adapters")
+        from rlzoo.models.lora import adapter
+
+        with self._whole_model() as model:
+            return adapter(model, version)
+
+    def without_adapters(self) -> BasePolicy:
+        if not self.lora:
+            raise RlzooError(f"training engine {self.name!r} trains every weight (model.lora is null): no base policy")
+        return BasePolicy(self)
+
+    @contextmanager
+    def _whole_model(self) -> Iterator[torch.nn.Module]:
+        """The model with every parameter present (engines that partition it gather it here; a collective then)."""
+        yield self.model
 
     # -- set-up ---------------------------------------------------------------------------------------------------
 
     def _load_module(self) -> torch.nn.Module:
-        """The model to train in fp32 master weights: the policy (``context.head == "lm"``) or a critic."""
+        """The model to train in fp32 master weights: the policy (``context.head == "lm"``), with fresh LoRA adapters
+        when ``context.lora`` is set, or a critic."""
         from rlzoo.models import load_model, load_value_model
+        from rlzoo.models.lora import wrap
 
         if self.context.head == "value":
             return load_value_model(self.context.model_dir, "float32", seed=self.context.seed)
-        return load_model(self.context.model_dir, "float32")[0]
+        model = load_model(self.context.model_dir, "float32")[0]
+        if self.context.lora is None:
+            return model
+        return wrap(model, self.context.lora, self.context.seed, base=Path(self.context.model_dir).resolve())
 
     def _prepare_model(self, model: torch.nn.Module) -> None:
         """Activation checkpointing as configured; packing where the model's attention honours packed positions."""
@@ -311,3 +346,26 @@ class ModuleTrainingEngine(TrainingEngine):
                 full = full.index_put((mb.out_row.to(values.device), mb.out_col.to(values.device)), values)
             out.append(full)
         return out
+
+
+class BasePolicy:
+    """A LoRA policy's base model, for the KL reference: the training engine's own forwards with the adapters
+    disabled, so the reference costs no second copy of the weights (:meth:`ModuleTrainingEngine.without_adapters`).
+    It answers the passes a reference :class:`~rlzoo.learner.Learner` asks for; it never trains."""
+
+    def __init__(self, engine: ModuleTrainingEngine) -> None:
+        self.engine = engine
+        self.name = f"{engine.name} (adapters disabled)"
+
+    @contextmanager
+    def _disabled(self) -> Iterator[None]:
+        with self.engine.model.disable_adapter():
+            yield
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        with self._disabled():
+            return self.engine.logprobs(batch)
+
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._disabled():
+            return self.engine.logprobs_and_entropy(batch)

@@ -34,7 +34,7 @@ class TorchTrainingEngine(ModuleTrainingEngine):
         self._model.train()
         self._prepare_model(self._model)
         self.optimizer = torch.optim.AdamW(
-            self._model.parameters(),
+            self._trained(),
             lr=trainer_config.lr,
             betas=tuple(trainer_config.betas),
             weight_decay=trainer_config.weight_decay,
@@ -65,17 +65,23 @@ class TorchTrainingEngine(ModuleTrainingEngine):
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         from rlzoo.models.export import checkpoint_weights
+        from rlzoo.models.lora import merged_weights
 
-        return checkpoint_weights(self._model)
+        return merged_weights(self._model) if self.lora else checkpoint_weights(self._model)
 
     def save(self, directory: Path) -> None:
-        self._model.save_pretrained(directory / "model", safe_serialization=True)
+        self._model.save_pretrained(directory / "model", safe_serialization=True)  # a peft model: its adapters
         save_optimizer(self.optimizer, directory)
 
     def load_state(self, directory: Path) -> None:
-        from safetensors.torch import load_file
+        from rlzoo.models.lora import load_adapter
 
-        from rlzoo.models.weights import load_checkpoint_weights
+        if self.lora:
+            load_adapter(self._model, directory / "model")
+        else:
+            from safetensors.torch import load_file
 
-        load_checkpoint_weights(self._model, load_file(str(directory / "model" / "model.safetensors")).items())
+            from rlzoo.models.weights import load_checkpoint_weights
+
+            load_checkpoint_weights(self._model, load_file(str(directory / "model" / "model.safetensors")).items())
         load_optimizer(self.optimizer, directory)

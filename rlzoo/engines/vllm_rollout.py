@@ -27,11 +27,18 @@ the router policy needs it): each :class:`Generation` gets ``routing`` ``[len(pr
 the experts vLLM used at every position it ran through the model (the last sampled token never is). The strategy
 (``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU; or vLLM's own ``routed_experts``
 output, the default with CUDA, untested) is chosen once in :meth:`start`; both are in :mod:`rlzoo.engines.vllm_routing`.
+
+LoRA (``model.lora``): when the run sends adapters (``sync`` not ``merged`` and :meth:`adapter_targets_supported`),
+:meth:`start` builds vLLM with LoRA on the adapters' targets only, and every generate (evaluation included) samples
+with the latest adapter :meth:`sync_adapter` loaded; otherwise vLLM is built without LoRA and receives the merged
+weights. What vLLM serves, on CPU and elsewhere, is in :mod:`rlzoo.engines.vllm_lora`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import logging
 import os
 import time
@@ -42,7 +49,8 @@ import torch
 from pydantic import Field
 
 from rlzoo.config import DEFAULT_ROLLOUT_ENGINE
-from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.vllm_lora import VLLM_LORA_RANKS, AdapterFolders, build_kwargs, cpu_moe_kernel, targets_problem
 from rlzoo.engines.vllm_routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, Problem, RunFacts
@@ -84,6 +92,7 @@ class VLLMRolloutEngine(RolloutEngine):
     requires = ("vllm",)
     install_hint = INSTALL_HINT
     can_record_routing = True
+    loads_adapters = True
     # Under a launcher vLLM joins the run's process group (external_launcher): building the engine is collective,
     # so it works only with one engine on every rank, never inside rank 0 alone.
     runs_under_launcher = False
@@ -159,6 +168,13 @@ class VLLMRolloutEngine(RolloutEngine):
         context = limit if limit is not None else positions  # the response's room in it: the core's rule
         if model.shape is not None and context is not None:
             problems += self._cache_problems(run, at, model.shape, context)
+        lora = run.config.model.lora
+        if lora is not None and lora.sync != "merged" and lora.rank > VLLM_LORA_RANKS[-1]:
+            problems.append((
+                "model.lora.rank",
+                f"{lora.rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}; use a lower rank or "
+                "model.lora.sync: merged",
+            ))
         return problems
 
     def _cache_problems(self, run: RunFacts, at: str, shape: ModelShape, context: int) -> list[Problem]:
@@ -212,6 +228,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._built_recording = False  # whether the running vllm.LLM was built with the capture's options
         self._synced = False
         self._direct_sync = False  # chosen at start()
+        self._adapters: AdapterFolders | None = None  # with LoRA: the adapter folders (chosen at start())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, context: EngineContext) -> None:
@@ -274,12 +291,17 @@ class VLLMRolloutEngine(RolloutEngine):
         self._built_recording = self.records_routing
         if self.records_routing:
             kwargs.update(self._capture.build_kwargs())  # raises before anything is built if the config forbids it
+        if self._receives_adapters(context):
+            kwargs.update(build_kwargs(context.lora))
+            self._adapters = AdapterFolders()
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
+        moe_kernel = cpu_moe_kernel() if on_cpu and self._adapters is not None else contextlib.nullcontext()
         try:
-            with torch.random.fork_rng():  # LLM(seed=...) reseeds the global RNG
+            with torch.random.fork_rng(), moe_kernel:  # LLM(seed=...) reseeds the global RNG
                 self.llm = vllm.LLM(**kwargs)
         except BaseException:
             torch.set_num_threads = self._set_num_threads
+            self._close_adapters()
             raise
         if self.records_routing:
             self._apply_record_routing(True)
@@ -312,7 +334,21 @@ class VLLMRolloutEngine(RolloutEngine):
             pass
         if self._set_num_threads is not None:
             torch.set_num_threads = self._set_num_threads
+        self._close_adapters()
         gc.collect()
+
+    def _receives_adapters(self, context: EngineContext) -> bool:
+        """The run's rule (``rlzoo.run``): adapters unless ``sync: merged`` or this engine refuses the targets."""
+        lora = context.lora
+        if lora is None or lora.sync == "merged":
+            return False
+        shape = ModelShape.from_hf(json.loads((context.model_dir / "config.json").read_text()))
+        return self.adapter_targets_supported(lora.target_modules, bool(shape and shape.moe_layers)) is None
+
+    def _close_adapters(self) -> None:
+        if self._adapters is not None:
+            self._adapters.close()
+            self._adapters = None
 
     # ------------------------------------------------------------------ routing capture (R3)
     @property
@@ -377,7 +413,8 @@ class VLLMRolloutEngine(RolloutEngine):
         capture = self._capture if self.records_routing else None
         if capture is not None:
             capture.begin(self.llm)
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        lora_request = self._adapters.request if self._adapters is not None else None
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
         if capture is not None:
             capture.end(self.llm)
         eos = self.context.eos_token_id
@@ -414,6 +451,23 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
         self._synced = True
         self.last_sync_seconds = time.perf_counter() - started
+
+    def sync_adapter(self, adapter: Adapter) -> None:
+        """Sample with ``adapter`` from now on: written to a fresh folder and loaded under a new ``LoRARequest``."""
+        if self.llm is None:
+            raise RuntimeError("VLLMRolloutEngine.sync_adapter() before start()")
+        if self._adapters is None:
+            raise RlzooError(
+                "this vLLM engine was built without LoRA (no model.lora, sync: merged, or targets it refuses): "
+                "it receives the merged weights"
+            )
+        started = time.perf_counter()
+        self._adapters.load(self.llm.llm_engine, adapter)
+        self._synced = True
+        self.last_sync_seconds = time.perf_counter() - started
+
+    def adapter_targets_supported(self, targets: list[str], moe: bool) -> str | None:
+        return targets_problem(targets)
 
     def _copy_weights(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, int] | None:
         """The direct path; under ``auto`` a model it cannot map switches this engine to ``reload`` for good

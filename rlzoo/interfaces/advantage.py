@@ -27,6 +27,10 @@ class RewardBatch:
                   (``algorithm.kl_in_reward``); 0 elsewhere. Built by the core for every batch.
     values:       ``[batch, tokens]`` the critic's value of the state before each response token (its prediction
                   at the position that predicts the token), for sources that declare ``needs_values``; else None.
+    teacher_logprobs: ``[batch, tokens]`` the teacher's log-prob of each sampled response token (``teacher``), for
+                  sources that declare ``needs_teacher``; else None.
+    old_logprobs: ``[batch, tokens]`` the behaviour policy's log-prob of each sampled token (the loop's old
+                  log-probs), for sources that declare ``needs_teacher``; else None.
     """
 
     rewards: torch.Tensor
@@ -36,6 +40,8 @@ class RewardBatch:
     step_ends: list[list[int]] | None = None
     token_rewards: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
 
 
 class AdvantageSource(Component):
@@ -48,7 +54,9 @@ class AdvantageSource(Component):
     - ``needs_values``: the source reads ``RewardBatch.values``, so the run needs a critic (``algorithm.critic``);
       such a source also gives the critic its regression targets (:meth:`advantages_and_returns`);
     - ``reads_token_rewards``: the source reads ``RewardBatch.token_rewards``, where the KL-in-reward penalty is
-      (``algorithm.kl_in_reward`` needs such a source: the others would silently ignore it).
+      (``algorithm.kl_in_reward`` needs such a source: the others would silently ignore it);
+    - ``needs_teacher``: the source reads ``RewardBatch.teacher_logprobs`` and ``old_logprobs``, so the run needs a
+      teacher (``teacher``, on-policy distillation); a run with a teacher needs such a source.
     """
 
     kind = "advantage"
@@ -56,6 +64,7 @@ class AdvantageSource(Component):
     needs_step_rewards: ClassVar[bool] = False
     needs_values: ClassVar[bool] = False
     reads_token_rewards: ClassVar[bool] = False
+    needs_teacher: ClassVar[bool] = False
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -76,6 +85,14 @@ class AdvantageSource(Component):
                 f"advantage {self.name!r} ({at}) reads one reward per response, so a per-token KL penalty would be "
                 f"lost; use an advantage that reads token rewards ({', '.join(usable)}), or the KL as a loss term "
                 "(algorithm.kl_coef) with kl_in_reward: null",
+            ))
+        if self.needs_teacher and run.config.teacher is None:
+            usable = run.names("advantage", lambda cls: not cls.needs_teacher)
+            problems.append((
+                "teacher",
+                f"null, but advantage {self.name!r} ({at}) reads a teacher's log-probs: add a teacher (teacher: "
+                "{model: <a model folder>} or {tiny: {...}}), or use an advantage that needs none "
+                f"({', '.join(usable)})",
             ))
         return problems
 

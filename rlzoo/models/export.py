@@ -23,7 +23,13 @@ def checkpoint_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
     copy them before the next optimizer step changes the model. Tied weights appear once, under the name the
     checkpoint keeps.
     """
-    state_dict = model.state_dict()
+    return checkpoint_state(model, model.state_dict())
+
+
+@torch.no_grad()
+def checkpoint_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`checkpoint_weights` of ``state_dict``, a state of ``model`` under its in-memory names (e.g. with LoRA
+    adapters merged in, :func:`rlzoo.models.lora.merged_weights`)."""
     ignore = getattr(model, "_keys_to_ignore_on_save", None) or ()
     for key in ignore:
         state_dict.pop(key, None)

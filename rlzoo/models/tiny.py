@@ -21,13 +21,18 @@ if TYPE_CHECKING:
 
 
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config | Qwen3MoeConfig:
+    return tiny_config_for_vocab(cfg, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+
+
+def tiny_config_for_vocab(cfg: TinyModelConfig, vocab_size: int, pad_token_id: int = 0, eos_token_id: int = 0) -> Qwen3Config | Qwen3MoeConfig:
+    """The transformers config of ``cfg`` over a vocabulary of ``vocab_size`` ids."""
     from transformers import Qwen3Config, Qwen3MoeConfig
 
     problems = cfg.shape_problems()
     if problems:
         raise ConfigError([(f"model.tiny.{field}", message) for field, message in problems])
     common = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads,
@@ -37,9 +42,9 @@ def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) 
         max_position_embeddings=cfg.max_position_embeddings,
         rope_theta=cfg.rope_theta,
         tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=eos_token_id,
         torch_dtype="float32",
     )
     if cfg.architecture == "qwen3":

@@ -16,14 +16,19 @@ if TYPE_CHECKING:  # transformers takes seconds to import; plugin discovery reac
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
+def char_vocab(alphabet: str) -> dict[str, int]:
+    """Token -> id of the tokenizer :func:`build_char_tokenizer` builds for ``alphabet`` (the preflight compares it
+    without building one)."""
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for ch in sorted(set(alphabet)):
+        vocab.setdefault(ch, len(vocab))
+    return vocab
+
+
 def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
-    chars = sorted(set(alphabet))
-    vocab = {PAD: 0, EOS: 1, UNK: 2}
-    for ch in chars:
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok = Tokenizer(models.WordLevel(vocab=char_vocab(alphabet), unk_token=UNK))
     # one token per character, spaces included
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -1,0 +1,197 @@
+"""LoRA adapters on a policy through peft: wrapping, the merged weights, the adapters, and a merged export.
+
+``model.lora.target_modules`` names modules or parameters by suffix. A name that ends a module's path wraps that
+``nn.Linear`` (peft's ``target_modules``: attention's ``q_proj``..``o_proj``, a dense MLP's ``gate_proj``, ``up_proj``,
+``down_proj``); a name that ends a parameter's path wraps that parameter (peft's ``target_parameters``): the fused
+experts of a transformers 5 mixture-of-experts block, ``experts.gate_up_proj`` ``[E, 2I, H]`` and
+``experts.down_proj`` ``[E, H, I]``, each expert with its own ``A`` and ``B``. The router (``mlp.gate``), norms and
+embeddings are never targets.
+
+Only the adapters train: :func:`wrap` freezes every base weight. Weight sync and export need the policy as a plain
+model: :func:`merged_weights` computes ``W + scale * B A`` out of place, so the base weights stay bit-exact (the KL
+reference is the base with the adapters disabled, and a resumed run reloads the base from its folder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel
+
+    from rlzoo.config import LoraConfig
+    from rlzoo.engines.base import Adapter
+
+#: linear modules that are no layer's projection (the output layer, MoE routers): never targets, whatever a name says
+NEVER_TARGETED = frozenset({"lm_head", "gate", "router", "score"})
+
+
+def split_targets(model: torch.nn.Module, names: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """``names`` as peft's ``(target_modules, target_parameters, unknown)`` for ``model``: names that end the path of
+    a linear projection, names that end the path of a fused 3-d expert parameter, and names that end neither (peft
+    matches both kinds by the same suffix rule)."""
+    linear, fused = _projections(model)
+    modules, parameters, unknown = [], [], []
+    for name in names:
+        if any(_ends_with(path, name) for path in linear):
+            modules.append(name)
+        elif any(_ends_with(path, name) for path in fused):
+            parameters.append(name)
+        else:
+            unknown.append(name)
+    return modules, parameters, unknown
+
+
+def target_names(model: torch.nn.Module) -> list[str]:
+    """The shortest names ``model.lora.target_modules`` accepts for ``model`` (error messages, the docs)."""
+    linear, fused = _projections(model)
+    return sorted({path.rsplit(".", 1)[-1] for path in linear}) + sorted({".".join(p.split(".")[-2:]) for p in fused})
+
+
+def _projections(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    linear = [path for path, module in model.named_modules()
+              if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] not in NEVER_TARGETED]
+    # a ZeRO-3 partitioned parameter is flat: its shape is ds_shape
+    fused = [path for path, param in model.named_parameters() if len(getattr(param, "ds_shape", param.shape)) == 3]
+    return linear, fused
+
+
+def _ends_with(path: str, name: str) -> bool:
+    return path == name or path.endswith("." + name)
+
+
+def skeleton(model_dir: Path | None, tiny: Any = None) -> torch.nn.Module:
+    """The model of ``model_dir`` (or of the ``model.tiny`` settings) on the meta device: its modules and parameter
+    shapes, no weights (what the start-up check matches ``target_modules`` against)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlzoo.models.tiny import tiny_config_for_vocab
+
+    config = AutoConfig.from_pretrained(model_dir) if model_dir is not None else tiny_config_for_vocab(tiny, 64)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def peft_config(lora: LoraConfig, model: torch.nn.Module, base: Path | None = None) -> PeftLoraConfig:
+    """peft's ``LoraConfig`` for ``model`` (``base``: the folder written as ``base_model_name_or_path``)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    modules, parameters, unknown = split_targets(model, lora.target_modules)
+    if unknown:
+        raise ValueError(
+            f"model.lora.target_modules: {unknown} name no projection of {type(model).__name__}; "
+            f"use some of {target_names(model)}"
+        )
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=modules or None,
+        target_parameters=parameters or None,
+        base_model_name_or_path=str(base) if base is not None else None,
+    )
+
+
+def wrap(model: torch.nn.Module, lora: LoraConfig, seed: int, base: Path | None = None) -> PeftModel:
+    """``model`` with fresh adapters (``A`` drawn with ``seed``, ``B = 0``: the wrapped model is the base model)
+    and every base weight frozen."""
+    from peft import get_peft_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        wrapped = get_peft_model(model, peft_config(lora, model, base))
+    freeze_base(wrapped)
+    return wrapped
+
+
+def freeze_base(model: torch.nn.Module) -> None:
+    """Train the adapters only (again after a conversion that built new base modules, e.g. DeepSpeed-MoE's)."""
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def adapter(model: PeftModel, version: int = 0) -> Adapter:
+    """The adapters of ``model`` as peft saves them (tensors detached, on the CPU)."""
+    from peft import get_peft_model_state_dict
+
+    from rlzoo.engines.base import Adapter
+
+    tensors = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+    config = model.peft_config["default"].to_dict()
+    return Adapter(config=_jsonable(config), tensors=tensors, version=version)
+
+
+def _jsonable(config: dict) -> dict:
+    return {k: sorted(v) if isinstance(v, set) else (v.value if hasattr(v, "value") else v) for k, v in config.items()}
+
+
+def load_adapter(model: PeftModel, directory: Path) -> None:
+    """Load the adapters a checkpoint's ``model/`` folder holds (``PeftModel.save_pretrained``) into ``model``."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = Path(directory) / "adapter_model.safetensors"
+    if not file.is_file():
+        raise FileNotFoundError(f"{directory} holds no adapter_model.safetensors: not a LoRA checkpoint")
+    result = set_peft_model_state_dict(model, load_file(str(file)))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing:
+        raise KeyError(f"{file} lacks {len(missing)} adapter weights of this model, e.g. {missing[:2]}")
+
+
+@torch.no_grad()
+def merged_state(model: PeftModel) -> dict[str, torch.Tensor]:
+    """The base model's state under its own (in-memory) names with every adapter merged in, out of place."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, torch.Tensor] = {}
+    prefix = "base_model.model."
+    for path, module in model.named_modules():
+        if isinstance(module, LoraLayer) and not module.disable_adapters and "default" in module.lora_A:
+            owner = path.removeprefix(prefix).replace(".base_layer", "")
+            name = getattr(module, "parameter_name", None) or "weight"
+            deltas[f"{owner}.{name}"] = module.get_delta_weight("default")
+    state = {}
+    for key, tensor in model.get_base_model().state_dict().items():
+        if "lora_" in key:
+            continue
+        name = key.replace(".base_layer", "")
+        state[name] = tensor + deltas[name].to(tensor.dtype) if name in deltas else tensor
+    return state
+
+
+def merged_weights(model: PeftModel) -> Iterator[tuple[str, torch.Tensor]]:
+    """The merged policy under Hugging Face checkpoint names (what a rollout engine loads, what export writes)."""
+    from rlzoo.models.export import checkpoint_state
+
+    return checkpoint_state(model.get_base_model(), merged_state(model))
+
+
+def export_merged(adapter_dir: Path, output: Path, base: Path | None = None) -> Path:
+    """A plain Hugging Face folder at ``output`` with the adapters of ``adapter_dir`` merged into their base (its
+    ``adapter_config.json``'s ``base_model_name_or_path``, or ``base``)."""
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from rlzoo.models import load_model
+
+    base = Path(base or json.loads((Path(adapter_dir) / "adapter_config.json").read_text())["base_model_name_or_path"])
+    model = PeftModel.from_pretrained(load_model(base, "float32")[0], str(adapter_dir))
+    merged = model.merge_and_unload()
+    output.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(output, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base).save_pretrained(output)
+    return output
