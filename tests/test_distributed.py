@@ -130,3 +130,22 @@ def test_a_per_rank_token_mean_would_weight_the_ranks_wrongly(objectives, two_pr
     grad1, _ = _gradients(SINGLE, objectives["token-mean"], gathered=True)
     naive, _ = two_process_results["token-mean", False]
     assert (torch.tensor(naive) - grad1).abs().max() > 1e-3
+
+
+def test_a_chosen_port_taken_before_the_store_binds_it_is_replaced(monkeypatch):
+    from rlzoo.engines import deepspeed_env
+
+    monkeypatch.setattr(deepspeed_env, "_ENV_SET_HERE", ["MASTER_PORT"])
+    monkeypatch.setenv("MASTER_PORT", "1")
+    calls = []
+
+    def init():
+        calls.append(os.environ["MASTER_PORT"])
+        if len(calls) == 1:
+            raise RuntimeError("The server socket has failed to listen ... EADDRINUSE, message: address already in use")
+
+    deepspeed_env._init_with_port_retry(init)
+    assert len(calls) == 2 and calls[1] != "1"
+    monkeypatch.setattr(deepspeed_env, "_ENV_SET_HERE", [])  # a launcher's port: the error stands
+    with pytest.raises(RuntimeError, match="EADDRINUSE"):
+        deepspeed_env._init_with_port_retry(lambda: (_ for _ in ()).throw(RuntimeError("EADDRINUSE")))

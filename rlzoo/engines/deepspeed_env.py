@@ -74,7 +74,24 @@ def init_deepspeed_distributed(backend: str = "auto") -> str:
     if get_accelerator().device_name() == "cpu" and os.environ.get("RLZOO_DS_SHM_COMM", "0") != "1":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        _init_with_port_retry(lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False))
     else:  # already initialised (an earlier engine, or the caller): DeepSpeed wraps the existing process group
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
     return dist.get_backend()
+
+
+PORT_ATTEMPTS = 3
+
+
+def _init_with_port_retry(init) -> None:
+    """``init()``, again on a fresh port when the free port this module chose was taken before the store bound it
+    (another library in the process, e.g. vLLM, may pick free ports at the same moment); a launcher's port is
+    never changed."""
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            init()
+            return
+        except RuntimeError as err:  # torch's DistNetworkError is a RuntimeError
+            if "MASTER_PORT" not in _ENV_SET_HERE or "EADDRINUSE" not in str(err) or attempt == PORT_ATTEMPTS - 1:
+                raise
+            os.environ["MASTER_PORT"] = str(_free_port())
