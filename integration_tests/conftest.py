@@ -30,6 +30,16 @@ FAST = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_group_left_behind():
+    """A module that trains with DeepSpeed in this process leaves a torch.distributed group listening on the port
+    it put in ``MASTER_PORT``; later modules' subprocesses would inherit that variable and fail to bind the port."""
+    yield
+    from rlzoo.engines.deepspeed_env import shutdown_distributed
+
+    shutdown_distributed()
+
+
 @pytest.fixture(scope="session")
 def cold_start_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cold_start")
