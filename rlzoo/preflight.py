@@ -4,7 +4,8 @@
 :func:`rlzoo.run.train`), so a config the check accepts does not fail while a run starts, and one it rejects
 fails in a second, naming every problem at once. It reads config values, looks at files and folders, asks
 whether Python packages are installed (``importlib.util.find_spec``) and consults the registry's component
-classes; it never builds a model, loads weights or imports an engine's library (vLLM, DeepSpeed).
+classes; it never loads weights or imports an engine's library (vLLM, DeepSpeed), and builds a model only as a
+skeleton on the meta device, to match ``model.lora``'s targets.
 
 What it checks (each problem is ``(dotted.field, message saying what is allowed)``):
 
@@ -280,8 +281,8 @@ def _lora_problems(run: RunFacts) -> Problems:
     (e.g. an engine's own MoE layers may have no fused expert weights to wrap), and ``sync: adapter`` needs a
     rollout engine that loads adapters on these targets."""
     lora, config = run.config.model.lora, run.config
-    if lora is None or run.model.moe is None and config.model.path is not None and not Path(config.model.path).is_dir():
-        return []  # the model folder's own problem is reported already
+    if lora is None:
+        return []
     engine = run.registry.get("training_engine", config.trainer.engine.name).cls
     if not engine.trains_adapters:
         usable = run.names("training_engine", lambda cls: cls.trains_adapters)

@@ -6,26 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlzoo.config import LoraConfig, TinyModelConfig, TrainerConfig
+from test_critic import TOKENIZER, _batch, policy_dir  # noqa: F401  (the tiny dense and MoE policies)
+
+from rlzoo.config import LoraConfig, TrainerConfig
 from rlzoo.engines import EngineContext
-from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
-from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
+from rlzoo.models import load_model
 from rlzoo.models.lora import export_merged, split_targets, target_names
 from rlzoo.models.weights import load_checkpoint_weights
 
-TOKENIZER = build_char_tokenizer("0123456789+=")
 MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj"]
 DENSE_TARGETS = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3"])
-def policy_dir(request, tmp_path_factory):
-    tiny = TinyModelConfig(
-        architecture=request.param, hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        intermediate_size=64,
-    )
-    return save_model(build_tiny_model(tiny, TOKENIZER), TOKENIZER, tmp_path_factory.mktemp(request.param) / "m")
 
 
 def _targets(model_dir) -> list[str]:
@@ -38,13 +29,6 @@ def _engine(model_dir, targets=None, **trainer) -> TorchTrainingEngine:
     context = EngineContext(model_dir, pad_token_id=0, eos_token_id=1, seed=3, lora=lora)
     engine.start(context, TrainerConfig(lr=0.05, **trainer))
     return engine
-
-
-def _batch():
-    prompts, answers = ["1+2=", "12+2=", "7+7=", "3+45="], ["3", "14", "14", "48"]
-    return make_token_batch(
-        [TOKENIZER(p)["input_ids"] for p in prompts], [TOKENIZER(a)["input_ids"] + [1] for a in answers], 0
-    )
 
 
 def _train(engine, steps=2):

@@ -44,6 +44,15 @@ class RewardBatch:
     old_logprobs: torch.Tensor | None = None
 
 
+    def require(self, source: str, what: str, *fields: str) -> None:
+        """Raise a clear error naming the ``fields`` advantage ``source`` reads that this batch lacks (``what``: what
+        they hold, for the message)."""
+        missing = [name for name in fields if getattr(self, name) is None]
+        if missing:
+            raise ValueError(
+                f"advantage {source!r} needs RewardBatch.{' and RewardBatch.'.join(missing)} ({what}); none was given"
+            )
+
 class AdvantageSource(Component):
     """Computes ``[batch, tokens]`` advantages (zero at masked positions) from a :class:`RewardBatch`.
 

@@ -115,12 +115,6 @@ def freeze_base(model: torch.nn.Module) -> None:
         param.requires_grad_("lora_" in name)
 
 
-def is_lora(model: torch.nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 def adapter(model: PeftModel, version: int = 0) -> Adapter:
     """The adapters of ``model`` as peft saves them (tensors detached, on the CPU)."""
     from peft import get_peft_model_state_dict

@@ -69,13 +69,7 @@ class GAEAdvantage(AdvantageSource):
         return self.advantages_and_returns(batch)[0]
 
     def advantages_and_returns(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        given = {"token_rewards": batch.token_rewards, "values": batch.values}
-        missing = [field for field, value in given.items() if value is None]
-        if missing:
-            raise ValueError(
-                f"advantage 'gae' needs RewardBatch.{' and RewardBatch.'.join(missing)} (the per-token rewards and "
-                "the critic's values); none was given"
-            )
+        batch.require(self.name, "the per-token rewards and the critic's values", "token_rewards", "values")
         p = self.params
         raw = gae(batch.token_rewards, batch.values, batch.mask, p.gamma, p.lam)
         returns = masked(raw + batch.values.detach().to(torch.float64), batch.mask)

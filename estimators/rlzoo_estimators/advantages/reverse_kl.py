@@ -109,13 +109,8 @@ class ReverseKLAdvantage(AdvantageSource):
         return self.advantages_and_returns(batch)[0]
 
     def advantages_and_returns(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        given = {"teacher_logprobs": batch.teacher_logprobs, "old_logprobs": batch.old_logprobs}
-        missing = [field for field, value in given.items() if value is None]
-        if missing:
-            raise ValueError(
-                f"advantage 'reverse-kl' needs RewardBatch.{' and RewardBatch.'.join(missing)} (the teacher's and the "
-                "behaviour policy's log-probs of the sampled tokens); none was given"
-            )
+        what = "the teacher's and the behaviour policy's log-probs of the sampled tokens"
+        batch.require(self.name, what, "teacher_logprobs", "old_logprobs")
         p = self.params
         signal = p.kl_coef * (batch.teacher_logprobs.detach().double() - batch.old_logprobs.detach().double())
         advantages = masked(signal, batch.mask)
