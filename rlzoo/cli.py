@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlzoo import runlock
 from rlzoo.errors import RlzooError
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
@@ -62,6 +65,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     memory = preflight(
         config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes,
         model_config=Path(args.model_config) if args.model_config else None, device_memory=device_memory,
+        allow_changes=args.allow_changes or [],
     )
     limit = device_memory_limit(config, device_memory)
     if memory is not None:
@@ -93,6 +97,13 @@ def _memory_report(memory: MemoryEstimate, processes: int, limit: tuple[str, int
     return [head, *(f"  {line}" for line in memory.lines(limit[1] if limit is not None else None))]
 
 
+ALLOW_CHANGES_HELP = (
+    "with --resume: config fields (or whole sections, e.g. trainer) the resumed run may change although they change "
+    "the math or the shapes (steps, eval and checkpoint frequency and loggers may change anyway); each change is "
+    "recorded in RUN_DIR/config_changes.jsonl"
+)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rlzoo import distributed
     from rlzoo.console import final_summary, log_path, run_console, start_summary
@@ -101,15 +112,33 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config, registry = _load(args), _registry()
     resume = Path(args.resume) if args.resume else None
-    preflight(config, registry, resume=resume, world=distributed.launched_world_size())  # before any file is made
     run_dir = resume or Path(config.output_dir)
     rank = int(os.environ.get("RANK", "0"))  # under torchrun / deepspeed every rank gets here; rank 0 reports
-    with run_console(log_path(run_dir, rank), args.verbose) as console:
+    if rank == 0:  # a folder another process is writing: say by whom before anything else (rlzoo.runlock)
+        runlock.check_run_folder(run_dir, resume=resume is not None)
+    world = distributed.launched_world_size()
+    preflight(config, registry, resume=resume, world=world, allow_changes=args.allow_changes or [])  # before any file
+    # one writer per run folder: rank 0 holds its lock from before the first file is written until the run ends
+    command = f"rlzoo train {args.config}" + (f" --resume {resume}" if resume is not None else "")
+    hold = runlock.hold_run_folder(run_dir, command, resume is not None) if rank == 0 else contextlib.nullcontext()
+    since = time.time()
+    try:
+        with hold, run_console(log_path(run_dir, rank), args.verbose) as console:
+            if rank == 0:
+                console.print("\n".join(start_summary("train", args.config, config, run_dir, console)))
+            run_dir = TrainingRun(config, registry, resume).run()
+            if rank == 0:
+                console.print("\n".join(final_summary(run_dir, args.config, console)))
+    except BaseException as err:  # SIGINT / SIGTERM (or an error while stopping for one): where it stopped
+        signum = runlock.stop_signal(err)
+        if signum is None:
+            raise
         if rank == 0:
-            console.print("\n".join(start_summary("train", args.config, config, run_dir, console)))
-        run_dir = TrainingRun(config, registry, resume).run()
-        if rank == 0:
-            console.print("\n".join(final_summary(run_dir, args.config, console)))
+            steps = config.train.steps
+            message = runlock.stopped_message(signum, run_dir, args.config, steps, bool(args.set), since)
+        else:
+            message = f"interrupted by {runlock.signal_name(signum)} (rank {rank})"
+        raise runlock.Interrupted(signum, message) from None
     return 0
 
 
@@ -119,7 +148,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from rlzoo.sft import cold_start_dir
 
     config, registry = _load(args), _registry()
-    with run_console(log_path(Path(config.output_dir)), args.verbose) as console:
+    hold = runlock.hold_run_folder(Path(config.output_dir), f"rlzoo sft {args.config}")  # its log.txt is there
+    with hold, run_console(log_path(Path(config.output_dir)), args.verbose) as console:
         console.print("\n".join(start_summary("sft", args.config, config, cold_start_dir(config), console)))
         directory = initial_model_dir(config, make_task(config, registry), registry)
         report = directory / "cold_start.json"
@@ -218,6 +248,7 @@ def parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="config tools").add_subparsers(dest="action", required=True)
     check = with_config(config.add_parser("check", help="validate a config as `train` would, and print it resolved"))
     check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
+    check.add_argument("--allow-changes", nargs="+", metavar="FIELD", help=ALLOW_CHANGES_HELP)
     check.add_argument(
         "--processes", type=_positive, default=1, metavar="N", help="check it for N processes (torchrun --nproc_per_node N)"
     )
@@ -235,6 +266,7 @@ def parser() -> argparse.ArgumentParser:
 
     train = verbose(with_config(sub.add_parser("train", help="run RL post-training")))
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    train.add_argument("--allow-changes", nargs="+", metavar="FIELD", help=ALLOW_CHANGES_HELP)
     train.set_defaults(func=cmd_train)
 
     sft = verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")))
@@ -270,6 +302,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM is handled as SIGINT: the command stops, says where, and exits 128 + the signal's number; a second
+    # signal ends it at once (rlzoo.runlock)
+    with runlock.stop_signals():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as err:  # wherever it lands (an Interrupted from train says where the run stopped)
+            signum = runlock.stop_signal(err)
+            print(getattr(err, "message", None) or f"interrupted by {runlock.signal_name(signum)}", file=sys.stderr)
+            runlock.stop_children()  # none left behind (engine or sweep processes still running)
+            return 128 + signum
+
+
+def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     # train and sft set up their own console and log file (rlzoo.console); the other commands only need this
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -280,9 +325,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

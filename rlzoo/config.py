@@ -23,13 +23,18 @@ from rlzoo.registry import Registry, default_registry, format_validation_error
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A section of the run config. Every number must be finite (``inf``, ``-inf`` and ``nan`` are refused, also
+    as text through ``--set``): no setting means "unbounded" by an infinity (those use ``null``), and a non-finite
+    learning rate, coefficient or clip range would only turn the weights into NaN."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ComponentSpec(BaseModel):
-    """``name`` selects a registered component of this spec's kind; every other key is one of its parameters."""
+    """``name`` selects a registered component of this spec's kind; every other key is one of its parameters
+    (validated by the component's ``Params``, which refuse non-finite numbers as the sections do)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     kind: ClassVar[str] = ""
     name: str
 
@@ -61,6 +66,7 @@ TrainingEngineSpec = _spec("training_engine")
 EnvironmentSpec = _spec("environment")
 ToolSpec = _spec("tool")
 ToolParserSpec = _spec("tool_parser")
+LoggerSpec = _spec("logger")
 
 # the engines a config that names none runs on: in-process, installed with rlzoo itself (the cold start evaluates
 # with the rollout one)
@@ -437,6 +443,26 @@ class LoopConfig(Section):
         return ks
 
 
+class TrackingConfig(Section):
+    """How experiment trackers (``loggers``) name and group this run; ``rlzoo ablate`` fills it for a sweep."""
+
+    name: str | None = Field(None, description="the run's name in a tracker; null: the output folder's name")
+    group: str | None = Field(None, description="the group of runs it belongs to (rlzoo ablate: the sweep folder's name)")
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="labels (rlzoo ablate: cell, seed and each varied value)"
+    )
+    store_dir: str | None = Field(
+        None,
+        description="where a tracker keeps a local store several runs may share (MLflow's default database); "
+        "null: the output folder (rlzoo ablate: the sweep folder)",
+    )
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags_as_text(cls, tags: Any) -> Any:
+        return {str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else tags
+
+
 class RunConfig(Section):
     seed: int = 0
     output_dir: str = "runs/default"
@@ -451,6 +477,12 @@ class RunConfig(Section):
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     train: LoopConfig = Field(default_factory=LoopConfig)
+    loggers: list[LoggerSpec] = Field(
+        default_factory=list,
+        description="experiment trackers the run also logs to, e.g. [{name: wandb}, {name: mlflow}] "
+        "(metrics.jsonl is always written); docs/loggers.md",
+    )
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     def response_budget(self) -> int:
         """The most tokens the policy samples for one prompt: ``rollout.max_new_tokens`` per turn, times
@@ -490,6 +522,57 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (plain YAML keeps the last and silently
+    drops the first, e.g. a whole ``trainer:`` block): :meth:`duplicate_keys` finds them in the composed nodes."""
+
+    def duplicate_keys(self, root: yaml.Node | None) -> list[tuple[str, str]]:
+        """``(dotted key, message)`` for every key repeated in a mapping of ``root``'s tree, in line order; ``<<``
+        merge keys and the keys they bring in may repeat (an explicit key overrides a merged one, as YAML intends)."""
+        found: list[tuple[int, str, str]] = []
+        seen: set[int] = set()
+
+        def walk(node: yaml.Node | None, loc: str) -> None:
+            if node is None or id(node) in seen:  # an alias repeats a node already walked
+                return
+            seen.add(id(node))
+            if isinstance(node, yaml.SequenceNode):
+                for i, item in enumerate(node.value):
+                    walk(item, f"{loc}.{i}" if loc else str(i))
+            if not isinstance(node, yaml.MappingNode):
+                return
+            first: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                scalar = isinstance(key_node, yaml.ScalarNode)
+                name = str(key_node.value) if scalar else "?"
+                child = f"{loc}.{name}" if loc else name
+                if scalar and key_node.tag != "tag:yaml.org,2002:merge":
+                    key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+                    if key in first:
+                        found.append((line, child, f"duplicate key {name!r} at line {line} (first at line "
+                                                   f"{first[key]}): YAML would keep the second and silently drop the "
+                                                   "first; merge them into one"))
+                    else:
+                        first[key] = line
+                walk(value_node, child)
+
+        walk(root, "")
+        return [(loc, message) for _, loc, message in sorted(found, key=lambda item: item[0])]
+
+
+def _load_unique_keys(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, but a key repeated in a mapping is a :class:`ConfigError` naming it and both lines."""
+    loader = UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        problems = loader.duplicate_keys(node)
+        if problems:
+            raise ConfigError(problems, source=source)
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -499,7 +582,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError([("", f"cannot read config file: {err}")], source=str(path)) from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_unique_keys(text, str(path))
     except yaml.YAMLError as err:
         raise ConfigError([("", f"not valid YAML: {err}")], source=str(path)) from None
     if data is None:

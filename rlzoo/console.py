@@ -18,8 +18,9 @@ prints lands there). ``--verbose`` redirects nothing: every record at INFO and a
 on the console and also goes to the log file.
 
 vLLM configures its own handler (to stdout) unless ``VLLM_CONFIGURE_LOGGING=0``; it is set here before vLLM is
-imported, so its records reach the root logger and follow the rules above. transformers' own handler is removed and
-its records propagate likewise.
+imported, so its records reach the root logger and follow the rules above. MLflow (the ``mlflow`` logger) likewise
+unless ``MLFLOW_CONFIGURE_LOGGING=false``, also set here. transformers' own handler is removed and its records
+propagate likewise.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _route_library_loggers(verbose: bool) -> None:
-    """Make vLLM and transformers log through the root logger instead of handlers of their own."""
+    """Make vLLM, MLflow and transformers log through the root logger instead of handlers of their own."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # read when vLLM is first imported
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")  # read when MLflow is first imported
     try:
         import transformers.utils.logging as hf_logging
     except ImportError:
@@ -211,6 +213,8 @@ def start_summary(command: str, config_file: str, config: RunConfig, output: Pat
             f"  schedule   {loop.steps} RL steps of {rollout.prompts_per_step} prompts x {rollout.group_size} "
             f"responses; held-out eval every {loop.eval_every} steps on {loop.eval_prompts} prompts",
         ]
+    if command == "train" and config.loggers:
+        lines.append(f"  loggers    metrics.jsonl, {', '.join(spec.name for spec in config.loggers)}")
     lines.append(f"  output     {output}")
     if console.log_file is not None and not console.verbose:
         lines.append(f"  log        {console.log_file} (engine messages; --verbose shows them here)")

@@ -15,12 +15,19 @@ its metrics and before writing its checkpoint: ``train.max_consecutive_failures`
 with :class:`StepFailure`, so the newest checkpoint is the one written before the streak went bad. With several
 processes every rank sees the same (rank-averaged) metrics and stops at the same step. The streak is not
 checkpointed: a resumed run starts with none.
+
+Nothing non-finite is saved: before each checkpoint the driver asks :meth:`FaultPolicy.check_weights`, which asks
+every engine the checkpoint would hold (the policy's, a critic's) whether its weights are all finite
+(:meth:`rlzoo.engines.TrainingEngine.weights_finite`, combined over the ranks); if not, the run stops at once with
+:class:`NonFiniteWeights`, that checkpoint unwritten and the previous one (and ``latest``) as they were.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.errors import RlzooError
@@ -31,6 +38,10 @@ log = logging.getLogger("rlzoo.faults")
 
 class StepFailure(RlzooError):
     """Too many failed steps in a row: the run stopped, its last checkpoint intact."""
+
+
+class NonFiniteWeights(StepFailure):
+    """The weights became non-finite: the run stopped before writing them into a checkpoint."""
 
 
 class FaultPolicy:
@@ -66,16 +77,31 @@ class FaultPolicy:
         if self.streak < self.max_consecutive:
             log.warning("step %d failed (%d in a row of at most %d): %s", step, self.streak, self.max_consecutive, cause)
             return
-        checkpoint = latest_checkpoint(self.run_dir)
-        kept = (
-            f"the last checkpoint, {checkpoint}, is intact: fix the cause, then continue with "
-            f"`rlzoo train CONFIG --resume {self.run_dir}`"
-            if checkpoint is not None
-            else "no checkpoint had been written yet"
-        )
         raise StepFailure(
             f"stopped at step {step} after {self.streak} failed steps in a row (train.max_consecutive_failures: "
-            f"{self.max_consecutive}): {cause}; {kept}"
+            f"{self.max_consecutive}): {cause}; {self._kept()}"
+        )
+
+    def check_weights(self, step: int, engines: Mapping[str, Any]) -> None:
+        """Before step ``step``'s checkpoint: raise :class:`NonFiniteWeights` when any of ``engines`` (by what they
+        train: ``policy``, ``critic``) holds a NaN or infinite weight. A collective (every rank asks every engine,
+        in the same order)."""
+        bad = [name for name, engine in engines.items() if not engine.weights_finite()]
+        if bad:
+            whose = " and ".join(f"{name}'s" for name in bad)
+            raise NonFiniteWeights(
+                f"stopped at step {step}: the {whose} weights are not finite (NaN or infinite) after this step's "
+                f"updates, so its checkpoint was not written (a learning rate too high, e.g. trainer.lr, can do "
+                f"this); {self._kept()}"
+            )
+
+    def _kept(self) -> str:
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is None:
+            return "no checkpoint had been written yet"
+        return (
+            f"the last checkpoint, {checkpoint}, is intact: fix the cause, then continue with "
+            f"`rlzoo train CONFIG --resume {self.run_dir}`"
         )
 
 

@@ -137,6 +137,11 @@ def rlzoo_training_engines() -> list[type]:
     """Return :class:`rlzoo.engines.TrainingEngine` subclasses."""
 
 
+@hookspec
+def rlzoo_loggers() -> list[type]:
+    """Return :class:`rlzoo.interfaces.Logger` subclasses (experiment trackers a run mirrors its records to)."""
+
+
 # hook name -> component kind it contributes
 HOOK_KINDS: dict[str, str] = {
     "rlzoo_ratio_estimators": "ratio",
@@ -158,4 +163,5 @@ HOOK_KINDS: dict[str, str] = {
     "rlzoo_environments": "environment",
     "rlzoo_rollout_engines": "rollout_engine",
     "rlzoo_training_engines": "training_engine",
+    "rlzoo_loggers": "logger",
 }

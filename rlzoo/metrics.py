@@ -1,4 +1,4 @@
-"""Metrics: one JSON object per line in ``metrics.jsonl``, mirrored to TensorBoard when it is installed.
+"""Metrics: one JSON object per line in ``metrics.jsonl`` (and to the configured experiment trackers, :mod:`rlzoo.tracking`).
 
 A metric value is a float. How it combines over a step's minibatches and over the ranks of a multi-process run is
 declared where it is produced, by the value's class (docs/metrics.md, "Reporting metrics";
@@ -164,20 +164,45 @@ def take_reports(component: Component) -> dict[str, float]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``, skipping the lines that are not a whole JSON object.
+
+    A torn *last* line is what a crash in the middle of a write leaves: it is skipped quietly (a debug record; a
+    resumed run rewrites the file without it). A bad line with rows after it is not expected: it is skipped with a
+    warning naming the file and its 1-based line, and the rows after it are used."""
+    import logging
+
     path = Path(path)
     if not path.exists():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash ends the readable log
+    rows: list[dict[str, Any]] = []
+    bad: list[int] = []
+    last = 0  # the last non-blank line
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        last = number
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad.append(number)
+    log = logging.getLogger(__name__)
+    for number in bad:
+        if number == last:
+            log.debug("%s, line %d: cut short (a write interrupted by a crash); skipped", path, number)
+        else:
+            log.warning("%s, line %d: not a whole JSON object (a torn or corrupted write); skipped, the other "
+                        "lines are used", path, number)
     return rows
 
 
 class MetricsLogger:
+    """``metrics.jsonl``: every step's metrics, one JSON object per line (always written; experiment trackers are
+    the ``loggers`` components, :mod:`rlzoo.tracking`)."""
+
     def __init__(self, run_dir: Path, keep_below_step: int | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         if keep_below_step is not None:
@@ -186,28 +211,15 @@ class MetricsLogger:
             from rlzoo.checkpoint import atomic_write_text  # a kill while rewriting must not lose the log
 
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
-        self._tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        except Exception:  # TensorBoard is optional
-            self._tb = None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: metrics[k] for k in sorted(metrics)}}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(row) + "\n")
             handle.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        pass
 
 
 class NullMetricsLogger:

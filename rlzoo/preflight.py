@@ -32,7 +32,10 @@ What it checks (each problem is ``(dotted.field, message saying what is allowed)
   ids: a model folder with weights, the policy's tokenizer and at least the policy's ``vocab_size``, or valid
   ``teacher.tiny`` sizes (its cold start is built on the task's character tokenizer, which the policy must use);
 - evaluation settings that cannot sample (several greedy samples per prompt);
-- the run folder: ``--resume`` names a folder with a complete checkpoint; otherwise ``output_dir`` holds no run;
+- the run folder: ``--resume`` names a folder with a checkpoint (``checkpoints/latest``; whether it or an earlier one
+  is intact is verified against its digests when the run starts); otherwise ``output_dir`` holds no run;
+  ``output_dir`` (and ``cold_start.output_dir`` when a cold start is built there) is a folder this user can
+  write, or can be made (:func:`folder_problem`);
 - GPU memory: with a device memory (``trainer.device_memory``, or ``rlzoo config check --device-memory``), the
   estimate per rank (:mod:`rlzoo.memory_estimate`, each engine answering for its own part) fits in it.
 """
@@ -41,9 +44,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from rlzoo.checkpoint import latest_checkpoint
+from rlzoo.checkpoint import checkpoint_candidates, latest_checkpoint
 from rlzoo.config import RunConfig, iter_component_specs
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import Component, ModelFacts, RunFacts
@@ -51,6 +56,7 @@ from rlzoo.memory_estimate import (
     MOE_KEYS, REQUIRED_SIZES, MemoryEstimate, ModelShape, estimate, format_bytes, parse_bytes,
 )
 from rlzoo.registry import Registry
+from rlzoo.resume_changes import config_changes, refusal_problems, refused
 
 Problems = list[tuple[str, str]]
 
@@ -60,14 +66,15 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 def preflight(
     config: RunConfig, registry: Registry, *, resume: Path | None = None, world: int = 1,
-    model_config: Path | None = None, device_memory: int | None = None,
+    model_config: Path | None = None, device_memory: int | None = None, allow_changes: Sequence[str] = (),
 ) -> MemoryEstimate | None:
     """Raise :class:`ConfigError` listing every problem that would stop ``rlzoo train`` with this config; return
     the run's GPU memory estimate per rank (:mod:`rlzoo.memory_estimate`), or ``None`` if the model's sizes are
     unknown.
 
     ``config`` is the resolved config (:func:`rlzoo.config.load_config`); ``resume`` the ``--resume`` run folder;
-    ``world`` the number of processes the run is launched with (``WORLD_SIZE``). ``model_config`` (``rlzoo config
+    ``world`` the number of processes the run is launched with (``WORLD_SIZE``); ``allow_changes`` the fields a
+    resume may change besides :data:`rlzoo.resume_changes.RESUMABLE` (``--allow-changes``). ``model_config`` (``rlzoo config
     check --model-config FILE``) is a ``config.json`` that stands in for the ``model.path`` folder, for a recipe
     whose model is not on this machine: the model's shapes are checked from it, and the folder's weights, tokenizer
     and chat template are not checked at all (``rlzoo train`` has no such option). ``device_memory`` (bytes;
@@ -95,7 +102,12 @@ def preflight(
     for loc, component in components.items():  # each component's own rules (Component.preflight)
         problems += component.preflight(run, loc)
     problems += _eval_problems(config)
-    problems += _run_folder_problems(config, resume)
+    folder_problems = _output_dir_problems(config, resume)
+    problems += folder_problems
+    if not any(loc == "output_dir" for loc, _ in folder_problems):  # a folder it cannot search is not looked into
+        problems += _run_folder_problems(config, resume)
+    if resume is not None and Path(resume).is_dir():
+        problems += refusal_problems(refused(config_changes(Path(resume), config), allow_changes))
     if problems:
         raise ConfigError(problems)
     return run.memory
@@ -660,7 +672,7 @@ def _run_folder_problems(config: RunConfig, resume: Path | None) -> Problems:
                 f"{resume} is not a folder, so it holds no complete checkpoint; name the run folder of an earlier run "
                 "(its output_dir)",
             )]
-        if latest_checkpoint(resume) is None:
+        if not checkpoint_candidates(resume):  # which one is intact is verified when the run starts (digests)
             return [(
                 "--resume",
                 f"no complete checkpoint found in {resume / 'checkpoints'}; start a new run without --resume",
@@ -673,6 +685,52 @@ def _run_folder_problems(config: RunConfig, resume: Path | None) -> Problems:
             f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir",
         )]
     return []
+
+
+def _exists(path: Path) -> bool | None:
+    """Whether ``path`` exists; ``None`` when a folder on the way cannot be searched (no x permission)."""
+    try:
+        return path.exists()
+    except OSError:
+        return None
+
+
+def folder_problem(folder: Path, field: str) -> str | None:
+    """Why a run cannot write into ``folder`` (made if missing), or ``None``: it is a file, or a folder this user
+    cannot write to, or it is missing and cannot be made (an ancestor is a file, or the nearest existing one is not
+    writable). Permissions by :func:`os.access`, so root passes them (a read-only file system still fails)."""
+    folder = Path(folder)
+    if _exists(folder):
+        if not folder.is_dir():
+            return f"{folder} is a file, not a folder: choose another {field}, or move the file away"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return (f"{folder} is a folder this user cannot write to: make it writable (chmod u+rwx {folder}) or "
+                    f"choose another {field}")
+        return None
+    ancestor = folder.absolute().parent
+    while not _exists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{folder} cannot be made: {ancestor} is a file, not a folder; choose another {field}"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return (f"{folder} cannot be made: its parent folder {ancestor} is not writable by this user; choose another "
+                f"{field}, or make the folder yourself with write permission")
+    return None
+
+
+def _output_dir_problems(config: RunConfig, resume: Path | None) -> Problems:
+    """``output_dir`` (a new run's folder; with ``--resume`` the run folder named there is used instead) can be
+    written, and so can ``cold_start.output_dir`` when the cold start builds a model there."""
+    problems = []
+    if resume is None and (problem := folder_problem(Path(config.output_dir), "output_dir")):
+        problems.append(("output_dir", problem))
+    cold = config.cold_start
+    if config.model.path is None and cold.enabled and cold.output_dir:
+        folder = Path(cold.output_dir)
+        reused = bool(_exists(folder / "cold_start.json"))
+        if not reused and (problem := folder_problem(folder, "cold_start.output_dir")):
+            problems.append(("cold_start.output_dir", problem))
+    return problems
 
 
 # -- GPU memory ------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@
 
 Length (``prompt.max_prompt_tokens``): :func:`fit_prompts` drops the longer prompts from a split, or with
 ``overlong_prompts: truncate`` keeps them and :func:`prompt_ids` keeps their *last* tokens (so a chat prompt keeps
-its generation prompt); either way the count is logged, never cut silently.
+its generation prompt); either way the count is logged, never cut silently. Without it, a prompt longer than the
+model's context leaves beside the response (:func:`prompt_budget`) is dropped, counted in the log the same way.
 """
 
 from __future__ import annotations
@@ -71,12 +72,44 @@ def prompt_ids(tokenizer: Any, sample: Sample, config: PromptConfig) -> list[int
     )
 
 
-def fit_prompts(samples: Sequence[Sample], tokenizer: Any, config: PromptConfig, split: str) -> list[Sample]:
+def prompt_budget(context: int | None, max_new_tokens: int) -> int | None:
+    """The most prompt tokens a ``context``-token model leaves beside a response of ``max_new_tokens``
+    (``rollout.max_new_tokens``); ``None`` when the context is unknown."""
+    return None if context is None else max(context - max_new_tokens, 0)
+
+
+def _longer_than(tokenizer: Any, sample: Sample, config: PromptConfig, limit: int) -> bool:
+    if sample.messages is None and config.plain == "text" and 2 * len(sample.prompt.encode()) + 8 <= limit:
+        return False  # no tokenizer in use gives a plain text more tokens than UTF-8 bytes (+1): skip encoding it
+    return len(full_prompt_ids(tokenizer, sample, config)) > limit
+
+
+def fit_prompts(
+    samples: Sequence[Sample], tokenizer: Any, config: PromptConfig, split: str, budget: int | None = None
+) -> list[Sample]:
     """``samples`` with the prompts longer than ``prompt.max_prompt_tokens`` dropped (or kept, to be truncated by
-    :func:`prompt_ids`); how many were dropped or truncated is logged. Raises when no prompt is left."""
+    :func:`prompt_ids`); how many were dropped or truncated is logged. Raises when no prompt is left.
+
+    Without ``max_prompt_tokens``, ``budget`` (:func:`prompt_budget`: what the model's context leaves beside the
+    response) still bounds them: a longer prompt could not be run at all, so it is dropped, counted in the log."""
     limit = config.max_prompt_tokens
     if limit is None:
-        return list(samples)
+        if budget is None:
+            return list(samples)
+        kept = [s for s in samples if not _longer_than(tokenizer, s, config, budget)]
+        if len(kept) < len(samples):
+            log.warning(
+                "%s split: %d of %d prompts are longer than the %d tokens the model's context leaves beside "
+                "rollout.max_new_tokens and are dropped (set prompt.max_prompt_tokens to choose how long prompts are "
+                "dropped or truncated)", split, len(samples) - len(kept), len(samples), budget,
+            )
+        if samples and not kept:
+            raise RlzooError(
+                f"every prompt of the {split} split is longer than the {budget} tokens the model's context leaves "
+                "beside rollout.max_new_tokens: use a model with a longer context, shorter prompts, or set "
+                "prompt.max_prompt_tokens with prompt.overlong_prompts: truncate"
+            )
+        return kept
     kept, overlong = [], 0
     for sample in samples:
         if len(full_prompt_ids(tokenizer, sample, config)) > limit:

@@ -23,6 +23,7 @@ own engine state into the same checkpoint folder.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlzoo import distributed, loop
-from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from rlzoo.checkpoint import atomic_write_text, load_checkpoint, resume_checkpoint, save_checkpoint
 from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, LoraConfig, RunConfig, dump_config
 from rlzoo.critic import Critic
 from rlzoo.engines import EngineContext, RolloutEngine
@@ -43,13 +44,18 @@ from rlzoo.learner import Learner
 from rlzoo.metrics import MetricsLogger, NullMetricsLogger
 from rlzoo.objective import build_objective
 from rlzoo.overlap import OverlappedRollouts
+from rlzoo.plot import plot_run
 from rlzoo.preflight import check_data_parallel, preflight
-from rlzoo.prompts import fit_prompts
+from rlzoo.prompts import fit_prompts, prompt_budget
 from rlzoo.registry import Registry, default_registry
+from rlzoo.resume_changes import config_changes, record_changes
 from rlzoo.reward_kl import KLInReward
 from rlzoo.routing_learner import RoutingLearner
 from rlzoo.sft import ensure_cold_start
 from rlzoo.teacher import Teacher, teacher_cold_start_config
+from rlzoo.tracking import Trackers, start_trackers
+
+log = logging.getLogger(__name__)
 
 
 def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
@@ -115,12 +121,17 @@ class TrainingRun:
 
     def _setup_start(self) -> Start:
         run_dir = Path(self.config.output_dir)
-        checkpoint = latest_checkpoint(run_dir) if self.resume is not None else None  # preflight: one exists
+        # the newest intact checkpoint, verified (rlzoo.checkpoint); a damaged newer one is reported and passed over
+        checkpoint = resume_checkpoint(run_dir, self.dist) if self.resume is not None else None
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, self.progress)
             teacher = teacher_model_dir(self.config, self.task, self.registry, self.progress)
-            atomic_write_text(run_dir / "config.yaml", dump_config(self.config))
+            if checkpoint is None:
+                atomic_write_text(run_dir / "config.yaml", dump_config(self.config))
+            else:  # the record of the first steps stays; what this resume changes is appended beside it
+                step = int(checkpoint.name.removeprefix("step_"))
+                record_changes(run_dir, step, config_changes(run_dir, self.config))
         self.dist.barrier()  # the others wait while rank 0 builds the cold starts, then find and reuse them
         if not self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, progress=False)
@@ -130,10 +141,12 @@ class TrainingRun:
     def _setup_data(self) -> tuple[list[Sample], list[Sample]]:
         """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens``."""
         config = self.config
-        train_set = fit_prompts(self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train")
+        budget = prompt_budget(model_positions(self.start.model_dir), config.rollout.max_new_tokens)
+        train_set = fit_prompts(self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train",
+                                budget)
         check_data_parallel(config, self.dist.world, min(config.rollout.prompts_per_step, len(train_set)))
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
-        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval")
+        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval", budget)
 
     def _setup_trainer(self) -> None:
         trainer = self.trainer
@@ -281,6 +294,7 @@ class TrainingRun:
         steps, completed = config.train.steps, self.completed_steps
         responses = min(config.rollout.prompts_per_step, len(self.train_set)) * config.rollout.group_size
         faults = FaultPolicy(config.train.max_consecutive_failures, responses, run_dir)
+        trackers = self._setup_trackers() if dist.is_main else Trackers({})  # before the log drops replayed rows
         logger = MetricsLogger(run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
         show = self.progress and dist.is_main
         bar = tqdm(
@@ -292,26 +306,49 @@ class TrainingRun:
                 metrics = {}
                 if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
                     metrics.update(self.evaluate())
+                    trackers.log_evaluation(step, metrics)
                 prompts = loop.sample_prompts(self.train_set, step, config)
                 metrics.update(loop.rl_step(step, prompts, self.components, config))
                 logger.log(step, metrics)
+                trackers.log_metrics(step, metrics)
                 bar.set_postfix({k: f"{metrics[k]:.3f}" for k in PROGRESS_KEYS if k in metrics})
                 faults.check(step, metrics)  # stops the run before a bad streak reaches a checkpoint
                 if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == steps:
+                    faults.check_weights(step, {"policy": self.trainer, **self._engines_to_save()})  # never save NaN
                     keep = config.train.keep_checkpoints
                     save_checkpoint(
                         run_dir, step + 1, self.trainer, self.tokenizer, keep, dist,
                         engines=self._engines_to_save(), state=self._state_to_save(),
                     )
             if completed <= steps and dist.is_main:
-                logger.log(steps, {**self.evaluate(), "final": 1.0})
+                final = {**self.evaluate(), "final": 1.0}
+                logger.log(steps, final)
+                trackers.log_evaluation(steps, final)
+                trackers.log_metrics(steps, final)
+                if len(trackers):
+                    trackers.finish({**final, "steps": float(steps)}, self._artifacts())
         finally:
+            trackers.close()
             logger.close()
             self.components.schedule.close()  # no generation in flight when the rollout engine closes
             if dist.is_main or self.rollout_per_rank:
                 self.rollout.close()
         distributed.teardown(dist)
         return run_dir
+
+    def _setup_trackers(self) -> Trackers:
+        """The experiment trackers (``loggers``), told the step a resumed run starts from."""
+        resumed_at = self.completed_steps if self.start.checkpoint is not None else None
+        return start_trackers(self.config, self.registry, self.start.run_dir, resumed_at)
+
+    def _artifacts(self) -> list[Path]:
+        """What a finished run hands its trackers: the config and the curves plot (when it can be drawn)."""
+        files = [self.start.run_dir / "config.yaml"]
+        try:
+            files += plot_run(self.start.run_dir)
+        except Exception as exc:  # a plot is a courtesy to the trackers; the run is complete without it
+            log.warning("could not plot the run's curves for the loggers: %s: %s", type(exc).__name__, exc)
+        return [f for f in files if f.is_file()]
 
     def evaluate(self) -> dict[str, float]:
         return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config, self.episodes)
@@ -350,7 +387,8 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
         rollout = registry.create("rollout_engine", DEFAULT_ROLLOUT_ENGINE)  # in process, cheap to start
         tokenizer = load_tokenizer(model_dir)
         rollout.start(engine_context(config, model_dir, tokenizer))
-        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval")
+        budget = prompt_budget(episode_context(rollout, model_dir), config.rollout.max_new_tokens)
+        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval", budget)
         episodes = build_episode_runner(config, registry, tokenizer, episode_context(rollout, model_dir))
         return loop.evaluate(samples, rollout, verifier, tokenizer, config, episodes)
 
@@ -370,8 +408,11 @@ def teacher_model_dir(config: RunConfig, task: Task, registry: Registry, progres
 def episode_context(rollout: RolloutEngine, model_dir: Path) -> int | None:
     """The most tokens an episode may hold: the rollout engine's limit, else the model's positions."""
     limit = rollout.context_tokens()
-    if limit is not None:
-        return limit
+    return limit if limit is not None else model_positions(model_dir)
+
+
+def model_positions(model_dir: Path) -> int | None:
+    """The model folder's ``max_position_embeddings`` (``None`` if its config.json does not say)."""
     try:
         return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,9 @@ from rlzoo.errors import RlzooError
 from rlzoo.episodes import build_episode_runner
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.prompts import fit_prompts, prompt_ids
+from rlzoo.prompts import fit_prompts, prompt_budget, prompt_ids
 from rlzoo.registry import default_registry
+from rlzoo.runlock import building
 
 log = logging.getLogger("rlzoo.sft")
 
@@ -61,17 +63,30 @@ def ensure_cold_start(
     """Return a cold-start model folder for this config, training it first unless an identical one exists."""
     directory = cold_start_dir(config)
     fingerprint = cold_start_fingerprint(config)
-    report = directory / "cold_start.json"
-    if report.is_file():
-        previous = json.loads(report.read_text())
-        if previous.get("fingerprint") == fingerprint:
-            log.info("reusing cold-start model %s (held-out accuracy %.3f)", directory, previous.get("eval_accuracy", float("nan")))
+    if _reusable(directory, fingerprint):
+        return directory
+    # built under a lock (rlzoo.runlock): a run that needs the folder while another process builds it (the runs of
+    # a sweep share one) waits for it, then uses it
+    with building(directory):
+        if _reusable(directory, fingerprint):
+            print(f"cold start: using {directory}, built meanwhile by another process", file=sys.stderr, flush=True)
             return directory
-        raise RlzooError(
-            f"{directory} holds a cold-start model built from other settings; delete it or set cold_start.output_dir"
-        )
-    train_cold_start(config, task, directory, fingerprint, evaluate_fn, progress, registry)
+        train_cold_start(config, task, directory, fingerprint, evaluate_fn, progress, registry)
     return directory
+
+
+def _reusable(directory: Path, fingerprint: str) -> bool:
+    """Whether ``directory`` holds a finished cold start of these settings; one of other settings is an error."""
+    report = directory / "cold_start.json"
+    if not report.is_file():
+        return False
+    previous = json.loads(report.read_text())
+    if previous.get("fingerprint") == fingerprint:
+        log.info("reusing cold-start model %s (held-out accuracy %.3f)", directory, previous.get("eval_accuracy", float("nan")))
+        return True
+    raise RlzooError(
+        f"{directory} holds a cold-start model built from other settings; delete it or set cold_start.output_dir"
+    )
 
 
 def train_cold_start(
@@ -118,7 +133,9 @@ def demonstrations(
 ) -> list[tuple[list[int], list[int], list[int] | None]]:
     """``(prompt ids, response ids, policy mask)`` of each demonstration: ``demonstration + <eos>`` (mask
     ``None``: all trained), or with multi-turn episodes the sample's ``demonstration_turns`` as an episode."""
-    samples = fit_prompts(task.samples("train", config.cold_start.examples, config.seed), tokenizer, config.prompt, "cold-start")
+    budget = prompt_budget(config.model.tiny.max_position_embeddings, config.rollout.max_new_tokens)
+    samples = fit_prompts(task.samples("train", config.cold_start.examples, config.seed), tokenizer, config.prompt,
+                          "cold-start", budget)
     runner = build_episode_runner(config, registry, tokenizer, config.model.tiny.max_position_embeddings)
     encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     out: list[tuple[list[int], list[int], list[int] | None]] = []

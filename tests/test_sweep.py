@@ -46,6 +46,24 @@ def test_grid_is_every_combination_times_seeds(tmp_path):
     assert len(colds) == 3
 
 
+def test_sweep_runs_are_grouped_and_tagged_for_experiment_trackers(tmp_path):
+    varies = [parse_vary("algorithm.preset=gspo,grpo")]
+    sweep = build_sweep(str(EXAMPLE), varies, 2, tmp_path / "s", ENGINES, default_registry())
+    run = next(r for r in sweep.runs if r.cell == "preset-grpo" and r.seed == 1)
+    tracking = run.config.tracking
+    assert tracking.group == "s" and tracking.name == "s/preset-grpo/seed1"
+    assert tracking.tags == {"sweep": "s", "cell": "preset-grpo", "seed": "1", "algorithm.preset": "grpo"}
+    assert tracking.store_dir == str(tmp_path / "s")  # one local store (MLflow's) for the sweep
+    # the user's own settings win, and the names stay distinct per run
+    mine = ["tracking.group=mine", "tracking.tags={owner: me, seed: x}", "tracking.store_dir=/tmp/store", *ENGINES]
+    sweep = build_sweep(str(EXAMPLE), varies, 2, tmp_path / "t", mine, default_registry())
+    names = {r.config.tracking.name for r in sweep.runs}
+    assert len(names) == 4
+    tracking = sweep.runs[0].config.tracking
+    assert tracking.group == "mine" and tracking.store_dir == "/tmp/store"
+    assert tracking.tags["owner"] == "me" and tracking.tags["seed"] == "x" and tracking.tags["cell"] == "preset-gspo"
+
+
 def test_bad_value_in_a_late_cell_is_an_error_before_anything(tmp_path):
     varies = [parse_vary("trainer.lr=0.0001,0.0002"), parse_vary("algorithm.minibatches_per_rollout=1,0")]
     with pytest.raises(ConfigError, match="cell lr-0.0002_minibatches_per_rollout-0: algorithm.minibatches_per_rollout"):

@@ -287,6 +287,14 @@ class TrainingEngine(Component):
     def load_state(self, directory: Path) -> None:
         raise NotImplementedError
 
+    def weights_finite(self) -> bool:
+        """Whether every weight this engine trains is finite (no NaN, no infinity), the same answer on every rank
+        (each checks what it holds, the answers combined). Asked before each checkpoint, which is not written when
+        this is ``False`` (docs/faults.md). The default reads :meth:`named_weights` (a collective where that is one;
+        every rank then sees the whole weights); :class:`~rlzoo.engines.module_engine.ModuleTrainingEngine` checks
+        its parameters in place."""
+        return all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
+
     #: processes this engine trains across, known after :meth:`start` (1 unless ``data_parallel``)
     world_size: int = 1
 

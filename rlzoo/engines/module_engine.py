@@ -129,6 +129,20 @@ class ModuleTrainingEngine(TrainingEngine):
         return [param for param in self.model.parameters() if param.requires_grad]
 
     @torch.no_grad()
+    def weights_finite(self) -> bool:
+        """Every trained parameter finite, checked where it lives: under ZeRO-3 this rank's partition
+        (``ds_tensor``; the parameter itself is empty between passes), under expert parallelism this rank's experts;
+        combined over the ranks (a collective with several processes)."""
+        finite = True
+        for param in self._trained():
+            local = getattr(param, "ds_tensor", None)
+            tensor = param if local is None else local
+            if tensor.numel() and not bool(torch.isfinite(tensor).all()):
+                finite = False
+                break
+        return self._all_ranks_true(finite)
+
+    @torch.no_grad()
     def copy_weights(self, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if into is None:
             return [param.detach().clone() for param in self._trained()]

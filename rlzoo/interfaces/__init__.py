@@ -9,6 +9,7 @@ from rlzoo.interfaces.correction import MismatchCorrection
 from rlzoo.interfaces.environment import Environment, Observation
 from rlzoo.interfaces.kl import KLEstimator
 from rlzoo.interfaces.kl_controller import KLController
+from rlzoo.interfaces.logger import Logger, TrackedRun
 from rlzoo.interfaces.ratio import RatioEstimator
 from rlzoo.interfaces.regulariser import Regulariser
 from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
@@ -28,6 +29,7 @@ __all__ = [
     "Environment",
     "KLController",
     "KLEstimator",
+    "Logger",
     "LossAggregation",
     "ModelFacts",
     "Observation",
@@ -52,6 +54,7 @@ __all__ = [
     "ToolCallParser",
     "ToolError",
     "ToolTimeout",
+    "TrackedRun",
     "ValueLoss",
     "ValueLossResult",
     "Verdict",

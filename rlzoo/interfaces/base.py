@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 
 
 class Params(BaseModel):
-    """Parameters of a component. Extra keys are rejected so a typo is an error, not a silent default."""
+    """Parameters of a component. Extra keys are rejected so a typo is an error, not a silent default; numbers must
+    be finite (``inf`` / ``nan`` are refused, as in every config section: use ``None`` for "no limit")."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Component:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rlzoo.config import RunConfig, build_config, dump_config, parse_override, read_yaml
+from rlzoo.config import RunConfig, TrackingConfig, build_config, dump_config, parse_override, read_yaml
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import Registry
 
@@ -104,6 +104,18 @@ class Sweep:
         return list(dict.fromkeys(r.cell for r in self.runs))
 
 
+def sweep_tracking(tracking: TrackingConfig, out: Path, cell: str, seed: int, values: dict[str, str]) -> TrackingConfig:
+    """A sweep run as experiment trackers show it: grouped by the sweep, tagged with its cell, seed and varied
+    values, its trackers' local store shared in the sweep folder; the user's own ``tracking`` settings win."""
+    sweep = out.resolve().name
+    return tracking.model_copy(update={
+        "name": f"{tracking.name or sweep}/{cell}/seed{seed}",
+        "group": tracking.group or sweep,
+        "tags": {"sweep": sweep, "cell": cell, "seed": str(seed), **values, **tracking.tags},
+        "store_dir": tracking.store_dir or str(out),
+    })
+
+
 def build_sweep(
     config_file: str, varies: list[Vary], seeds: int, out: Path, sets: list[str], registry: Registry
 ) -> Sweep:
@@ -135,6 +147,7 @@ def build_sweep(
                 config = config.model_copy(
                     update={"cold_start": config.cold_start.model_copy(update={"output_dir": str(shared)})}
                 )
+            config = config.model_copy(update={"tracking": sweep_tracking(config.tracking, out, cell, seed, values)})
             runs.append(Run(cell, {k: yaml.safe_load(v) for k, v in values.items()}, seed, run_dir, config))
     if problems:
         raise ConfigError(problems, source=config_file)

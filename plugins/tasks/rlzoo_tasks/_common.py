@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from rlzoo.interfaces import Sample
 
@@ -44,3 +45,43 @@ def take(pool: Sequence[Sample], count: int, rng: random.Random) -> list[Sample]
         rng.shuffle(order)
         out.extend(order[: count - len(out)])
     return [fresh(s) for s in out]
+
+
+# -- prompt length at the preflight ------------------------------------------------------------------------------
+
+#: a data file up to this size is read by the preflight to measure its prompts; a larger one is not (its prompts are
+#: measured when the run loads them: those too long for the model are dropped then, counted in the log)
+MEASURE_BYTES = 16 * 2**20
+
+
+def char_budget(run: Any) -> tuple[int, int] | None:
+    """``(most characters of a prompt, context tokens)`` when the preflight can count a plain prompt's tokens by its
+    characters, else ``None``: the model is the cold start's (``model.path`` null), whose character tokenizer gives
+    one token per character; prompts are plain text (``prompt.plain: text``); and ``prompt.max_prompt_tokens`` is
+    not set (with it, longer prompts are dropped or truncated, and the preflight checks it against the context)."""
+    config = run.config
+    if config.model.path is not None or config.prompt.plain != "text" or config.prompt.max_prompt_tokens is not None:
+        return None
+    engine = run.rollout_engine
+    limit = engine.context_tokens() if engine is not None else None
+    context = limit if limit is not None else run.model.max_positions
+    if context is None or config.rollout.max_new_tokens >= context:  # the latter: reported at rollout.max_new_tokens
+        return None
+    return context - config.rollout.max_new_tokens, context
+
+
+def overlong_problem(lengths: Iterator[tuple[str, int]], run: Any) -> str | None:
+    """The problem with the longest of ``(where, characters)`` prompts beyond :func:`char_budget`, or ``None``."""
+    budget, context = char_budget(run)  # type: ignore[misc]
+    over = [(n, where) for where, n in lengths if n > budget]
+    if not over:
+        return None
+    longest, where = max(over, key=lambda item: item[0])
+    more = f" ({len(over)} prompts of this file are longer than that)" if len(over) > 1 else ""
+    return (
+        f"{where}: a prompt of {longest:,} characters, one token each with the cold start's character tokenizer, "
+        f"does not fit the model: its {context}-token context (model.tiny.max_position_embeddings or the rollout "
+        f"engine's limit) leaves {budget} tokens beside rollout.max_new_tokens {run.config.rollout.max_new_tokens}"
+        f"{more}; shorten or remove it, or set prompt.max_prompt_tokens (at most {budget}) to drop such prompts "
+        "(with prompt.overlong_prompts: truncate, to keep their end)"
+    )

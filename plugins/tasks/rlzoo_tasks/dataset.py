@@ -17,18 +17,25 @@ Chat messages become ``Sample.messages`` and are rendered by the tokenizer's cha
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
 
-from rlzoo_tasks._common import check_count, check_split, rng_for, take
+from rlzoo_tasks._common import MEASURE_BYTES, char_budget, check_count, check_split, overlong_problem, rng_for, take
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces import RunFacts
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 LAYOUTS = {
@@ -61,7 +68,11 @@ def path_problem(path: str, fmt: str) -> str | None:
 
 
 def read_records(path: str, fmt: str, hf_split: str, cache_dir: str | None) -> list[dict[str, Any]]:
-    """Every record of a local data file or ``save_to_disk`` folder, as Python dicts."""
+    """Every record of a local data file or ``save_to_disk`` folder, as Python dicts.
+
+    A file that cannot be read raises one :class:`DataError`: for JSON / JSON lines naming the 1-based line that is
+    not valid UTF-8 or not valid JSON, for a string column that is not valid UTF-8 the 1-based row, otherwise
+    with the reader's own message after the file name (``datasets``' log of it is silenced: it would repeat it)."""
     problem = path_problem(path, fmt)
     if problem is not None:
         raise DataError(problem)
@@ -69,23 +80,113 @@ def read_records(path: str, fmt: str, hf_split: str, cache_dir: str | None) -> l
 
     p = Path(path).expanduser()
     datasets.disable_progress_bars()
+    builder = None if p.is_dir() else BUILDERS[p.suffix] if fmt == "auto" else fmt
+    data = None
     try:
-        if p.is_dir():
-            data = datasets.load_from_disk(str(p))
-            if isinstance(data, datasets.DatasetDict):
-                if hf_split not in data:
-                    raise DataError(f"{p}: no split {hf_split!r} in this saved DatasetDict; hf_split: one of "
-                                    f"{', '.join(data)}")
-                data = data[hf_split]
-        else:
-            builder = BUILDERS[p.suffix] if fmt == "auto" else fmt
-            data = datasets.load_dataset(builder, data_files=str(p), split="train", cache_dir=cache_dir)
+        with _quiet("datasets"):  # its ERROR records would repeat what the DataError says
+            if p.is_dir():
+                data = datasets.load_from_disk(str(p))
+                if isinstance(data, datasets.DatasetDict):
+                    if hf_split not in data:
+                        raise DataError(f"{p}: no split {hf_split!r} in this saved DatasetDict; hf_split: one of "
+                                        f"{', '.join(data)}")
+                    data = data[hf_split]
+            else:
+                data = datasets.load_dataset(builder, data_files=str(p), split="train", cache_dir=cache_dir)
+            return data.to_list()  # strings are decoded here: bytes that are not UTF-8 fail here
     except DataError:
         raise
     except Exception as err:  # datasets/pyarrow raise many types for unreadable files; name the file either way
-        raise DataError(f"{p}: cannot be read as {fmt if fmt != 'auto' else 'data'}: {type(err).__name__}: {err}") \
-            from None
-    return data.to_list()
+        where = json_file_problem(p) if builder == "json" and p.is_file() else None
+        if where is None and isinstance(err, UnicodeDecodeError) and data is not None:
+            where = _undecodable_row(data, p)
+        if where is not None:
+            raise DataError(where) from None
+        cause = err.__cause__ if type(err).__name__ == "DatasetGenerationError" and err.__cause__ else err
+        raise DataError(f"{p}: cannot be read as {fmt if fmt != 'auto' else 'data'}: {type(cause).__name__}: "
+                        f"{cause}") from None
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Logger ``name`` (and its children) silent below CRITICAL while the block runs."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def json_file_problem(path: Path) -> str | None:
+    """``"FILE, line N: ..."`` for the first line of a JSON lines / JSON file that is not valid UTF-8 or not valid
+    JSON (a ``.json`` file holding one document: where that document breaks), or ``None`` if every line parses."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line, start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
+        return f"{path}, line {line}: not valid UTF-8 ({err.reason} at byte {err.start - start})"
+    if path.suffix != ".jsonl":  # a .json file may hold one JSON document
+        try:
+            json.loads(text)
+            return None  # it parses: what the reader refused is in its own message
+        except json.JSONDecodeError as err:
+            if text.lstrip().startswith("["):  # a list of records: where the document breaks
+                return f"{path}, line {err.lineno}: invalid JSON: {err.msg} (column {err.colno})"
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"{path}, line {number}: invalid JSON: {err.msg} (column {err.colno})"
+    return None
+
+
+def _undecodable_row(data: Any, path: Path) -> str | None:
+    """``"FILE, row N: ..."`` for the first row (1-based) holding a string that is not valid UTF-8."""
+    chunk = 1024
+    for start in range(0, len(data), chunk):
+        try:
+            data.select(range(start, min(start + chunk, len(data)))).to_list()
+            continue
+        except UnicodeDecodeError:
+            pass
+        for index in range(start, min(start + chunk, len(data))):
+            try:
+                data.select([index]).to_list()
+            except UnicodeDecodeError as err:
+                return f"{path}, row {index + 1}: a string that is not valid UTF-8 ({err.reason})"
+    return None
+
+
+def prompt_lengths(path: Path, prompt_field: str) -> Iterator[tuple[str, int]]:
+    """``("FILE, line N" or "FILE, row N", characters)`` of each string prompt of a JSON lines / JSON file; what does
+    not parse is left to :func:`read_records` to report."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return
+    if path.suffix != ".jsonl" and text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError:
+            return
+        numbered = ((f"{path}, row {i}", r) for i, r in enumerate(records if isinstance(records, list) else [], 1))
+    else:
+        numbered = ((f"{path}, line {i}", _parsed(line)) for i, line in enumerate(text.split("\n"), 1))
+    for where, record in numbered:
+        found, prompt = field_value(record, prompt_field) if isinstance(record, dict) else (False, None)
+        if found and isinstance(prompt, str):
+            yield where, len(prompt)
+
+
+def _parsed(line: str) -> Any:
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
 
 
 def field_value(record: dict[str, Any], name: str) -> tuple[bool, Any]:
@@ -210,6 +311,24 @@ class DatasetTask(Task):
                                      f"({INSTALL_HINT})"))
         named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
         problems += [(field, problem) for field, path in named if (problem := path_problem(path, p.format))]
+        return problems
+
+    def preflight(self, run: RunFacts, at: str) -> list[tuple[str, str]]:
+        """Also, where it is cheap (the cold start's character tokenizer, JSON lines / JSON files up to
+        ``MEASURE_BYTES``), that every plain prompt fits the model's context beside the response."""
+        problems = super().preflight(run, at)
+        p = self.params
+        if char_budget(run) is None:
+            return problems
+        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
+        for field, path in named:
+            file = Path(path).expanduser()
+            json_file = p.format == "json" or (p.format == "auto" and BUILDERS.get(file.suffix) == "json")
+            if json_file and path_problem(path, p.format) is None and file.is_file() \
+                    and file.stat().st_size <= MEASURE_BYTES:
+                lengths = prompt_lengths(file, self.fields["prompt_field"])
+                if (problem := overlong_problem(lengths, run)) is not None:
+                    problems.append((f"{at}.{field}", problem))
         return problems
 
     def _load(self, path: str) -> list[Row]:

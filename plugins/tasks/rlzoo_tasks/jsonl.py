@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
 
-from rlzoo_tasks._common import check_count, check_split, rng_for, take
+from rlzoo_tasks._common import MEASURE_BYTES, char_budget, check_count, check_split, overlong_problem, rng_for, take
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces import RunFacts
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,20 @@ def missing_file(path: str | Path) -> str | None:
     return f"{path}: {what} (expected an existing JSON-lines file)"
 
 
+def prompt_lengths(path: str | Path, prompt_field: str) -> Iterator[tuple[str, int]]:
+    """``("FILE, line N", characters)`` of each line's string prompt; lines that do not parse are left to
+    :func:`load_jsonl` to report."""
+    path = Path(path).expanduser()
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                obj = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get(prompt_field), str):
+                yield f"{path}, line {line_no}", len(obj[prompt_field])
+
+
 def load_jsonl(
     path: str | Path, prompt_field: str, answer_field: str, demonstration_field: str | None
 ) -> list[Row]:
@@ -57,7 +75,7 @@ def load_jsonl(
             if not text.strip():
                 continue  # blank lines (e.g. a trailing newline) are allowed
             try:
-                obj = json.loads(text)
+                obj = json.loads(text.rstrip("\r\n"))  # without the newline: an error's column is on this line
             except json.JSONDecodeError as err:
                 raise DataError(f"{where}: invalid JSON: {err.msg} (column {err.colno})") from None
             if not isinstance(obj, dict):
@@ -127,6 +145,20 @@ class JsonlTask(Task):
         p = self.params
         named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
         return [(field, problem) for field, path in named if (problem := missing_file(path)) is not None]
+
+    def preflight(self, run: RunFacts, at: str) -> list[tuple[str, str]]:
+        """Also, where it is cheap (the cold start's character tokenizer, files up to ``MEASURE_BYTES``), that every
+        prompt fits the model's context beside the response (``rlzoo_tasks._common.char_budget``)."""
+        problems = super().preflight(run, at)
+        p = self.params
+        if char_budget(run) is None:
+            return problems
+        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
+        for field, path in named:
+            if missing_file(path) is None and Path(path).expanduser().stat().st_size <= MEASURE_BYTES:
+                if (problem := overlong_problem(prompt_lengths(path, p.prompt_field), run)) is not None:
+                    problems.append((f"{at}.{field}", problem))
+        return problems
 
     def _load(self, path: str) -> list[Row]:
         p = self.params

@@ -1,0 +1,1 @@
+"""rlzoo-loggers: the ``tensorboard``, ``wandb`` and ``mlflow`` loggers (docs/loggers.md)."""
