@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlzoo import runlock
+from rlzoo import runlock, signals
 from rlzoo.errors import RlzooError
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
@@ -130,15 +130,15 @@ def cmd_train(args: argparse.Namespace) -> int:
             if rank == 0:
                 console.print("\n".join(final_summary(run_dir, args.config, console)))
     except BaseException as err:  # SIGINT / SIGTERM (or an error while stopping for one): where it stopped
-        signum = runlock.stop_signal(err)
+        signum = signals.stop_signal(err)
         if signum is None:
             raise
         if rank == 0:
             steps = config.train.steps
-            message = runlock.stopped_message(signum, run_dir, args.config, steps, bool(args.set), since)
+            message = signals.stopped_message(signum, run_dir, args.config, steps, bool(args.set), since)
         else:
-            message = f"interrupted by {runlock.signal_name(signum)} (rank {rank})"
-        raise runlock.Interrupted(signum, message) from None
+            message = f"interrupted by {signals.signal_name(signum)} (rank {rank})"
+        raise signals.Interrupted(signum, message) from None
     return 0
 
 
@@ -303,14 +303,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM is handled as SIGINT: the command stops, says where, and exits 128 + the signal's number; a second
-    # signal ends it at once (rlzoo.runlock)
-    with runlock.stop_signals():
+    # signal ends it at once (rlzoo.signals)
+    with signals.stop_signals():
         try:
             return _main(argv)
         except KeyboardInterrupt as err:  # wherever it lands (an Interrupted from train says where the run stopped)
-            signum = runlock.stop_signal(err)
-            print(getattr(err, "message", None) or f"interrupted by {runlock.signal_name(signum)}", file=sys.stderr)
-            runlock.stop_children()  # none left behind (engine or sweep processes still running)
+            signum = signals.stop_signal(err)
+            print(getattr(err, "message", None) or f"interrupted by {signals.signal_name(signum)}", file=sys.stderr)
+            signals.stop_children()  # none left behind (engine or sweep processes still running)
             return 128 + signum
 
 

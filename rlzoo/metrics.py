@@ -17,6 +17,7 @@ declared where it is produced, by the value's class (docs/metrics.md, "Reporting
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections import defaultdict
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from rlzoo.interfaces.base import Component
+
+log = logging.getLogger(__name__)
 
 
 class Timer:
@@ -169,8 +172,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     A torn *last* line is what a crash in the middle of a write leaves: it is skipped quietly (a debug record; a
     resumed run rewrites the file without it). A bad line with rows after it is not expected: it is skipped with a
     warning naming the file and its 1-based line, and the rows after it are used."""
-    import logging
-
     path = Path(path)
     if not path.exists():
         return []
@@ -189,7 +190,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             rows.append(row)
         else:
             bad.append(number)
-    log = logging.getLogger(__name__)
     for number in bad:
         if number == last:
             log.debug("%s, line %d: cut short (a write interrupted by a crash); skipped", path, number)

@@ -112,8 +112,8 @@ def test_a_build_lock_waits_for_its_holder_and_says_so(tmp_path, capfd):
 
 STUCK = """
     import subprocess, threading, time
-    from rlzoo import runlock
-    with runlock.stop_signals():
+    from rlzoo import signals
+    with signals.stop_signals():
         try:  # the signal may land anywhere after the pid is printed
             child = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             print(child.pid, flush=True)
