@@ -18,9 +18,12 @@ The resource limits (``RLIMIT_AS``/``CPU``/``FSIZE``/``NPROC``/``CORE``) are set
 sandbox before the response's code is read; without ``CAP_SYS_RESOURCE`` in the initial namespace nothing
 inside can raise them again. bwrap runs as the trainer's user, except that a root trainer runs it as ``UID``
 when that user can read the interpreter: the kernel never applies ``RLIMIT_NPROC`` to uid 0, and the code is
-then unprivileged outside its namespace too (``KernelSandbox.user``). Where bwrap must stay root, each response
-runs in a ``pids`` cgroup capped at ``max_processes`` instead (``_pids_cgroup``), when the machine has a
-hierarchy the trainer may write; without one a warning says that only the timeout bounds a fork bomb.
+then unprivileged outside its namespace too (``KernelSandbox.user``). The runner reaches the sandbox through a
+pipe (``--ro-bind-data``), not a bind of rlzoo's own file, so where rlzoo is installed (a clone in a folder only
+its owner may enter) does not matter. Where bwrap must stay root (the interpreter itself is unreadable to
+``UID``), a warning says so, naming the path bwrap could not reach, and each response runs in a ``pids`` cgroup
+capped at ``max_processes`` instead (``_pids_cgroup``), when the machine has a hierarchy the trainer may write;
+without one the warning says that only the timeout bounds a fork bomb.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 from rlzoo.errors import RlzooError
 
@@ -97,9 +101,10 @@ class KernelSandbox:
             for path in sorted(set(info["site"])):
                 if os.path.isdir(path):
                     argv += ["--tmpfs", path, "--remount-ro", path]
-        argv += ["--ro-bind", runner, RUNNER, "--proc", "/proc", "--dev", "/dev",
+        argv += ["--proc", "/proc", "--dev", "/dev",
                  "--perms", "0700", "--size", str(disk_mb * 1024 * 1024), "--tmpfs", WORK]
         self._argv = argv
+        self.runner = Path(runner).read_bytes()
         self.user: int | None = None
         """The uid bwrap runs as: ``None`` for the trainer's own; as root, ``UID`` when the interpreter is
         readable by it, so the code is an unprivileged user outside the sandbox too, and ``RLIMIT_NPROC``,
@@ -112,50 +117,65 @@ class KernelSandbox:
                 "kernel.unprivileged_userns_clone=1 on some distributions; a container needs a seccomp/AppArmor "
                 "profile that permits them). Or " + _HOW_TO_WEAKEN
             )
-        if os.geteuid() == 0 and self._probe(UID) is None:
+        refused = self._probe(UID) if os.geteuid() == 0 else None
+        if os.geteuid() == 0 and refused is None:
             self.user = UID
         self.pids_root: str | None = pids_root() if os.geteuid() == 0 and self.user is None else None
         """Where :meth:`run` creates a ``pids`` group per response: only where bwrap runs as root, whom
         ``RLIMIT_NPROC`` does not bind (``None`` there too when the machine offers no writable hierarchy)."""
-        if os.geteuid() == 0 and self.user is None and self.pids_root is None:
+        if refused is not None:
+            cap = (f"a pids cgroup ({self.pids_root}) caps each response at max_processes instead"
+                   if self.pids_root is not None else
+                   "no writable pids cgroup exists, so max_processes is not enforced: only the timeout bounds a "
+                   "fork bomb")
             logger.warning(
-                "the code verifier's sandbox runs as root (the interpreter %s is unreadable to uid %d) and no "
-                "writable pids cgroup exists: max_processes is not enforced, only the timeout bounds a fork bomb "
-                "(docs/security.md)", self.python, UID,
+                "the code verifier's sandbox runs bwrap as root, because uid %d cannot reach what it needs "
+                "(%s). The code inside is still uid %d without capabilities in its own namespaces, but it is "
+                "root outside them and RLIMIT_NPROC does not bind root: %s. To run it unprivileged, give the "
+                "verifier an interpreter every user can read (its `python` param, e.g. /usr/bin/python3; now "
+                "%s) or let others enter each folder above the path named (and above TMPDIR) (docs/security.md)",
+                UID, refused, UID, cap, self.python,
             )
 
-    def command(self, src_dir: str, seccomp_fd: int | None, interpreter_flags: list[str]) -> list[str]:
-        """The command that runs the runner on the sources in ``src_dir`` (mounted read-only at ``SRC``)."""
-        seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
-        return [*self._argv, "--ro-bind", src_dir, SRC, "--remount-ro", "/", "--chdir", WORK, *seccomp,
-                self.python, *interpreter_flags, RUNNER]
-
-    def seccomp_fd(self) -> int | None:
-        """A fresh pipe holding the filter (bwrap reads it to the end), or ``None`` on an unknown architecture."""
-        if self.filter is None:
-            return None
-        r, w = os.pipe()
-        os.write(w, self.filter)  # well under the pipe's 64 KiB buffer
-        os.close(w)
-        return r
+    def command(self, src_dir: str, interpreter_flags: list[str]) -> tuple[list[str], list[int]]:
+        """The command that runs the runner on the sources in ``src_dir`` (mounted read-only at ``SRC``), and the
+        pipes bwrap reads (the seccomp filter, the runner's source): pass them to the child, then close them."""
+        fds = [_pipe(self.runner)]
+        argv = [*self._argv, "--perms", "0444", "--ro-bind-data", str(fds[0]), RUNNER,
+                "--ro-bind", src_dir, SRC, "--remount-ro", "/", "--chdir", WORK]
+        if self.filter is not None:
+            fds.append(_pipe(self.filter))
+            argv += ["--seccomp", str(fds[-1])]
+        return [*argv, self.python, *interpreter_flags, RUNNER], fds
 
     def _probe(self, user: int | None) -> str | None:
         """Start one empty sandbox as ``user``; bwrap's last error line if it fails."""
-        fd = self.seccomp_fd()
-        try:
-            with tempfile.TemporaryDirectory(prefix="rlzoo-probe-") as empty:
-                os.chmod(empty, 0o755)
-                argv = self.command(empty, fd, [])[:-1] + ["-I", "-S", "-c", "pass"]
-                proc = subprocess.run(argv, env={}, capture_output=True, timeout=60, user=user, group=user,
-                                      extra_groups=None if user is None else [],
-                                      pass_fds=[fd] if fd is not None else [], stdin=subprocess.DEVNULL)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        with tempfile.TemporaryDirectory(prefix="rlzoo-probe-") as empty:
+            os.chmod(empty, 0o755)
+            argv, fds = self.command(empty, [])
+            try:
+                proc = subprocess.run(argv[:-1] + ["-I", "-S", "-c", "pass"], env={}, capture_output=True,
+                                      timeout=60, cwd="/", user=user, group=user,
+                                      extra_groups=None if user is None else [], pass_fds=fds,
+                                      stdin=subprocess.DEVNULL)
+            finally:
+                for fd in fds:
+                    os.close(fd)
         if proc.returncode == 0:
             return None
         message = proc.stderr.decode(errors="replace").strip().splitlines()
         return message[-1] if message else f"bwrap exited with status {proc.returncode}"
+
+
+def _pipe(data: bytes) -> int:
+    """The read end of a fresh pipe holding ``data`` (bwrap reads it to the end); both are far under the pipe's
+    64 KiB buffer, so the write cannot block."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+    finally:
+        os.close(w)
+    return r
 
 
 def _interpreter(python: str, site_packages: bool) -> dict:

@@ -182,13 +182,13 @@ class CodeVerifier(Verifier):
             work = WORK
             started, started_w = os.pipe()
             os.set_blocking(started, False)
-            seccomp = self.sandbox.seccomp_fd()
             if self.sandbox.user is not None:  # bwrap runs as that user: it must reach the sources, whatever the umask
                 modes = {outer: 0o711, src: 0o755, f"{src}/solution.py": 0o644, f"{src}/tests.py": 0o644}
                 for path, mode in modes.items():
                     os.chmod(path, mode)
-            fds = [started_w] + ([seccomp] if seccomp is not None else [])
-            argv = self.sandbox.command(src, seccomp, flags)
+            fds = [started_w]
+            argv, sandbox_fds = self.sandbox.command(src, flags)
+            fds += sandbox_fds
             if self.sandbox.pids_root is not None:
                 group = PidsGroup(self.sandbox.pids_root, p.max_processes)
                 argv = group.wrap(argv)

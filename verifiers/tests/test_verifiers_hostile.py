@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 
 from rlzoo.interfaces import Sample
 from rlzoo_verifiers._pids_cgroup import pids_root
+import rlzoo_verifiers.code
 from rlzoo_verifiers.code import CodeVerifier
 
 ADD = Sample("Write add(a, b).", "", meta={"tests": "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"})
@@ -213,6 +215,43 @@ def test_fork_many_is_stopped_by_the_process_limit(server, world):
     response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
     good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
     assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs root and a system python to run as nobody")
+def test_where_rlzoo_is_installed_does_not_matter(tmp_path, monkeypatch, server, world):
+    """rlzoo in a folder only its owner may enter (a clone in ``mktemp -d``, a 0700 home), its runner readable by
+    the owner alone: the runner is piped into the sandbox, so a root trainer's sandbox still drops to nobody and
+    ``RLIMIT_NPROC`` still binds."""
+    private = tmp_path / "checkout"
+    private.mkdir(mode=0o700)
+    runner = private / "runner.py"
+    shutil.copy(rlzoo_verifiers.code.RUNNER, runner)
+    runner.chmod(0o600)
+    monkeypatch.setattr(rlzoo_verifiers.code, "RUNNER", runner)
+    verifier = CodeVerifier(CodeVerifier.Params(timeout_s=4.0, python="/usr/bin/python3", max_processes=8))
+    assert verifier.sandbox.user == 65534
+    response = dict((row[0], row[1]) for row in HOSTILE)["bypass-fork-many"]
+    good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, server[0])])
+    assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs root and a system python to copy")
+def test_a_root_sandbox_is_announced_never_silent(tmp_path, caplog):
+    """An interpreter nobody cannot reach (a copy of the system python in a 0700 folder) keeps bwrap root: the
+    verifier still works, and a warning names the path bwrap could not reach and the way out."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    shutil.copy(os.path.realpath("/usr/bin/python3"), python)
+    with caplog.at_level("WARNING", logger="rlzoo.verifiers.code"):
+        verifier = CodeVerifier(CodeVerifier.Params(timeout_s=4.0, python=str(python)))
+    assert verifier.sandbox.user is None
+    [warning] = [r.getMessage() for r in caplog.records if "runs bwrap as root" in r.getMessage()]
+    assert str(python) in warning and "Permission denied" in warning and "`python` param" in warning
+    assert ("pids cgroup" in warning) == (verifier.sandbox.pids_root is not None)
+    assert verifier.verify(ADD, GOOD).reward == 1.0
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or pids_root() is None, reason="needs root and a writable pids cgroup")
