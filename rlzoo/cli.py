@@ -62,6 +62,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     device_memory = _device_memory(args.device_memory)
     config = _load(args)
     # the same checks `rlzoo train` makes before it starts (train reads the process count from its launcher)
+    runlock.check_run_folder(Path(args.resume or config.output_dir), resume=args.resume is not None)
     memory = preflight(
         config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes,
         model_config=Path(args.model_config) if args.model_config else None, device_memory=device_memory,
@@ -108,6 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlzoo import distributed
     from rlzoo.console import final_summary, log_path, run_console, start_summary
     from rlzoo.preflight import preflight
+    from rlzoo.resume_changes import config_changes
     from rlzoo.run import TrainingRun
 
     config, registry = _load(args), _registry()
@@ -125,7 +127,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         with hold, run_console(log_path(run_dir, rank), args.verbose) as console:
             if rank == 0:
-                console.print("\n".join(start_summary("train", args.config, config, run_dir, console)))
+                changes = config_changes(resume, config, registry) if resume is not None else None
+                console.print("\n".join(start_summary("train", args.config, config, run_dir, console, changes)))
             run_dir = TrainingRun(config, registry, resume).run()
             if rank == 0:
                 console.print("\n".join(final_summary(run_dir, args.config, console)))

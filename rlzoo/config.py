@@ -11,15 +11,30 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
 from rlzoo.memory_estimate import parse_bytes
 from rlzoo.presets import DEFAULT_COMPONENTS, PRESETS, expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _fits_float32(value: float) -> float:
+    if value > FLOAT32_MAX:  # torch's optimizers pass it to float32 kernels, which raise mid-step
+        raise ValueError(f"{value:g} does not fit in float32, the optimizer's number type: at most {FLOAT32_MAX:.4g}")
+    return value
+
+
+LearningRate = Annotated[float, Field(gt=0), AfterValidator(_fits_float32)]
+"""An optimizer's learning rate: positive, and a float32 number."""
+Beta = Annotated[float, Field(ge=0, lt=1)]
+"""One of Adam's moment decays, in [0, 1)."""
 
 
 class Section(BaseModel):
@@ -95,9 +110,9 @@ class CriticConfig(Section):
         description="null: a copy of the policy's initial weights with a fresh scalar value head; or a folder (a "
         "Hugging Face model, e.g. a critic saved by an earlier run, whose MoE-or-dense kind matches the policy's)",
     )
-    lr: float = Field(1e-4, gt=0, description="the critic's AdamW learning rate")
+    lr: LearningRate = Field(1e-4, description="the critic's AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0)
     value_loss: ValueLossSpec = Field(
         default_factory=lambda: ValueLossSpec(name=DEFAULT_VALUE_LOSS),
@@ -309,7 +324,7 @@ class ColdStartConfig(Section):
     enabled: bool = True
     steps: int = Field(300, ge=0)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
+    lr: LearningRate = 3e-3
     examples: int = Field(2000, ge=1, description="demonstrations drawn from the task's train split")
     output_dir: str | None = Field(None, description="where the cold-start model is saved (reused if present)")
 
@@ -337,9 +352,9 @@ class RolloutConfig(Section):
 
 class TrainerConfig(Section):
     engine: TrainingEngineSpec = Field(default_factory=lambda: TrainingEngineSpec(name=DEFAULT_TRAINING_ENGINE))
-    lr: float = Field(1e-4, gt=0)
+    lr: LearningRate = 1e-4
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
     grad_clip: float | None = Field(1.0, gt=0)
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_tokens_per_micro_batch: int = Field(

@@ -174,8 +174,12 @@ def _descriptors_to(path: Path) -> Iterator[tuple[TextIO, TextIO]]:
 
 
 # ---------------------------------------------------------------------------------------------------- summaries
-def start_summary(command: str, config_file: str, config: RunConfig, output: Path, console: Console) -> list[str]:
-    """What is about to run: the config file, the algorithm, the model, the engines, the output folder."""
+def start_summary(
+    command: str, config_file: str, config: RunConfig, output: Path, console: Console,
+    resumed_changes: dict[str, tuple[object, object]] | None = None,
+) -> list[str]:
+    """What is about to run: the config file, the algorithm, the model, the engines, the output folder; for a
+    resume (``resumed_changes`` given), what differs from the run's config and goes ahead."""
     from rlzoo.config import DEFAULT_ENVIRONMENT
 
     algo, rollout, loop = config.algorithm, config.rollout, config.train
@@ -216,6 +220,12 @@ def start_summary(command: str, config_file: str, config: RunConfig, output: Pat
     if command == "train" and config.loggers:
         lines.append(f"  loggers    metrics.jsonl, {', '.join(spec.name for spec in config.loggers)}")
     lines.append(f"  output     {output}")
+    if resumed_changes is not None:
+        from rlzoo.resume_changes import CHANGES_FILE, describe
+
+        listed = describe(resumed_changes)
+        lines.append(f"  resume     changes going ahead, recorded in {output / CHANGES_FILE}: {listed}" if listed else
+                     "  resume     with the run's config unchanged")
     if console.log_file is not None and not console.verbose:
         lines.append(f"  log        {console.log_file} (engine messages; --verbose shows them here)")
     return lines

@@ -107,7 +107,7 @@ def preflight(
     if not any(loc == "output_dir" for loc, _ in folder_problems):  # a folder it cannot search is not looked into
         problems += _run_folder_problems(config, resume)
     if resume is not None and Path(resume).is_dir():
-        problems += refusal_problems(refused(config_changes(Path(resume), config), allow_changes))
+        problems += refusal_problems(refused(config_changes(Path(resume), config, registry), allow_changes))
     if problems:
         raise ConfigError(problems)
     return run.memory

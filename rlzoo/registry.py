@@ -61,7 +61,7 @@ def format_validation_error(
     problems = []
     for e in err.errors():
         loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        message = e["msg"]
+        message = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
         if e["type"] == "extra_forbidden" and params is not None and e["loc"]:
             valid = sorted(params.model_fields)
             close = difflib.get_close_matches(str(e["loc"][-1]), valid, n=1, cutoff=0.5)

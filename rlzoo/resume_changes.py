@@ -21,7 +21,9 @@ from typing import Any
 
 import yaml
 
-from rlzoo.config import RunConfig
+from rlzoo.config import RunConfig, iter_component_specs
+from rlzoo.errors import RlzooError
+from rlzoo.registry import Registry
 
 #: fields a resumed run may change without --allow-changes: they do not change what any step computes
 RESUMABLE = (
@@ -69,19 +71,33 @@ def effective_config(run_dir: Path) -> dict[str, Any] | None:
     return fields
 
 
-def config_changes(run_dir: Path, config: RunConfig) -> Changes:
-    """Each field whose value in ``config`` differs from the run's effective config."""
+def config_changes(run_dir: Path, config: RunConfig, registry: Registry | None = None) -> Changes:
+    """Each field whose value in ``config`` differs from the run's effective config (``registry``: where the
+    defaults of the components' parameters are found)."""
     old = effective_config(run_dir)
     if old is None:
         return {}
     new = flatten(config.model_dump(mode="json"))
-    # a field the saved config lacks (added to rlzoo since the run started) is no change while it keeps its default
-    defaults = flatten(RunConfig().model_dump(mode="json"))
+    # a field the saved config lacks (added to rlzoo, or to a component, since the run started) is no change while
+    # it keeps its default
+    defaults = {**flatten(RunConfig().model_dump(mode="json")), **_parameter_defaults(config, registry)}
     return {
         field: (old.get(field), new.get(field))
         for field in sorted(set(old) | set(new))
         if old.get(field) != new.get(field) and not (field not in old and new.get(field) == defaults.get(field, ...))
     }
+
+
+def _parameter_defaults(config: RunConfig, registry: Registry | None) -> dict[str, Any]:
+    """``{dotted field: default}`` of every parameter of the config's components."""
+    defaults: dict[str, Any] = {}
+    for loc, spec in iter_component_specs(config) if registry is not None else ():
+        try:
+            params = registry.validate_params(spec.kind, spec.name, {}, loc)
+        except RlzooError:  # a parameter without a default: it was given, so it is in the saved config too
+            continue
+        defaults.update(flatten(params.model_dump(mode="json"), loc))
+    return defaults
 
 
 def refused(changes: Changes, allowed: Sequence[str] = ()) -> Changes:
@@ -107,9 +123,18 @@ def _show(value: Any) -> str:
     return "(absent)" if value is None else json.dumps(value)
 
 
+def _recorded(changes: Changes) -> Changes:
+    return {field: values for field, values in changes.items() if field != "output_dir"}  # a resume's own folder
+
+
+def describe(changes: Changes) -> str:
+    """The changes a resume goes ahead with, on one line (empty when there are none)."""
+    return "; ".join(f"{field} {_show(old)} -> {_show(new)}" for field, (old, new) in _recorded(changes).items())
+
+
 def record_changes(run_dir: Path, step: int, changes: Changes) -> None:
     """Append the changes a resume goes ahead with (taking effect at ``step``) to ``config_changes.jsonl``."""
-    changes = {field: values for field, values in changes.items() if field != "output_dir"}
+    changes = _recorded(changes)
     if not changes:
         return
     row = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": {f: list(v) for f, v in changes.items()}}

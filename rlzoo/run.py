@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlzoo import distributed, loop
+from rlzoo import distributed, loop, runlock
 from rlzoo.checkpoint import atomic_write_text, load_checkpoint, resume_checkpoint, save_checkpoint
 from rlzoo.config import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, LoraConfig, RunConfig, dump_config
 from rlzoo.critic import Critic
@@ -94,6 +94,7 @@ class TrainingRun:
         self.registry = registry
         self.resume = resume
         self.progress = progress
+        self.folder_lock: runlock.FileLock | None = None
 
     def setup(self) -> None:
         self.trainer = create(self.registry, "training_engine", self.config.trainer.engine)  # started below
@@ -121,6 +122,8 @@ class TrainingRun:
 
     def _setup_start(self) -> Start:
         run_dir = Path(self.config.output_dir)
+        if self.dist.is_main:  # one writer per run folder; under `rlzoo train`, which holds it already, a no-op
+            self.folder_lock = runlock.hold_run_folder(run_dir, runlock.process_command(), self.resume is not None)
         # the newest intact checkpoint, verified (rlzoo.checkpoint); a damaged newer one is reported and passed over
         checkpoint = resume_checkpoint(run_dir, self.dist) if self.resume is not None else None
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +134,7 @@ class TrainingRun:
                 atomic_write_text(run_dir / "config.yaml", dump_config(self.config))
             else:  # the record of the first steps stays; what this resume changes is appended beside it
                 step = int(checkpoint.name.removeprefix("step_"))
-                record_changes(run_dir, step, config_changes(run_dir, self.config))
+                record_changes(run_dir, step, config_changes(run_dir, self.config, self.registry))
         self.dist.barrier()  # the others wait while rank 0 builds the cold starts, then find and reuse them
         if not self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, progress=False)
@@ -289,7 +292,14 @@ class TrainingRun:
         return state["completed_steps"]
 
     def run(self) -> Path:
-        self.setup()
+        try:
+            self.setup()
+            return self._train()
+        finally:
+            if self.folder_lock is not None:
+                self.folder_lock.release()
+
+    def _train(self) -> Path:
         config, dist, run_dir = self.config, self.dist, self.start.run_dir
         steps, completed = config.train.steps, self.completed_steps
         responses = min(config.rollout.prompts_per_step, len(self.train_set)) * config.rollout.group_size

@@ -73,7 +73,7 @@ class FileLock:
     """A held lock: the open lock file. :meth:`release` (or leaving the ``with`` block, or the process ending)
     lets it go; the file stays, unless ``remove`` (then it is removed first, while still held)."""
 
-    def __init__(self, path: Path, fd: int, remove: bool = False) -> None:
+    def __init__(self, path: Path, fd: int | None, remove: bool = False) -> None:
         self.path = path
         self._fd: int | None = fd
         self._remove = remove
@@ -86,6 +86,8 @@ class FileLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        if _HELD.get(self.path) is self:
+            del _HELD[self.path]
         if self._remove:
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -238,19 +240,36 @@ def _in_use(run_dir: Path, holder: Holder, resume: bool) -> FolderInUse:
     )
 
 
+_HELD: dict[Path, FileLock] = {}
+"""The run folders' locks this process holds: holding one again (``rlzoo train`` holds it, then
+:class:`rlzoo.run.TrainingRun` asks too, as it does for a run started from Python) is a no-op, not a clash."""
+
+
+def _lock_path(run_dir: Path) -> Path:
+    return Path(os.path.abspath(run_dir)) / LOCK_NAME
+
+
 def check_run_folder(run_dir: Path, resume: bool = False) -> None:
     """Refuse a run folder another process holds, without creating anything (before the config's checks)."""
+    if _lock_path(run_dir) in _HELD:
+        return
     holder = holder_of(Path(run_dir) / LOCK_NAME)
     if holder is not None:
         raise _in_use(Path(run_dir), holder, resume)
 
 
 def hold_run_folder(run_dir: Path, command: str, resume: bool = False) -> FileLock:
-    """Take the run folder's lock (creating the folder) for the run's life, or refuse naming who holds it."""
+    """Take the run folder's lock (creating the folder) for the run's life, or refuse naming who holds it. Where
+    this process holds it already, the lock returned holds nothing: the first one lets it go."""
+    path = _lock_path(run_dir)
+    if path in _HELD:
+        return FileLock(path, None)
     try:
-        return acquire(Path(run_dir) / LOCK_NAME, command)
+        lock = acquire(path, command)
     except FolderInUse as err:
         raise _in_use(Path(run_dir), err.holder, resume) from None
+    _HELD[path] = lock
+    return lock
 
 
 # -- cold starts ---------------------------------------------------------------------------------------------
@@ -270,11 +289,12 @@ def building(directory: Path, what: str = "cold start") -> Iterator[None]:
         print(f"{what}: waiting for {holder.describe()} to finish building {directory}", file=sys.stderr, flush=True)
 
     # removed when released: a finished cold-start folder (a sweep's cold_start/) keeps no lock file beside it
-    with acquire(build_lock_path(directory), _command(), wait=True, on_wait=waiting, remove=True):
+    with acquire(build_lock_path(directory), process_command(), wait=True, on_wait=waiting, remove=True):
         yield
 
 
-def _command() -> str:
+def process_command() -> str:
+    """This process's command line, shortened, for a lock file's details."""
     name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     if name in ("__main__.py", "cli.py"):
         name = "rlzoo"

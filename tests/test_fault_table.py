@@ -1,9 +1,12 @@
-"""Bad inputs through the real CLI: output folders, data files, over-long prompts, YAML keys, torn metrics lines.
+"""The fault table: what a hostile-but-realistic user does wrong, through the real CLI.
 
 Each case of :data:`CASES` runs ``rlzoo ...`` as a subprocess (a few at a time, in one fixture) and must end with
 its exit code (1 for an error; 0 where rlzoo goes on with a warning), no traceback, and the field or the file (and
-line or row) named once in what it prints. The rules behind them are also tested in-process below (fast), the
-permission rules with ``os.access`` stubbed so that they hold as root too.
+line or row) named once in what it prints. The rows: output folders, data files, over-long prompts, YAML keys, torn
+metrics lines, damaged checkpoints, run folders in use, resumes with a changed config, non-finite and out-of-range
+numbers. The cases that resume start from a copy of one finished tiny run (two checkpoints), made once. The rules
+behind them are also tested in-process below and beside their modules (fast), the permission rules with
+``os.access`` stubbed so that they hold as root too.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import logging
 import os
 import shutil
 import subprocess
+import struct
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -79,13 +84,22 @@ NO_LOCK = ("running as root, where chmod does not stop writes, and chattr +i is 
 
 
 @dataclass
+class Context:
+    """What a case's setup may use: ``template``, a finished tiny run to copy (its config ``run.yaml``, its folder
+    ``run`` with checkpoints after steps 1 and 2); ``undo``, where it leaves what to undo once every case ran (a
+    folder made unwritable, a process holding a run folder)."""
+
+    template: Path
+    undo: list = field(default_factory=list)
+
+
+@dataclass
 class Case:
-    """``setup(folder, locks)`` writes the case's files into ``folder`` and returns the arguments after ``rlzoo``
-    (``locks`` collects the undo of each folder it made unwritable). Every text of ``expect`` must appear in the
-    output, ``once`` exactly once, none of ``absent``."""
+    """``setup(folder, ctx)`` writes the case's files into ``folder`` and returns the arguments after ``rlzoo``.
+    Every text of ``expect`` must appear in the output, ``once`` exactly once, none of ``absent``."""
 
     id: str
-    setup: Callable[[Path, list], list[str]]
+    setup: Callable[[Path, Context], list[str]]
     expect: tuple[str, ...]
     code: int = 1
     once: str | None = None
@@ -117,36 +131,36 @@ def data_file(folder: Path, name: str, lines: list[str], raw: dict[int, bytes] |
     return name
 
 
-def with_task(task: str, path: str, command: str = "train") -> Callable[[Path, list], list[str]]:
-    def setup(folder: Path, locks: list) -> list[str]:
+def with_task(task: str, path: str, command: str = "train") -> Callable[[Path, Context], list[str]]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         args = ["config", "check"] if command == "check" else [command]
         return [*args, config(folder, {"task": {"name": task, "path": path}})]
     return setup
 
 
-def check(extra: dict, command: str = "check") -> Callable[[Path, list], list[str]]:
-    def setup(folder: Path, locks: list) -> list[str]:
+def check(extra: dict, command: str = "check") -> Callable[[Path, Context], list[str]]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         (folder / "afile").write_text("not a folder\n")
         return [*(["config", "check"] if command == "check" else [command]), config(folder, extra)]
     return setup
 
 
-def locked(output_dir: str, command: str) -> Callable[[Path, list], list[str]]:
-    def setup(folder: Path, locks: list) -> list[str]:
+def locked(output_dir: str, command: str) -> Callable[[Path, Context], list[str]]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         (folder / "locked").mkdir()
-        locks.append(_lock(folder / "locked"))
+        ctx.undo.append(_lock(folder / "locked"))
         return [*(["config", "check"] if command == "check" else [command]), config(folder, {"output_dir": output_dir})]
     return setup
 
 
-def bad_data(name: str, task: str, raw: dict[int, bytes], command: str = "train") -> Callable[[Path, list], list[str]]:
-    def setup(folder: Path, locks: list) -> list[str]:
+def bad_data(name: str, task: str, raw: dict[int, bytes], command: str = "train") -> Callable[[Path, Context], list[str]]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         data_file(folder, name, rows_jsonl(), raw)
-        return with_task(task, name, command)(folder, locks)
+        return with_task(task, name, command)(folder, ctx)
     return setup
 
 
-def bad_json_document(folder: Path, locks: list) -> list[str]:
+def bad_json_document(folder: Path, ctx: Context) -> list[str]:
     records = [json.loads(line) for line in rows_jsonl()]
     text = json.dumps(records, indent=1).splitlines()
     text[2] = text[2].replace('",', '"')  # line 3 loses its comma: the parser finds out on line 4
@@ -154,7 +168,7 @@ def bad_json_document(folder: Path, locks: list) -> list[str]:
     return ["train", config(folder, {"task": {"name": "dataset", "path": "doc.json"}})]
 
 
-def bad_utf8_parquet(folder: Path, locks: list) -> list[str]:
+def bad_utf8_parquet(folder: Path, ctx: Context) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -166,8 +180,8 @@ def bad_utf8_parquet(folder: Path, locks: list) -> list[str]:
     return ["train", config(folder, {"task": {"name": "dataset", "path": "bad.parquet"}})]
 
 
-def long_prompt(name: str, task: str, command: str) -> Callable[[Path, list], list[str]]:
-    def setup(folder: Path, locks: list) -> list[str]:
+def long_prompt(name: str, task: str, command: str) -> Callable[[Path, Context], list[str]]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         lines = rows_jsonl(30)
         lines.insert(3, json.dumps({"prompt": LONG_PROMPT, "answer": "2", "demonstration": "2"}))  # line 4
         if name.endswith(".jsonl"):
@@ -182,7 +196,7 @@ def long_prompt(name: str, task: str, command: str) -> Callable[[Path, list], li
             evals = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(50, 60)]
             (folder / "eval.jsonl").write_text("\n".join(evals) + "\n")
             return [command, config(folder, {"task": {"name": task, "path": name, "eval_path": "eval.jsonl"}})]
-        return with_task(task, name, command)(folder, locks)
+        return with_task(task, name, command)(folder, ctx)
     return setup
 
 
@@ -204,8 +218,8 @@ trainer:
 """
 
 
-def yaml_file(text: str, *command: str) -> Callable[[Path, list], list[str]]:
-    def setup(folder: Path, locks: list) -> list[str]:
+def yaml_file(text: str, *command: str) -> Callable[[Path, Context], list[str]]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         (folder / "run.yaml").write_text(text)
         return [*command, "run.yaml"] if command[0] != "ablate" else \
             ["ablate", "run.yaml", "--vary", "trainer.lr=0.1,0.2", "--seeds", "1", "--out", "sweep"]
@@ -220,10 +234,10 @@ METRICS = [
 ]
 
 
-def metrics_run(torn_line: int | None, command: str) -> Callable[[Path, list], list[str]]:
+def metrics_run(torn_line: int | None, command: str) -> Callable[[Path, Context], list[str]]:
     """A run folder whose metrics.jsonl has a torn line at ``torn_line`` (1-based), or at its end (``None``: a write
     cut short by a crash, no newline after it)."""
-    def setup(folder: Path, locks: list) -> list[str]:
+    def setup(folder: Path, ctx: Context) -> list[str]:
         lines = [json.dumps(r) for r in METRICS]
         torn, last = '{"step": 1, "reward/me', torn_line is None
         lines = lines + [torn] if last else lines[: torn_line - 1] + [torn] + lines[torn_line - 1 :]
@@ -231,6 +245,108 @@ def metrics_run(torn_line: int | None, command: str) -> Callable[[Path, list], l
         (folder / "run" / "metrics.jsonl").write_text("\n".join(lines) + ("" if last else "\n"))
         return [command, "run"]
     return setup
+
+
+# -- a finished run to damage, hold, or resume differently -----------------------------------------------------
+
+TEMPLATE = {"output_dir": "run", "train": {"steps": 2, "eval_every": 2, "keep_checkpoints": 3}}
+
+
+def make_template(folder: Path) -> Path:
+    """A finished two-step run in ``folder/run`` (checkpoints after steps 1 and 2), from ``folder/run.yaml``."""
+    config(folder, merge(TEMPLATE, {"cold_start": {"output_dir": str(folder / "cold")}}))
+    proc = subprocess.run([*_rlzoo_command(), "train", "run.yaml"], cwd=folder, env=_environment(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
+def copied_run(folder: Path, ctx: Context) -> Path:
+    shutil.copy(ctx.template / "run.yaml", folder / "run.yaml")
+    shutil.copytree(ctx.template / "run", folder / "run")
+    return folder / "run"
+
+
+def checkpoint_file(run: Path, step: int, name: str) -> Path:
+    return run / "checkpoints" / f"step_{step:06d}" / name
+
+
+def truncate(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def flip(path: Path) -> None:
+    """256 bytes flipped in the middle of a safetensors file's tensor data: it still loads; only its digest tells."""
+    data = bytearray(path.read_bytes())
+    start = 8 + struct.unpack("<Q", data[:8])[0]
+    start += max(0, (len(data) - start - 256) // 2)
+    for i in range(start, min(start + 256, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def resume_damaged(*damage: tuple[int, str, Callable[[Path], None]], extra: tuple[str, ...] = ()):
+    def setup(folder: Path, ctx: Context) -> list[str]:
+        run = copied_run(folder, ctx)
+        for step, name, how in damage:
+            how(checkpoint_file(run, step, name))
+        return ["train", "run.yaml", "--resume", "run", *extra]
+    return setup
+
+
+def resume_with(*arguments: str):
+    def setup(folder: Path, ctx: Context) -> list[str]:
+        copied_run(folder, ctx)
+        return ["train", "run.yaml", "--resume", "run", *arguments]
+    return setup
+
+
+HOLD = """
+    import sys, time
+    from rlzoo import runlock
+    lock = runlock.hold_run_folder(sys.argv[1], "holder-command")
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def in_use(*command: str, copy: bool = False):
+    """Another process holds the run folder (``out``, or a copy of the template run) while ``command`` runs."""
+    def setup(folder: Path, ctx: Context) -> list[str]:
+        held = copied_run(folder, ctx) if copy else folder / "out"
+        if not copy:
+            config(folder)
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), str(held)], stdout=subprocess.PIPE,
+                                  text=True)
+        ctx.undo.append(holder.kill)
+        assert holder.stdout.readline().strip() == "held"
+        return [*command, "run.yaml", *(["--resume", "run"] if copy else [])]
+    return setup
+
+
+def sets(*overrides: str, command: tuple[str, ...] = ("config", "check")):
+    def setup(folder: Path, ctx: Context) -> list[str]:
+        return [*command, config(folder), *[a for o in overrides for a in ("--set", o)]]
+    return setup
+
+
+def resume_missing(folder: Path, ctx: Context) -> list[str]:
+    return ["train", config(folder), "--resume", "nowhere"]
+
+
+def resume_without_checkpoint(folder: Path, ctx: Context) -> list[str]:
+    run = copied_run(folder, ctx)
+    shutil.rmtree(run / "checkpoints")
+    return ["train", "run.yaml", "--resume", "run"]
+
+
+NONFINITE = """\
+output_dir: out
+rollout: {engine: {name: hf}, max_new_tokens: 4}
+trainer: {engine: {name: torch}}
+algorithm: {clipper: {name: ppo, eps_low: .nan}}
+"""
 
 
 CASES = [
@@ -291,30 +407,74 @@ CASES = [
          one_error=False),
     Case("compare-torn-last-line", metrics_run(None, "compare"), ("run/summary.md",), code=0,
          absent=("WARNING", "line 5"), one_error=False),
+    # 6. damaged checkpoints: named file by file; the newest intact one is resumed, or nothing is
+    Case("resume-latest-weights-truncated", resume_damaged((2, "model/model.safetensors", truncate)),
+         ("checkpoint run/checkpoints/step_000002 is damaged", "model/model.safetensors: truncated (",
+          "resuming from run/checkpoints/step_000001, the newest intact checkpoint, so step 1 is run again"),
+         code=0, one_error=False),
+    Case("resume-latest-optimizer-flipped", resume_damaged((2, "optimizer.safetensors", flip)),
+         ("optimizer.safetensors: content differs from its recorded sha256 digest", "so step 1 is run again"),
+         code=0, one_error=False),
+    Case("resume-latest-state-truncated", resume_damaged((2, "state.json", truncate)),
+         ("state.json: truncated (", "so step 1 is run again"), code=0, one_error=False),
+    Case("resume-every-checkpoint-damaged",
+         resume_damaged((2, "model/model.safetensors", truncate), (1, "rng.json", truncate)),
+         ("error: no intact checkpoint to resume in run/checkpoints",
+          "step_000002: model/model.safetensors: truncated (", "step_000001: rng.json: truncated ("),
+         absent=("SafetensorError", "JSONDecodeError")),
+    Case("resume-a-missing-folder", resume_missing, ("nowhere",)),
+    Case("resume-a-run-without-checkpoints", resume_without_checkpoint, ("run",)),
+    # 7. one writer per run folder
+    Case("train-on-a-folder-in-use", in_use("train"),
+         ("error: out is in use by another rlzoo process: pid ", "(holder-command)", "choose another output_dir")),
+    Case("resume-on-a-folder-in-use", in_use("train", copy=True),
+         ("error: run is in use by another rlzoo process: pid ", "resume again")),
+    Case("check-a-folder-in-use", in_use("config", "check"),
+         ("error: out is in use by another rlzoo process: pid ", "(holder-command)")),
+    # 8. a resume that changes the run
+    Case("resume-with-changed-math", resume_with("--set", "trainer.lr=0.01", "--set", "rollout.group_size=4"),
+         ("rollout.group_size: changed since the run started: 2 -> 4",
+          "trainer.lr: changed since the run started: 0.0001 -> 0.01", "--allow-changes"), one_error=False),
+    Case("resume-allowing-the-change", resume_with("--set", "trainer.lr=0.01", "--allow-changes", "trainer.lr"),
+         ("resume     changes going ahead, recorded in run/config_changes.jsonl: trainer.lr 0.0001 -> 0.01",),
+         code=0, one_error=False),
+    # 9. numbers that are not finite, or out of range
+    Case("lr-inf-set", sets("trainer.lr=inf"), ("trainer.lr: Input should be a finite number",)),
+    Case("nan-in-a-component-yaml", yaml_file(NONFINITE, "config", "check"),
+         ("algorithm.clipper.eps_low: Input should be a finite number",), one_error=False),
+    Case("grad-clip-inf-yaml-train", sets("trainer.grad_clip=.inf", command=("train",)),
+         ("trainer.grad_clip: Input should be a finite number",)),
+    Case("lr-beyond-float32-train", sets("trainer.lr=1e39", command=("train",)),
+         ("trainer.lr: 1e+39 does not fit in float32",)),
+    Case("beta-of-one", sets("trainer.betas=[0.9, 1.0]"), ("trainer.betas.1: Input should be less than 1",)),
 ]
 
 
 def test_enough_cases():
-    assert len(CASES) >= 12
+    assert len(CASES) >= 25
     assert len({c.id for c in CASES}) == len(CASES)
 
 
-def _run(case: Case, folder: Path, locks: list) -> subprocess.CompletedProcess:
-    argv = case.setup(folder, locks)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+
+def _run(case: Case, folder: Path, ctx: Context) -> subprocess.CompletedProcess:
+    argv = case.setup(folder, ctx)
+    return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=_environment(), capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
     pytest.importorskip("datasets")
-    locks: list = []
+    ctx = Context(make_template(tmp_path_factory.mktemp("template")))
     jobs = [(case, tmp_path_factory.mktemp(case.id)) for case in CASES if CAN_LOCK or not case.locks]
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:  # each spends seconds importing torch
-            procs = list(pool.map(lambda job: _run(*job, locks), jobs))
+            procs = list(pool.map(lambda job: _run(*job, ctx), jobs))
     finally:
-        for undo in locks:
+        for undo in ctx.undo:
             if undo is not None:
                 undo()
     yield {case.id: (folder, proc) for (case, folder), proc in zip(jobs, procs)}

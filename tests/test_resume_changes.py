@@ -50,6 +50,21 @@ def test_changes_against_the_saved_config_and_the_recorded_ones(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["lr"] == 1e-4  # the record stays
 
 
+def test_a_component_parameter_added_since_the_run_started_is_no_change_at_its_default(tmp_path):
+    from rlzoo.config import load_config
+    from rlzoo.registry import default_registry
+
+    registry = default_registry()
+    config = load_config(CONFIG, ENGINES, registry)  # components resolved: every parameter written out
+    saved = yaml.safe_load(dump_config(config))
+    del saved["algorithm"]["advantage"]["eps"]  # as if the advantage had no such parameter then
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert config_changes(tmp_path, config, registry) == {}
+    assert "algorithm.advantage.eps" in config_changes(tmp_path, config)  # without the registry: unknown default
+    changed = load_config(CONFIG, [*ENGINES, "algorithm.advantage.eps=1e-4"], registry)
+    assert config_changes(tmp_path, changed, registry) == {"algorithm.advantage.eps": (None, 1e-4)}
+
+
 def _train(tmp_path: Path, run_dir: Path, *sets: str, resume: bool = False, allow: tuple[str, ...] = ()):
     overrides = [*TINY_RUN, *ENGINES, f"cold_start.output_dir={tmp_path / 'cold'}", f"output_dir={run_dir}", *sets]
     command = [*_rlzoo_command(), "train", str(CONFIG), *(a for o in overrides for a in ("--set", o))]

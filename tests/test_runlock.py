@@ -81,6 +81,62 @@ def test_a_held_run_folder_is_refused_naming_its_holder_and_freed_when_the_holde
     assert runlock.holder_of(run_dir / runlock.LOCK_NAME) is None  # released with the block
 
 
+def test_holding_a_folder_this_process_holds_is_a_no_op(tmp_path):
+    """``rlzoo train`` holds the folder, then the TrainingRun it starts asks too: not a clash with itself; the
+    inner hold lets nothing go, the outer one releases it."""
+    run_dir = tmp_path / "run"
+    outer = runlock.hold_run_folder(run_dir, "outer")
+    inner = runlock.hold_run_folder(tmp_path / "." / "run", "inner")  # the same folder, spelled differently
+    runlock.check_run_folder(run_dir)  # this process's own folder is not "in use by another"
+    inner.release()
+    holder = runlock.holder_of(run_dir / runlock.LOCK_NAME)
+    assert holder is not None and (holder.pid, holder.command) == (os.getpid(), "outer")
+    outer.release()
+    assert runlock.holder_of(run_dir / runlock.LOCK_NAME) is None
+    with runlock.hold_run_folder(run_dir, "again") as lock:  # held anew, not mistaken for the released one
+        assert lock.held
+
+
+def _tiny_run(run_dir: Path):
+    from rlzoo.config import load_config
+    from rlzoo.registry import default_registry
+    from rlzoo.run import TrainingRun
+
+    registry = default_registry()
+    sets = [*TINY, "train.steps=1", f"output_dir={run_dir}", f"cold_start.output_dir={run_dir.parent / 'cold'}"]
+    return TrainingRun(load_config(EXAMPLE, sets, registry), registry, progress=False)
+
+
+def test_a_run_started_from_python_is_refused_on_a_folder_in_use(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = _python(HOLD, str(run_dir))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(runlock.FolderInUse, match=f"in use by another rlzoo process: pid {holder.pid} "):
+            _tiny_run(run_dir).run()
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert sorted(p.name for p in run_dir.iterdir()) == [runlock.LOCK_NAME]  # refused before writing anything
+
+
+def test_a_run_started_from_python_holds_its_folder_until_run_returns_or_raises(tmp_path, monkeypatch):
+    from rlzoo.run import TrainingRun
+
+    run_dir = tmp_path / "run"
+    seen = []
+
+    def train(self):
+        seen.append(runlock.holder_of(run_dir / runlock.LOCK_NAME))
+        raise RuntimeError("stopped inside the run")
+
+    monkeypatch.setattr(TrainingRun, "_train", train)
+    with pytest.raises(RuntimeError, match="stopped inside the run"):
+        _tiny_run(run_dir).run()
+    assert seen[0] is not None and seen[0].pid == os.getpid()
+    assert runlock.holder_of(run_dir / runlock.LOCK_NAME) is None
+
+
 def test_checking_a_folder_creates_nothing(tmp_path):
     runlock.check_run_folder(tmp_path / "new")
     assert not (tmp_path / "new").exists()

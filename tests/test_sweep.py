@@ -162,6 +162,27 @@ def test_example_sweep_config_builds_and_preflights(tmp_path):
     assert all(j.needs is not None for j in jobs)
 
 
+def test_a_rerun_sweep_resumes_from_each_runs_recorded_config_without_rewriting_it(tmp_path):
+    """The same ``ablate`` again on its ``--out`` resumes the unfinished runs: their ``config.yaml`` is the record
+    of their first steps and stays byte for byte (rlzoo.resume_changes); a new run's is written."""
+    from rlzoo.config import dump_config
+    from rlzoo.sweep.jobs import plan
+
+    sweep = build_sweep(str(EXAMPLE), [parse_vary("trainer.lr=1e-4,2e-4")], 1, tmp_path / "s", ENGINES, default_registry())
+    started, new = sweep.runs
+    recorded = dump_config(started.config) + "# written by the run's first process\n"
+    (started.run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
+    (started.run_dir / "checkpoints" / "step_000001" / "state.json").write_text("{}")
+    (started.run_dir / "checkpoints" / "latest").write_text("step_000001")
+    (started.run_dir / "config.yaml").write_text(recorded)
+    _, jobs, _ = plan(sweep.runs, default_registry(), threads=1)
+    by_name = {job.name: job.args for job in jobs}
+    assert by_name[f"{started.cell}/seed0"] == ["train", str(started.run_dir / "config.yaml"), "--resume", str(started.run_dir)]
+    assert (started.run_dir / "config.yaml").read_text() == recorded
+    assert by_name[f"{new.cell}/seed0"] == ["train", str(new.run_dir / "config.yaml")]
+    assert (new.run_dir / "config.yaml").read_text() == dump_config(new.config)
+
+
 def test_unfinished_runs_are_left_out_of_the_table(tmp_path):
     _fake_run(tmp_path / "a0", 0, [0, 0, 1.0], 0.5, 1e-4)
     _fake_run(tmp_path / "a1", 1, [0, 0, 1.0], 0.9, 1e-4)

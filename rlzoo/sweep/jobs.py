@@ -51,8 +51,9 @@ def is_finished(run_dir: Path) -> bool:
 
 def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], list[Job], list[Run]]:
     """``(cold-start jobs, run jobs, finished runs)``. Every run still to do is preflighted here, before any starts
-    (``ConfigError`` naming every failing run; nothing written then); then each resolved config is written to
-    ``run_dir/config.yaml``, which the run's command starts from."""
+    (``ConfigError`` naming every failing run; nothing written then); then each new run's resolved config is
+    written to ``run_dir/config.yaml``, which its command starts from; a run to resume starts from the
+    ``config.yaml`` it recorded, left as it is."""
     from rlzoo.errors import ConfigError
 
     todo, done, problems = [], [], []
@@ -71,7 +72,8 @@ def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], 
     cold_jobs: dict[Path, Job] = {}
     jobs = []
     for run, resume in todo:
-        config_file = write_config(run)
+        # a run to resume goes on from the config it recorded, never rewritten (its changes are refused above)
+        config_file = run.run_dir / "config.yaml" if resume is not None else write_config(run)
         name = f"{run.cell}/seed{run.seed}"
         args = ["train", str(config_file), *(["--resume", str(resume)] if resume is not None else [])]
         cold = cold_start_dir(run.config)
