@@ -29,7 +29,6 @@ import contextlib
 import io
 import logging
 import os
-import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -44,7 +43,6 @@ LOG_NAME = "log.txt"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 OURS = "rlzoo"  # logger names and package folders of the core and the first-party plugins start with this
-_OUR_FILE = re.compile(r"[/\\]rlzoo\w*[/\\]")  # a source file inside an rlzoo* package
 
 
 def log_path(run_dir: Path, rank: int = 0) -> Path:
@@ -61,9 +59,20 @@ class Actionable(logging.Filter):
         return record.levelno >= logging.WARNING and record.name.split(".")[0].startswith(OURS)
 
 
+def is_our_file(filename: str) -> bool:
+    """Whether ``filename`` is a source file of an imported ``rlzoo*`` package (the core, a first-party plugin). By
+    the packages' own folders, not by name: a checkout cloned as ``rlzoo/`` holds a venv whose libraries are not."""
+    path = os.path.abspath(filename)
+    for name, module in list(sys.modules.items()):
+        if name.startswith(OURS) and "." not in name and getattr(module, "__file__", None):
+            if path.startswith(os.path.dirname(os.path.abspath(module.__file__)) + os.sep):
+                return True
+    return False
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """``warnings.showwarning`` as a log record: ``rlzoo.warnings`` if raised from rlzoo code, else ``py.warnings``."""
-    name = "rlzoo.warnings" if _OUR_FILE.search(str(filename)) else "py.warnings"
+    name = "rlzoo.warnings" if is_our_file(str(filename)) else "py.warnings"
     text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
     logging.getLogger(name).warning("%s", text)
 

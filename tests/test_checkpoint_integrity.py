@@ -15,13 +15,13 @@ import logging
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from test_cli import _rlzoo_command
 
 from rlzoo.checkpoint import (
     MANIFEST,
@@ -70,14 +70,6 @@ FILES = [
     "rng.safetensors",
     "state.json",
 ]
-
-
-def _rlzoo_command() -> list[str]:
-    script = Path(sys.executable).with_name("rlzoo")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("rlzoo")
-    return [found] if found else [sys.executable, "-m", "rlzoo.cli"]
 
 
 @pytest.fixture(scope="module")

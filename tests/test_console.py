@@ -126,3 +126,15 @@ def test_sft_summary_has_no_rl_lines(tmp_path):
     console = Console(out=sys.stdout, err=sys.stderr, log_file=None, verbose=False)
     text = "\n".join(start_summary("sft", "run.yaml", config, tmp_path, console))
     assert "schedule" not in text and "algorithm" not in text and "log " not in text
+
+
+def test_our_files_are_the_rlzoo_packages_folders_not_any_folder_named_rlzoo(tmp_path):
+    """A checkout cloned as ``rlzoo/`` keeps its venv inside: a library's warning from there is not rlzoo's."""
+    import rlzoo
+    import rlzoo.console as console_module
+
+    assert console_module.is_our_file(console_module.__file__)
+    assert console_module.is_our_file(str(Path(rlzoo.__file__).parent / "engines" / "any.py"))
+    venv_library = tmp_path / "rlzoo" / ".venv" / "lib" / "python3.11" / "site-packages" / "vllm" / "dispatcher.py"
+    assert not console_module.is_our_file(str(venv_library))
+    assert not console_module.is_our_file(str(Path(rlzoo.__file__).parent) + "_extra/x.py")  # a sibling, not inside

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_cli import _rlzoo_command
 
 BASE = {
     "output_dir": "out",
@@ -36,14 +37,6 @@ BASE = {
     "train": {"steps": 1, "eval_every": 1, "eval_prompts": 4, "checkpoint_every": 1},
 }
 LONG_PROMPT = "1" * 2_000_000 + "+1="  # two million tokens for the character tokenizer; the context is 256
-
-
-def _rlzoo_command() -> list[str]:
-    script = Path(sys.executable).with_name("rlzoo")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("rlzoo")
-    return [found] if found else [sys.executable, "-m", "rlzoo.cli"]
 
 
 # -- making a folder this user cannot write to ---------------------------------------------------------------

@@ -5,7 +5,6 @@ previous checkpoint intact and ``latest`` still pointing at it."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_cli import _rlzoo_command
 
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, verify_checkpoint
 from rlzoo.config import ComponentSpec, Section, TinyModelConfig, TrainerConfig, apply_overrides, build_config, read_yaml
@@ -27,14 +27,6 @@ from rlzoo.registry import default_registry
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
-
-
-def _rlzoo_command() -> list[str]:
-    script = Path(sys.executable).with_name("rlzoo")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("rlzoo")
-    return [found] if found else [sys.executable, "-m", "rlzoo.cli"]
 
 
 # -- (a) the config ----------------------------------------------------------------------------------------------
