@@ -99,7 +99,7 @@ def train_cold_start(
     examples = demonstrations(config, task, tokenizer, registry or default_registry())
     model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cs.lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cs.lr, total_steps=max(cs.steps, 1), pct_start=0.1)
+    schedule = one_cycle(optimizer, cs.lr, cs.steps)
     rng = random.Random(config.seed)
     start = time.perf_counter()
     bar = tqdm(range(cs.steps), desc="cold start (SFT)", disable=not progress, dynamic_ncols=True)
@@ -147,3 +147,12 @@ def demonstrations(
     if not out:
         raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
     return out
+
+
+def one_cycle(optimizer: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.OneCycleLR:
+    """The cold start's schedule: one cycle peaking at ``lr`` after 10% of the steps. Its warm-up ends at step
+    ``pct_start * steps - 1``, and torch divides by that length: a short cold start gets a warm-up of two steps, so
+    the length is never zero (10 steps: 0.1 * 10 - 1 = 0) nor negative (fewer than 10)."""
+    total = max(steps, 1)
+    pct_start = 0.1 if total < 3 else max(0.1, 2 / total)
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=pct_start)
