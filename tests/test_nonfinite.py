@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_cli import _rlzoo_command
+from test_cli import TINY_RUN, _rlzoo_command
 
 from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, verify_checkpoint
 from rlzoo.config import ComponentSpec, Section, TinyModelConfig, TrainerConfig, apply_overrides, build_config, read_yaml
@@ -197,21 +197,7 @@ RLZOO_POISONED = textwrap.dedent(
     sys.exit(main(sys.argv[1:]))
     """
 )
-TINY = [
-    "rollout.engine={name: hf}",
-    "trainer.engine={name: torch}",
-    "cold_start.steps=2",
-    "cold_start.batch_size=8",
-    "cold_start.examples=32",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "train.steps=3",
-    "train.eval_every=10",
-    "train.eval_prompts=4",
-    "train.eval_samples_per_prompt=1",
-    "train.checkpoint_every=1",
-]
+TINY = ["rollout.engine={name: hf}", "trainer.engine={name: torch}", *TINY_RUN, "train.steps=3", "train.eval_every=10"]
 
 
 def test_non_finite_weights_stop_the_run_before_their_checkpoint(tmp_path):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cli import TINY_RUN
 
 from rlzoo import runlock
 from rlzoo.checkpoint import PAUSE_ENV
@@ -22,20 +23,8 @@ from rlzoo.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
-TINY = [  # tests/test_cli.py's TINY_RUN on the in-process engines, with a few steps
-    "rollout.engine={name: hf}",
-    "trainer.engine={name: torch}",
-    "cold_start.steps=2",
-    "cold_start.batch_size=8",
-    "cold_start.examples=32",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=4",
-    "train.eval_every=2",
-    "train.eval_prompts=4",
-    "train.eval_samples_per_prompt=1",
-    "train.checkpoint_every=1",
-]
+ENGINES = ["rollout.engine={name: hf}", "trainer.engine={name: torch}"]
+TINY = [*ENGINES, *TINY_RUN, "train.eval_every=2"]  # tests/test_cli.py's tiny run on the in-process engines
 
 
 def _python(code: str, *args: str, **kwargs) -> subprocess.Popen:

@@ -1,4 +1,5 @@
-"""Shared by the loggers' tests: a run to track, the steps a run logs, and a reader of wandb's offline files."""
+"""Shared by the loggers' tests: a run to track, the steps a run logs (a whole run, directly or through
+``Trackers``), and a reader of wandb's offline files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from rlzoo.interfaces import TrackedRun
+from rlzoo.tracking import Trackers
 
 TAGS = {"sweep": "sw", "cell": "lr=0.001", "seed": "1", "lr": "0.001"}
 EVAL_EVERY = 5
@@ -64,6 +66,17 @@ def complete(logger: Any, steps: int, artifacts: list[Path]) -> dict[str, float]
     logger.log_metrics(steps, final)
     summary = {**final, "steps": float(steps)}
     logger.finish(summary, artifacts)
+    return summary
+
+
+def whole_run(logger: Any, run: TrackedRun, steps: int, artifacts: list[Path], through_trackers: bool) -> dict[str, float]:
+    """Start, log ``steps`` steps, finish and close ``logger``: called directly, or through :class:`Trackers` as a run
+    calls it; returns the summary."""
+    target = Trackers({"loggers.0": logger}) if through_trackers else logger
+    target.start({"loggers.0": run} if through_trackers else run)
+    log_steps(target, range(steps))
+    summary = complete(target, steps, artifacts)
+    target.close()
     return summary
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import TAGS, complete, log_steps, step_metrics, tracked_run
-from rlzoo.tracking import Trackers
+from loggers_testlib import TAGS, log_steps, step_metrics, tracked_run, whole_run
 from rlzoo_loggers.common import flatten, read_state
 from rlzoo_loggers.mlflow_logger import MlflowLogger
 
@@ -53,14 +52,7 @@ def test_params_tags_metrics_summary_and_artifacts(tmp_path, artifacts, through_
         shutil.copy(empty_store, tmp_path / "mlflow.db")
     run = tracked(tmp_path)
     logger = MlflowLogger()
-    target = Trackers({"loggers.0": logger}) if through_trackers else logger
-    if through_trackers:
-        target.start({"loggers.0": run})
-    else:
-        target.start(run)
-    log_steps(target, range(STEPS))
-    summary = complete(target, STEPS, artifacts)
-    target.close()
+    summary = whole_run(logger, run, STEPS, artifacts, through_trackers)
 
     mlflow = client(tmp_path)  # the default store: sqlite in tracking.store_dir
     state = read_state(run.state_dir)

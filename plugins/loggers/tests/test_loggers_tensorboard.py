@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import TAGS, complete, log_steps, step_metrics, tracked_run
-from rlzoo.tracking import Trackers
+from loggers_testlib import TAGS, log_steps, step_metrics, tracked_run, whole_run
 from rlzoo_loggers.tensorboard_logger import TensorBoardLogger
 
 pytest.importorskip("tensorboard")
@@ -40,14 +39,7 @@ def text(reader, tag: str) -> str:
 def test_metrics_config_summary_and_plot(tmp_path, artifacts, through_trackers):
     run = tracked_run(tmp_path)
     logger = TensorBoardLogger()
-    target = Trackers({"loggers.0": logger}) if through_trackers else logger
-    if through_trackers:
-        target.start({"loggers.0": run})
-    else:
-        target.start(run)
-    log_steps(target, range(STEPS))
-    summary = complete(target, STEPS, artifacts)
-    target.close()
+    summary = whole_run(logger, run, STEPS, artifacts, through_trackers)
 
     reader = read(run.run_dir / "tensorboard")
     steps = list(range(STEPS))

@@ -8,8 +8,7 @@ import os
 import pytest
 
 from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import TAGS, complete, log_steps, read_wandb, step_metrics, tracked_run
-from rlzoo.tracking import Trackers
+from loggers_testlib import TAGS, log_steps, read_wandb, step_metrics, tracked_run, whole_run
 from rlzoo_loggers.common import read_state
 from rlzoo_loggers.wandb_logger import WandbLogger
 
@@ -27,14 +26,7 @@ def test_config_metrics_summary_and_artifacts(tmp_path, artifacts, through_track
     run = tracked_run(tmp_path, state_dir=tmp_path / "run" / "loggers" / "wandb")
     logger = WandbLogger()
     environ = dict(os.environ)
-    target = Trackers({"loggers.0": logger}) if through_trackers else logger
-    if through_trackers:
-        target.start({"loggers.0": run})
-    else:
-        target.start(run)
-    log_steps(target, range(STEPS))
-    summary = complete(target, STEPS, artifacts)
-    target.close()
+    summary = whole_run(logger, run, STEPS, artifacts, through_trackers)
     # the environment is left as it was, but for wandb's own address of its service process (wandb.setup sets it)
     changed = {k for k in {*environ, *os.environ} if environ.get(k) != os.environ.get(k)}
     assert changed <= {"WANDB_SERVICE"}

@@ -54,6 +54,11 @@ def take(pool: Sequence[Sample], count: int, rng: random.Random) -> list[Sample]
 MEASURE_BYTES = 16 * 2**20
 
 
+def data_files(params: Any) -> list[tuple[str, str]]:
+    """``(field, path)`` of a file-backed task's data: ``path``, and ``eval_path`` when it is given."""
+    return [("path", params.path)] + ([("eval_path", params.eval_path)] if params.eval_path is not None else [])
+
+
 def char_budget(run: Any) -> tuple[int, int] | None:
     """``(most characters of a prompt, context tokens)`` when the preflight can count a plain prompt's tokens by its
     characters, else ``None``: the model is the cold start's (``model.path`` null), whose character tokenizer gives

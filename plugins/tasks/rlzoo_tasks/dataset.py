@@ -32,7 +32,16 @@ from pydantic import Field
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
 
-from rlzoo_tasks._common import MEASURE_BYTES, char_budget, check_count, check_split, overlong_problem, rng_for, take
+from rlzoo_tasks._common import (
+    MEASURE_BYTES,
+    char_budget,
+    check_count,
+    check_split,
+    data_files,
+    overlong_problem,
+    rng_for,
+    take,
+)
 
 if TYPE_CHECKING:
     from rlzoo.interfaces import RunFacts
@@ -309,8 +318,7 @@ class DatasetTask(Task):
         if importlib.util.find_spec("datasets") is None:
             problems.append(("name", f"'dataset' needs the Python package 'datasets', which is not installed "
                                      f"({INSTALL_HINT})"))
-        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
-        problems += [(field, problem) for field, path in named if (problem := path_problem(path, p.format))]
+        problems += [(field, problem) for field, path in data_files(p) if (problem := path_problem(path, p.format))]
         return problems
 
     def preflight(self, run: RunFacts, at: str) -> list[tuple[str, str]]:
@@ -320,8 +328,7 @@ class DatasetTask(Task):
         p = self.params
         if char_budget(run) is None:
             return problems
-        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
-        for field, path in named:
+        for field, path in data_files(p):
             file = Path(path).expanduser()
             json_file = p.format == "json" or (p.format == "auto" and BUILDERS.get(file.suffix) == "json")
             if json_file and path_problem(path, p.format) is None and file.is_file() \

@@ -14,7 +14,16 @@ from pydantic import Field
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
 
-from rlzoo_tasks._common import MEASURE_BYTES, char_budget, check_count, check_split, overlong_problem, rng_for, take
+from rlzoo_tasks._common import (
+    MEASURE_BYTES,
+    char_budget,
+    check_count,
+    check_split,
+    data_files,
+    overlong_problem,
+    rng_for,
+    take,
+)
 
 if TYPE_CHECKING:
     from rlzoo.interfaces import RunFacts
@@ -143,8 +152,7 @@ class JsonlTask(Task):
     def check(self) -> list[tuple[str, str]]:
         """The data files exist (their rows are validated when first read)."""
         p = self.params
-        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
-        return [(field, problem) for field, path in named if (problem := missing_file(path)) is not None]
+        return [(field, problem) for field, path in data_files(p) if (problem := missing_file(path)) is not None]
 
     def preflight(self, run: RunFacts, at: str) -> list[tuple[str, str]]:
         """Also, where it is cheap (the cold start's character tokenizer, files up to ``MEASURE_BYTES``), that every
@@ -153,8 +161,7 @@ class JsonlTask(Task):
         p = self.params
         if char_budget(run) is None:
             return problems
-        named = [("path", p.path)] + ([("eval_path", p.eval_path)] if p.eval_path is not None else [])
-        for field, path in named:
+        for field, path in data_files(p):
             if missing_file(path) is None and Path(path).expanduser().stat().st_size <= MEASURE_BYTES:
                 if (problem := overlong_problem(prompt_lengths(path, p.prompt_field), run)) is not None:
                     problems.append((f"{at}.{field}", problem))
