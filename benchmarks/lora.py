@@ -101,10 +101,10 @@ def trainer_sets(engine: str, config_path: Path, sets: list[str], lora: str, mod
     The config's own spec for that engine (``memory_scaling.engine_sets``), unless the engine's
     ``adapter_targets_supported`` refuses the LoRA targets; for DeepSpeed-MoE (which replaces the fused experts an
     ``experts.*`` target names) the same spec with ``moe: none`` then, used for both points alike."""
-    from rlzoo.config import load_config
+    from rlzoo.config.schema import load_config
     from rlzoo.models.lora import skeleton, split_targets, target_names
     from rlzoo.registry import default_registry
-    from rlzoo.run import create
+    from rlzoo.runtime.run import create
 
     chosen = engine_sets(engine, str(config_path))
     config = load_config(config_path, [*sets, *chosen, lora])
@@ -213,9 +213,9 @@ def memory_table(memory: dict[str, Any], args) -> list[str]:
 def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from rlzoo.config import load_config
+    from rlzoo.config.schema import load_config
     from rlzoo.registry import default_registry
-    from rlzoo.run import create, engine_context, load_tokenizer
+    from rlzoo.runtime.run import create, engine_context, load_tokenizer
 
     model_dir = Path(spec["model_dir"])
     config = load_config(spec["config"], spec["sets"])
@@ -453,10 +453,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlzoo.config import load_config
+    from rlzoo.config.schema import load_config
     from rlzoo.models import build_char_tokenizer
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.run import make_task
 
     config_path = ROOT / "examples" / "bench" / f"{args.scale}.yaml"
     sets: list[str] = []

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config import build_config, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.schema import build_config, read_yaml
+from rlzoo.reporting.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
@@ -35,7 +35,7 @@ def _no_process_group_left_behind():
     """A module that trains with DeepSpeed in this process leaves a torch.distributed group listening on the port
     it put in ``MASTER_PORT``; later modules' subprocesses would inherit that variable and fail to bind the port."""
     yield
-    from rlzoo.engines.deepspeed_env import shutdown_distributed
+    from rlzoo.engines.deepspeed.env import shutdown_distributed
 
     shutdown_distributed()
 

@@ -10,9 +10,9 @@ from conftest import assert_finite_metrics, make_config
 
 from rlzoo import hookimpl
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
-from rlzoo.presets import PRESETS
+from rlzoo.config.presets import PRESETS
 from rlzoo.registry import default_registry
-from rlzoo.run import train
+from rlzoo.runtime.run import train
 
 TRAINERS = {
     "torch": [],

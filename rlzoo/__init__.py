@@ -19,10 +19,10 @@ from rlzoo.hookspecs import hookimpl
 __version__ = "0.1.0"
 
 _LAZY = {
-    "build_objective": ("rlzoo.objective", "build_objective"),
-    "Objective": ("rlzoo.objective", "Objective"),
-    "load_config": ("rlzoo.config", "load_config"),
-    "RunConfig": ("rlzoo.config", "RunConfig"),
+    "build_objective": ("rlzoo.rl.objective", "build_objective"),
+    "Objective": ("rlzoo.rl.objective", "Objective"),
+    "load_config": ("rlzoo.config.schema", "load_config"),
+    "RunConfig": ("rlzoo.config.schema", "RunConfig"),
     "default_registry": ("rlzoo.registry", "default_registry"),
     "Registry": ("rlzoo.registry", "Registry"),
 }

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlzoo import runlock, signals
+from rlzoo.runtime import runlock, signals
 from rlzoo.errors import RlzooError
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
 if TYPE_CHECKING:
-    from rlzoo.memory_estimate import MemoryEstimate
+    from rlzoo.models.memory import MemoryEstimate
 
 
 def _registry():
@@ -50,14 +50,14 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from rlzoo.config import load_config
+    from rlzoo.config.schema import load_config
 
     return load_config(args.config, args.set or [], _registry())
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from rlzoo.config import dump_config
-    from rlzoo.preflight import device_memory_limit, preflight
+    from rlzoo.config.schema import dump_config
+    from rlzoo.preflight.checks import device_memory_limit, preflight
 
     device_memory = _device_memory(args.device_memory)
     config = _load(args)
@@ -78,7 +78,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def _device_memory(text: str | None) -> int | None:
     """``--device-memory`` in bytes; a bad value is a config error naming the flag."""
     from rlzoo.errors import ConfigError
-    from rlzoo.memory_estimate import parse_bytes
+    from rlzoo.util.units import parse_bytes
 
     try:
         return parse_bytes(text) if text is not None else None
@@ -89,12 +89,13 @@ def _device_memory(text: str | None) -> int | None:
 def _memory_report(memory: MemoryEstimate, processes: int, limit: tuple[str, int] | None) -> list[str]:
     """The estimate per rank as YAML comment lines (the printed config stays valid YAML): for a model of GPU size,
     or whenever a device memory is known; nothing for the tiny CPU models."""
-    from rlzoo.memory_estimate import GPU_SCALE_PARAMETERS, format_bytes
+    from rlzoo.models.memory import GPU_SCALE_PARAMETERS
+    from rlzoo.util.units import format_bytes
 
     if limit is None and memory.parameters < GPU_SCALE_PARAMETERS:
         return []
     device = f"; fits {format_bytes(limit[1])} ({limit[0]})" if limit is not None else ""
-    head = f"GPU memory per rank, estimated (rlzoo.memory_estimate), {processes} process(es){device}:"
+    head = f"GPU memory per rank, estimated (rlzoo.models.memory), {processes} process(es){device}:"
     return [head, *(f"  {line}" for line in memory.lines(limit[1] if limit is not None else None))]
 
 
@@ -106,17 +107,17 @@ ALLOW_CHANGES_HELP = (
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlzoo import distributed
-    from rlzoo.console import final_summary, log_path, run_console, start_summary
-    from rlzoo.preflight import preflight
-    from rlzoo.resume_changes import config_changes
-    from rlzoo.run import TrainingRun
+    from rlzoo.runtime import distributed
+    from rlzoo.reporting.console import final_summary, log_path, run_console, start_summary
+    from rlzoo.preflight.checks import preflight
+    from rlzoo.preflight.resume_changes import config_changes
+    from rlzoo.runtime.run import TrainingRun
 
     config, registry = _load(args), _registry()
     resume = Path(args.resume) if args.resume else None
     run_dir = resume or Path(config.output_dir)
     rank = int(os.environ.get("RANK", "0"))  # under torchrun / deepspeed every rank gets here; rank 0 reports
-    if rank == 0:  # a folder another process is writing: say by whom before anything else (rlzoo.runlock)
+    if rank == 0:  # a folder another process is writing: say by whom before anything else (rlzoo.runtime.runlock)
         runlock.check_run_folder(run_dir, resume=resume is not None)
     world = distributed.launched_world_size()
     preflight(config, registry, resume=resume, world=world, allow_changes=args.allow_changes or [])  # before any file
@@ -146,9 +147,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlzoo.console import log_path, run_console, start_summary
-    from rlzoo.run import initial_model_dir, make_task
-    from rlzoo.sft import cold_start_dir
+    from rlzoo.reporting.console import log_path, run_console, start_summary
+    from rlzoo.runtime.run import initial_model_dir, make_task
+    from rlzoo.runtime.cold_start import cold_start_dir
 
     config, registry = _load(args), _registry()
     hold = runlock.hold_run_folder(Path(config.output_dir), f"rlzoo sft {args.config}")  # its log.txt is there
@@ -182,7 +183,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rlzoo.plot import plot_run
+    from rlzoo.reporting.plot import plot_run
 
     for path in plot_run(Path(args.run_dir)):
         print(path)
@@ -306,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM is handled as SIGINT: the command stops, says where, and exits 128 + the signal's number; a second
-    # signal ends it at once (rlzoo.signals)
+    # signal ends it at once (rlzoo.runtime.signals)
     with signals.stop_signals():
         try:
             return _main(argv)
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
-    # train and sft set up their own console and log file (rlzoo.console); the other commands only need this
+    # train and sft set up their own console and log file (rlzoo.reporting.console); the other commands only need this
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

@@ -8,9 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlzoo.config import RunConfig, apply_overrides, build_config, dump_config, load_config, parse_override, read_yaml
+from rlzoo.config.schema import (
+    RunConfig,
+    apply_overrides,
+    build_config,
+    dump_config,
+    load_config,
+    parse_override,
+    read_yaml,
+)
 from rlzoo.errors import ConfigError
-from rlzoo.presets import PRESETS
+from rlzoo.config.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,7 +156,7 @@ def test_override_to_unknown_field_is_an_error():
 
 # -- presets ---------------------------------------------------------------------------------------------------
 
-# as documented in rlzoo/presets.py (from the papers): ratio, advantage, clipper, aggregation, kl, kl_coef
+# as documented in rlzoo/config/presets.py (from the papers): ratio, advantage, clipper, aggregation, kl, kl_coef
 DOCUMENTED = {
     "grpo": ("token", ("group", {"std_normalize": True}), (0.2, 0.2), "seq-mean-token-mean", "k3", 0.04),
     "dr-grpo": ("token", ("group", {"std_normalize": False}), (0.2, 0.2), "seq-mean-token-sum-norm", "k3", 0.0),
@@ -420,15 +428,15 @@ def test_multiple_structural_problems_reported_together():
 def test_preset_states_only_what_differs_from_the_defaults(preset):
     """Every value a preset writes differs from the default it would otherwise get (a component's own parameter
     default, the default component, the config field's default): each default is defined in one place."""
-    from rlzoo.config import AlgorithmConfig
-    from rlzoo.presets import DEFAULT_COMPONENTS
+    from rlzoo.config.schema import AlgorithmConfig
+    from rlzoo.config.presets import DEFAULT_COMPONENTS
     from rlzoo.registry import default_registry
 
     registry = default_registry()
     kinds = {"reward_shaping": "reward_shaper", "regularisers": "regulariser", "kl_in_reward": "kl_controller"}
     for key, value in PRESETS[preset].items():
         if key == "critic":  # a section, not a component: its keys differ from CriticConfig's defaults
-            from rlzoo.config import CriticConfig
+            from rlzoo.config.schema import CriticConfig
 
             assert all(v != CriticConfig.model_fields[k].default for k, v in value.items()), (preset, key)
             continue

@@ -7,14 +7,14 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlzoo.config import RunConfig
-from rlzoo.decode import response_text, token_char_ends
+from rlzoo.config.schema import RunConfig
+from rlzoo.util.decode import response_text, token_char_ends
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components, evaluate
-from rlzoo.rollouts import collect
-from rlzoo.metrics import Timer
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, evaluate
+from rlzoo.rl.rollouts import collect
+from rlzoo.util.timer import Timer
 
 TEXT = "naïve café — 日本語 🙂 ok"
 

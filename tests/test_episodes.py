@@ -1,4 +1,4 @@
-"""Multi-turn episodes (rlzoo.episodes): one token sequence per episode with masked observations, batched turns,
+"""Multi-turn episodes (rlzoo.episodes.runner): one token sequence per episode with masked observations, batched turns,
 limits and metrics, concurrent environments, the `tools` environment, loss equality with single-turn, process
 advantages over turns, chat-template observations, cold-start demonstrations and config errors.
 
@@ -18,10 +18,10 @@ import torch
 
 from test_cli import _rlzoo_command
 
-from rlzoo.config import PromptConfig, RunConfig, TinyModelConfig, TrainerConfig, build_config
+from rlzoo.config.schema import PromptConfig, RunConfig, TinyModelConfig, TrainerConfig, build_config
 from rlzoo.engines import EngineContext, Generation, RolloutEngine, SamplingSettings
 from rlzoo.engines.tokens import make_token_batch
-from rlzoo.episodes import (
+from rlzoo.episodes.runner import (
     EpisodeRunner,
     build_episode_runner,
     chat_observation_text,
@@ -30,14 +30,14 @@ from rlzoo.episodes import (
 )
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Environment, Observation, Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components
-from rlzoo.metrics import Timer
-from rlzoo.objective import build_objective
-from rlzoo.preflight import preflight
-from rlzoo.prompts import prompt_ids
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components
+from rlzoo.util.timer import Timer
+from rlzoo.rl.objective import build_objective
+from rlzoo.preflight.checks import preflight
+from rlzoo.episodes.prompts import prompt_ids
 from rlzoo.registry import default_registry
-from rlzoo.rollouts import collect, generate_and_score, turn_steps
+from rlzoo.rl.rollouts import collect, generate_and_score, turn_steps
 from rlzoo.tools import ToolOutcome
 
 EOS = "$"
@@ -627,7 +627,7 @@ def test_tool_descriptions_leave_a_config_without_tools_alone():
 
 def test_demonstrations_replay_through_the_real_tools():
     from rlzoo.models import build_char_tokenizer
-    from rlzoo.sft import demonstrations
+    from rlzoo.runtime.cold_start import demonstrations
 
     registry = default_registry()
     config = build_config({

@@ -8,7 +8,7 @@ import torch
 
 from test_critic import TOKENIZER, _batch, policy_dir  # noqa: F401  (the tiny dense and MoE policies)
 
-from rlzoo.config import LoraConfig, TrainerConfig
+from rlzoo.config.schema import LoraConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.models import load_model

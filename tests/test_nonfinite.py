@@ -15,12 +15,21 @@ import torch
 import yaml
 from test_cli import TINY_RUN, _rlzoo_command
 
-from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, verify_checkpoint
-from rlzoo.config import ComponentSpec, Section, TinyModelConfig, TrainerConfig, apply_overrides, build_config, read_yaml
+from rlzoo.util.atomic import atomic_write_text
+from rlzoo.runtime.checkpoint.files import latest_checkpoint, verify_checkpoint
+from rlzoo.config.schema import (
+    ComponentSpec,
+    Section,
+    TinyModelConfig,
+    TrainerConfig,
+    apply_overrides,
+    build_config,
+    read_yaml,
+)
 from rlzoo.engines import EngineContext
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
-from rlzoo.faults import FaultPolicy, NonFiniteWeights
+from rlzoo.runtime.faults import FaultPolicy, NonFiniteWeights
 from rlzoo.interfaces.base import Params
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.registry import default_registry
@@ -145,9 +154,9 @@ ZERO3 = textwrap.dedent(
 
     import torch
 
-    from rlzoo.config import TinyModelConfig, TrainerConfig
+    from rlzoo.config.schema import TinyModelConfig, TrainerConfig
     from rlzoo.engines import EngineContext
-    from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine
+    from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
     from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 
     root = Path(sys.argv[1])
@@ -180,7 +189,7 @@ RLZOO_POISONED = textwrap.dedent(
 
     import torch
 
-    import rlzoo.loop as loop
+    import rlzoo.rl.loop as loop
 
     real_step = loop.rl_step
 

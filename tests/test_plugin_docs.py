@@ -196,7 +196,8 @@ def test_the_docs_own_tests_pass(block, name, doc_modules, tmp_path):
 
 def test_batch_filter_keeps_varied_groups_reports_and_checks_the_group_size(examples, tmp_path):
     from rlzoo.interfaces import ModelFacts, RunFacts
-    from rlzoo.metrics import Sum, take_reports
+    from rlzoo.util.reductions import Sum
+    from rlzoo.interfaces.base import take_reports
     from rlzoo.registry import default_registry
 
     cls = examples[("batch_filter", "min-std")]
@@ -321,8 +322,8 @@ def test_a_correction_failing_at_set_up_names_its_field_and_message(doc_modules)
 def test_logger_writes_long_rows_and_a_resume_skips_what_it_holds(examples, tmp_path):
     import csv
 
-    from rlzoo.config import RunConfig
-    from rlzoo.tracking import Trackers, tracked_runs
+    from rlzoo.config.schema import RunConfig
+    from rlzoo.reporting.trackers import Trackers, tracked_runs
 
     cls = examples[("logger", "long-csv")]
     config = RunConfig()
@@ -352,8 +353,8 @@ def test_logger_writes_long_rows_and_a_resume_skips_what_it_holds(examples, tmp_
 
 def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_path):
     """The whole check (``rlzoo config check``'s): the engine is selected by name and its rule reported by field."""
-    from rlzoo.config import build_config
-    from rlzoo.preflight import preflight
+    from rlzoo.config.schema import build_config
+    from rlzoo.preflight.checks import preflight
 
     modules, _ = doc_modules
     module = next(m for m in modules.values() if m.__name__ == "rlzoo_my_plugin.rollout_engine")

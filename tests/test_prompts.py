@@ -1,4 +1,4 @@
-"""rlzoo.prompts: chat templates, system prompt, template options, overlong prompts; one encoding everywhere.
+"""rlzoo.episodes.prompts: chat templates, system prompt, template options, overlong prompts; one encoding everywhere.
 
 The tokenizer is a byte-level BPE with a Qwen3-style chat template built locally (rlzoo.models.chat): no package
 this project installs ships Qwen's own tokenizer files with its template.
@@ -11,15 +11,15 @@ import logging
 import pytest
 import torch
 
-from rlzoo import loop, rollouts
-from rlzoo.config import PromptConfig, build_config
+from rlzoo.rl import loop, rollouts
+from rlzoo.config.schema import PromptConfig, build_config
 from rlzoo.engines import Generation, RolloutEngine
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import Sample
-from rlzoo.metrics import Timer
+from rlzoo.util.timer import Timer
 from rlzoo.models import build_char_tokenizer
 from rlzoo.models.chat import build_chat_tokenizer
-from rlzoo.prompts import fit_prompts, prompt_ids
+from rlzoo.episodes.prompts import fit_prompts, prompt_ids
 from rlzoo.registry import default_registry
 
 QUESTION = "What is 12 + 30? Put the answer in \\boxed{}."
@@ -72,7 +72,7 @@ def test_overlong_prompts_are_dropped_with_a_count(tok, caplog):
     short, long = chat("1+1?"), chat(QUESTION * 6)
     limit = len(prompt_ids(tok, short, PromptConfig())) + 2
     config = PromptConfig(max_prompt_tokens=limit)
-    with caplog.at_level(logging.WARNING, logger="rlzoo.prompts"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.episodes.prompts"):
         kept = fit_prompts([short, long, short], tok, config, "train")
     assert kept == [short, short]
     assert "train split: 1 of 3 prompts are longer than prompt.max_prompt_tokens" in caplog.text
@@ -85,7 +85,7 @@ def test_overlong_prompts_are_dropped_with_a_count(tok, caplog):
 def test_overlong_prompts_truncated_keep_their_end(tok, caplog):
     long = chat(QUESTION * 6)
     config = PromptConfig(max_prompt_tokens=12, overlong_prompts="truncate")
-    with caplog.at_level(logging.WARNING, logger="rlzoo.prompts"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.episodes.prompts"):
         assert fit_prompts([long], tok, config, "train") == [long]
     assert "1 of 1 prompts" in caplog.text and "truncated" in caplog.text
     ids = prompt_ids(tok, long, config)
@@ -145,9 +145,9 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
 
 
 def test_config_check_refuses_chat_prompts_without_a_chat_template(tmp_path, tok):
-    from rlzoo.config import TinyModelConfig
+    from rlzoo.config.schema import TinyModelConfig
     from rlzoo.models import build_tiny_model, save_model
-    from rlzoo.preflight import preflight
+    from rlzoo.preflight.checks import preflight
 
     registry = default_registry()
     data = tmp_path / "train.jsonl"

@@ -1,7 +1,7 @@
 """Rollouts on every rank: each rank samples and scores its contiguous share of a step's prompts with its own
 engine and seed, and the gathered batch is the one a single engine would give for the same generations.
 
-Two gloo processes (``torch.multiprocessing``, fake engine, no model, a few seconds) run :func:`rlzoo.rollouts.collect`
+Two gloo processes (``torch.multiprocessing``, fake engine, no model, a few seconds) run :func:`rlzoo.rl.rollouts.collect`
 with dynamic sampling, so further generation batches are split too; one process then replays the ranks'
 generations through one engine and must get the same batch, rewards, advantages and metrics.
 """
@@ -16,16 +16,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlzoo.config import RunConfig
-from rlzoo.distributed import SINGLE, Dist
+from rlzoo.config.schema import RunConfig
+from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TrainingEngine
 from rlzoo.registry import default_registry
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components
-from rlzoo.rollouts import collect
-from rlzoo.seeds import rank_seed, step_seed
-from rlzoo.metrics import Timer
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components
+from rlzoo.rl.rollouts import collect
+from rlzoo.util.seeds import rank_seed, step_seed
+from rlzoo.util.timer import Timer
 
 NAMES = ["same0", "mix0", "same1", "mix1", "mix2", "same2", "mix3", "mix4", "same3", "mix5", "mix6", "mix7"]
 STEP, PROMPTS, GROUP = 3, 5, 4  # 5 prompts: shares of 3 and 2

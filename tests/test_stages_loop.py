@@ -8,14 +8,14 @@ import logging
 import pytest
 import torch
 
-from rlzoo.config import RunConfig
+from rlzoo.config.schema import RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import AdvantageSource, ResponseTooLong, Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components, rl_step
-from rlzoo.rollouts import collect
-from rlzoo.metrics import Timer
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, rl_step
+from rlzoo.rl.rollouts import collect
+from rlzoo.util.timer import Timer
 from rlzoo.registry import default_registry
 
 
@@ -115,18 +115,18 @@ def test_no_filter_keeps_everything_from_one_generation_batch():
 
 def test_underfilled_batch_trains_on_what_it_has_and_says_so(caplog):
     config, parts, train_set = _setup(["mix0", "same0", "same1"], {"name": "dynamic-sampling", "max_gen_batches": 2})
-    with caplog.at_level(logging.WARNING, logger="rlzoo.loop"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.rl.loop"):
         rollout = collect(0, train_set[:2], parts, config, Timer())
     assert len(rollout.generations) == 4 and rollout.batch is not None  # the one informative group
     assert rollout.metrics["filter/underfilled"] == 1.0 and rollout.metrics["filter/skipped"] == 0.0
     assert rollout.metrics["filter/gen_batches"] == 2.0
-    warnings = [r for r in caplog.records if r.name == "rlzoo.loop" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "rlzoo.rl.loop" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "kept 1 of 2" in warnings[0].getMessage()
 
 
 def test_all_rewards_equal_skips_the_update_and_never_loops_forever(caplog):
     config, parts, train_set = _setup([f"same{i}" for i in range(50)], {"name": "dynamic-sampling", "max_gen_batches": 3})
-    with caplog.at_level(logging.WARNING, logger="rlzoo.loop"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.rl.loop"):
         metrics = rl_step(0, train_set[:2], parts, config)  # Learner(None): training would raise
     assert len(parts.rollout.calls) == 3
     assert metrics["filter/skipped"] == 1.0 and metrics["filter/kept_fraction"] == 0.0
@@ -172,8 +172,8 @@ def test_a_response_longer_than_the_shaper_budget_is_an_error_naming_it():
     ],
 )
 def test_preflight_rejects_a_shaper_that_cannot_fit_the_budget(shaper, message, tmp_path):
-    from rlzoo.config import build_config
-    from rlzoo.preflight import preflight
+    from rlzoo.config.schema import build_config
+    from rlzoo.preflight.checks import preflight
 
     config = build_config({}, [f"algorithm.reward_shaping=[{shaper}]", f"output_dir={tmp_path}", "rollout.max_new_tokens=16"])
     with pytest.raises(ConfigError) as err:
@@ -182,7 +182,7 @@ def test_preflight_rejects_a_shaper_that_cannot_fit_the_budget(shaper, message, 
 
 
 def test_dapo_preset_is_complete_and_its_stages_can_be_overridden():
-    from rlzoo.config import build_config
+    from rlzoo.config.schema import build_config
 
     algo = build_config({"algorithm": {"preset": "dapo"}}).algorithm
     assert (algo.clipper.params["eps_low"], algo.clipper.params["eps_high"]) == (0.2, 0.28)

@@ -26,11 +26,11 @@ from pydantic import Field
 from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RunFacts
-from rlzoo.memory_estimate import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
+from rlzoo.models.memory import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
 from rlzoo.models.weights import load_checkpoint_weights
 
 if TYPE_CHECKING:
-    from rlzoo.config import RunConfig
+    from rlzoo.config.schema import RunConfig
 
 
 class HFRolloutEngine(RolloutEngine):

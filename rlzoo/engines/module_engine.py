@@ -46,7 +46,7 @@ from rlzoo.engines.micro_batches import (
 )
 from rlzoo.engines.tokens import hidden_logprobs
 from rlzoo.errors import RlzooError
-from rlzoo.metrics import SkippedUpdates
+from rlzoo.util.reductions import SkippedUpdates
 from rlzoo.moe import Layout, Routing, find_routers, record_routing, replay_routing, require_routers
 from rlzoo.moe.hooks import ForwardLayout, forward_layout
 from rlzoo.moe.routers import layout_of
@@ -365,7 +365,7 @@ class ModuleTrainingEngine(TrainingEngine):
 class BasePolicy:
     """A LoRA policy's base model, for the KL reference: the training engine's own forwards with the adapters
     disabled, so the reference costs no second copy of the weights (:meth:`ModuleTrainingEngine.without_adapters`).
-    It answers the passes a reference :class:`~rlzoo.learner.Learner` asks for; it never trains."""
+    It answers the passes a reference :class:`~rlzoo.rl.learner.Learner` asks for; it never trains."""
 
     def __init__(self, engine: ModuleTrainingEngine) -> None:
         self.engine = engine

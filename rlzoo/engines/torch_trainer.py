@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.checkpoint import load_optimizer, save_optimizer
+from rlzoo.runtime.checkpoint.files import load_optimizer, save_optimizer
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext
 from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine

@@ -2,7 +2,7 @@
 components (constructed, never started) and the memory estimate.
 
 :meth:`rlzoo.interfaces.Component.preflight` receives a :class:`RunFacts`; ``rlzoo config check`` and the start of
-``rlzoo train`` (:func:`rlzoo.preflight.preflight`) build it once and ask every component the config names.
+``rlzoo train`` (:func:`rlzoo.preflight.checks.preflight`) build it once and ask every component the config names.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlzoo.config import RunConfig
+    from rlzoo.config.schema import RunConfig
     from rlzoo.interfaces.base import Component
-    from rlzoo.memory_estimate import MemoryEstimate, ModelShape
+    from rlzoo.models.memory import MemoryEstimate, ModelShape
     from rlzoo.registry import Registry
 
 #: ``(dotted config field, message saying what is allowed)``

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel
 
-    from rlzoo.config import LoraConfig
+    from rlzoo.config.schema import LoraConfig
     from rlzoo.engines.base import Adapter
 
 #: linear modules that are no layer's projection (the output layer, MoE routers): never targets, whatever a name says

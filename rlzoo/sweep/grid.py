@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rlzoo.config import RunConfig, TrackingConfig, build_config, dump_config, parse_override, read_yaml
+from rlzoo.config.schema import RunConfig, TrackingConfig, build_config, dump_config, parse_override, read_yaml
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import Registry
 
@@ -120,7 +120,7 @@ def build_sweep(
     config_file: str, varies: list[Vary], seeds: int, out: Path, sets: list[str], registry: Registry
 ) -> Sweep:
     """Every cell's config built and validated (``ConfigError`` naming the cell and the field at second 0)."""
-    from rlzoo.sft import cold_start_fingerprint
+    from rlzoo.runtime.cold_start import cold_start_fingerprint
 
     base = read_yaml(config_file)
     keys = [v.key for v in varies]

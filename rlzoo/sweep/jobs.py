@@ -13,11 +13,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.metrics import read_metrics
-from rlzoo.preflight import preflight
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry
-from rlzoo.sft import cold_start_dir
+from rlzoo.runtime.cold_start import cold_start_dir
 from rlzoo.sweep.grid import Run, write_config
 
 PROCESS_LOG = "process.log"  # each job's stdout and stderr (the run's own log.txt holds the engines' messages)

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, Problem, RunFacts, Sample, Verdict, Verifier
-from rlzoo.metrics import Max
+from rlzoo.util.reductions import Max
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ Layouts (``layout``):
   ``reward_model.ground_truth`` the answer, ``data_source`` / ``ability`` / ``extra_info`` kept in ``Sample.meta``;
   its default verifier is ``math``. A field set (not null) overrides the layout's.
 
-Chat messages become ``Sample.messages`` and are rendered by the tokenizer's chat template (:mod:`rlzoo.prompts`).
+Chat messages become ``Sample.messages`` and are rendered by the tokenizer's chat template (:mod:`rlzoo.episodes.prompts`).
 """
 
 from __future__ import annotations

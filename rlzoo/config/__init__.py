@@ -1,0 +1,1 @@
+"""The run config: its schema (pydantic sections), loading (YAML, duplicate keys, ``--set``), presets, and resolution of each component spec against the plugin registry."""

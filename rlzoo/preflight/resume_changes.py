@@ -1,0 +1,143 @@
+"""What a resume may change: a run's record stays true to every step it ran.
+
+``config.yaml`` is the config a run started with and is never rewritten. A ``--resume`` compares the config it is
+given with the run's *effective* config (``config.yaml`` with every change recorded since applied) field by field:
+
+- fields in :data:`RESUMABLE` (how long to run, how often to evaluate and checkpoint, where to log) may change;
+- any other difference changes the math or the shapes of what was trained so far, and the resume is refused,
+  listing each field with its old and new value, unless ``--allow-changes FIELD...`` names it (a field, or a
+  section such as ``trainer`` for all its fields);
+- every change that goes ahead is appended to ``config_changes.jsonl``: the step it takes effect at, and each
+  field's old and new value.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlzoo.config.schema import RunConfig, iter_component_specs
+from rlzoo.errors import RlzooError
+from rlzoo.registry import Registry
+
+#: fields a resumed run may change without --allow-changes: they do not change what any step computes
+RESUMABLE = (
+    "output_dir",  # a resume runs in the folder it is given
+    "train.steps",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "loggers",
+    "tracking",
+)
+CHANGES_FILE = "config_changes.jsonl"
+
+Changes = dict[str, tuple[Any, Any]]  # dotted field -> (old value, new value)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested config data as ``{dotted field: leaf value}``; lists are leaves (compared whole)."""
+    if isinstance(data, Mapping) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
+
+
+def _covers(pattern: str, field: str) -> bool:
+    return field == pattern or field.startswith(pattern + ".")
+
+
+def effective_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's config as its latest steps ran: ``config.yaml`` with the recorded changes applied (flat), or None
+    when the folder has no ``config.yaml``."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    fields = flatten(yaml.safe_load(path.read_text()) or {})
+    changes = Path(run_dir) / CHANGES_FILE
+    if changes.is_file():
+        for line in changes.read_text().splitlines():
+            if line.strip():
+                for field, (_, new) in json.loads(line)["changes"].items():
+                    fields = {k: v for k, v in fields.items() if not _covers(field, k)}
+                    fields.update(flatten(new, field))
+    return fields
+
+
+def config_changes(run_dir: Path, config: RunConfig, registry: Registry | None = None) -> Changes:
+    """Each field whose value in ``config`` differs from the run's effective config (``registry``: where the
+    defaults of the components' parameters are found)."""
+    old = effective_config(run_dir)
+    if old is None:
+        return {}
+    new = flatten(config.model_dump(mode="json"))
+    # a field the saved config lacks (added to rlzoo, or to a component, since the run started) is no change while
+    # it keeps its default
+    defaults = {**flatten(RunConfig().model_dump(mode="json")), **_parameter_defaults(config, registry)}
+    return {
+        field: (old.get(field), new.get(field))
+        for field in sorted(set(old) | set(new))
+        if old.get(field) != new.get(field) and not (field not in old and new.get(field) == defaults.get(field, ...))
+    }
+
+
+def _parameter_defaults(config: RunConfig, registry: Registry | None) -> dict[str, Any]:
+    """``{dotted field: default}`` of every parameter of the config's components."""
+    defaults: dict[str, Any] = {}
+    for loc, spec in iter_component_specs(config) if registry is not None else ():
+        try:
+            params = registry.validate_params(spec.kind, spec.name, {}, loc)
+        except RlzooError:  # a parameter without a default: it was given, so it is in the saved config too
+            continue
+        defaults.update(flatten(params.model_dump(mode="json"), loc))
+    return defaults
+
+
+def refused(changes: Changes, allowed: Sequence[str] = ()) -> Changes:
+    """The changes neither :data:`RESUMABLE` nor named by ``--allow-changes``."""
+    return {
+        field: values
+        for field, values in changes.items()
+        if not any(_covers(pattern, field) for pattern in (*RESUMABLE, *allowed))
+    }
+
+
+def refusal_problems(changes: Changes) -> list[tuple[str, str]]:
+    """One ``(field, message)`` per refused change, for :class:`rlzoo.errors.ConfigError`."""
+    return [
+        (field, f"changed since the run started: {_show(old)} -> {_show(new)}; a resume keeps the run's config. "
+         f"Restore it, start a new run, or pass --allow-changes {field} to continue with the change (recorded in "
+         f"{CHANGES_FILE})")
+        for field, (old, new) in changes.items()
+    ]
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is None else json.dumps(value)
+
+
+def _recorded(changes: Changes) -> Changes:
+    return {field: values for field, values in changes.items() if field != "output_dir"}  # a resume's own folder
+
+
+def describe(changes: Changes) -> str:
+    """The changes a resume goes ahead with, on one line (empty when there are none)."""
+    return "; ".join(f"{field} {_show(old)} -> {_show(new)}" for field, (old, new) in _recorded(changes).items())
+
+
+def record_changes(run_dir: Path, step: int, changes: Changes) -> None:
+    """Append the changes a resume goes ahead with (taking effect at ``step``) to ``config_changes.jsonl``."""
+    changes = _recorded(changes)
+    if not changes:
+        return
+    row = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": {f: list(v) for f, v in changes.items()}}
+    with open(Path(run_dir) / CHANGES_FILE, "a") as handle:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()

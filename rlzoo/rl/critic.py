@@ -1,0 +1,86 @@
+"""The critic: a value model trained beside the policy (PPO with a learned baseline), on the run's training engine.
+
+    old values <- critic on the rollout batch, no gradient                         (time/critic)
+    advantages, returns <- the advantage source (gae) from token rewards and old values
+    each of the step's minibatches (the policy's rows), after the policy's update:
+        loss <- aggregation(value_loss(values, old values, returns, mask))          (time/train)
+        the critic's engine takes one optimizer step
+
+The critic is the model of ``algorithm.critic.model`` (null: the policy's initial weights) with a scalar head
+(``EngineContext.head = "value"``), started in its own instance of ``trainer.engine`` with the critic's optimizer
+settings, so it trains in micro-batches, under ZeRO and across processes exactly as the policy does. Its value of
+response token t is its output at the position that predicts t: the state before the token (verl's critic).
+
+Metrics: ``critic/value_mean`` and ``critic/explained_variance`` (``1 - Var(returns - values) / (Var(returns) + 1e-5)`` over
+the batch's response tokens, before the update: how much of the return the critic already predicts),
+``critic/vf_loss`` and ``critic/vf_clipfrac`` (the minibatches' mean), and the critic engine's own step metrics
+under ``critic/`` (``critic/grad_norm``, ``critic/nonfinite_steps``, ...; declared types kept, so the fault policy
+counts a critic's skipped update like the policy's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlzoo.engines import TokenBatch
+from rlzoo.interfaces import LossAggregation, ValueLoss
+from rlzoo.rl.learner import Learner
+from rlzoo.interfaces.base import take_reports
+from rlzoo.rl.objective import masked_mean
+
+
+@dataclass
+class Critic:
+    """Values of a rollout batch and minibatch updates of the value loss, over the run's processes."""
+
+    learner: Learner  # the critic's training engine (head "value") and the run's processes
+    value_loss: ValueLoss
+    aggregation: LossAggregation
+    warmup_steps: int = 0
+
+    def values(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` values of every row (0 at masked positions), without gradient."""
+        values = self.learner.values(batch)
+        return torch.where(batch.response_mask > 0, values, torch.zeros_like(values))
+
+    def update(
+        self, batch: TokenBatch, rows: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
+    ) -> dict[str, float]:
+        """One optimizer step of the critic on ``batch[rows]`` towards ``returns``."""
+        mask = batch.response_mask[rows]
+        old, targets = old_values[rows], returns[rows]
+
+        def loss_fn(values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            keep = mask > 0
+            result = self.value_loss.loss(values, old.to(values.dtype), targets.to(values.dtype), mask.to(values.dtype))
+            per_token = torch.where(keep, result.per_token, torch.zeros_like(result.per_token))
+            loss = self.aggregation.aggregate(per_token, mask.to(values.dtype))
+            clipped = (result.clipped & keep).to(values.dtype)
+            metrics = {
+                "critic/vf_loss": loss.item(),
+                "critic/vf_clipfrac": masked_mean(clipped, mask).item(),
+                **take_reports(self.value_loss),
+            }
+            return loss, metrics
+
+        engine_metrics = self.learner.update(batch, rows, loss_fn)
+        return {_critic_key(key): value for key, value in engine_metrics.items()}
+
+
+def _critic_key(key: str) -> str:
+    """The critic engine's ``train/grad_norm`` is ``critic/grad_norm``; the loss's own ``critic/*`` stay."""
+    if key.startswith("critic/"):
+        return key
+    return "critic/" + key.split("/", 1)[1] if key.startswith("train/") else "critic/" + key.replace("/", "_")
+
+
+@torch.no_grad()
+def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``critic/value_mean`` and ``critic/explained_variance`` of a batch, before the critic's update."""
+    keep = mask > 0
+    v, r = values[keep].double(), returns[keep].double()
+    # verl's critic/vf_explained_var: unbiased variances, 1e-5 beside the returns' variance
+    explained = 1.0 - torch.var(r - v) / (torch.var(r) + 1e-5) if r.numel() > 1 else torch.tensor(0.0)
+    return {"critic/value_mean": masked_mean(values, mask).item(), "critic/explained_variance": explained.item()}

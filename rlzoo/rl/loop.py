@@ -1,0 +1,227 @@
+"""The RL post-training loop, on one page.
+
+    for step in steps:
+        prompts    <- a batch of the task's train prompts
+        the schedule's rollout batch (rlzoo.rl.rollouts.collect, now or prefetched during the previous step):
+        repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
+            rollouts <- rollout engine samples `group_size` responses per prompt     (time/rollout)
+                        (several processes: each rank its share of the prompts, gathered)
+            rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
+            keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
+        (no group kept: skip the update)
+        old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's  (time/old_logprobs)
+                      (old_logprobs: rollout-only skips the training engine's pass)
+        weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
+        teacher logp <- the teacher on the rollout batch, if there is one             (time/teacher)
+        values     <- the critic on the rollout batch, if there is one                (time/critic)
+        token rewards -= kl_in_reward's beta * KL(old || reference), if configured
+        advantages <- advantage source, per token (+ the critic's returns)          (time/advantage)
+        repeat `minibatches_per_rollout` times:                                     (time/train)
+            loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
+            training engine takes one optimizer step (not during the critic's warm-up)
+            critic takes one optimizer step on the value loss towards the returns
+        rollout engine(s) <- the new weights                                        (time/sync)
+
+Every piece is injected by :mod:`rlzoo.runtime.run`; this module knows no concrete component. With several processes
+each rank samples and scores its contiguous share of the prompts with its own engine and the shares are gathered
+(``Components.rollout_per_rank``), or rank 0 alone samples and the batch is broadcast (``Dist.broadcast``);
+either way every rank then holds the whole batch in the same order. MoE routing and the rest of the row split
+are not the loop's business: the :class:`~rlzoo.rl.learner.Learner` hides the split over ranks and, for MoE
+policies, the router policy's Routing Replay (:mod:`rlzoo.rl.routing_learner`).
+
+When the rollouts are sampled is the :class:`~rlzoo.rl.rollouts.RolloutSchedule`'s business: by default at the start of their step,
+by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.rl.overlap`) step t+1's batch is sampled while
+step t trains, and its old log-probs are computed under the weights that sampled it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlzoo.config.schema import RunConfig
+from rlzoo.rl.critic import Critic, value_metrics
+from rlzoo.util.decode import response_text
+from rlzoo.runtime.distributed import SINGLE, Dist
+from rlzoo.engines import RolloutEngine, SamplingSettings
+from rlzoo.episodes.environments import SingleTurn
+from rlzoo.episodes.runner import EpisodeRunner
+from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
+from rlzoo.rl.learner import Learner
+from rlzoo.util.timer import Timer
+from rlzoo.util.reductions import reduce_minibatches
+from rlzoo.interfaces.base import take_reports
+from rlzoo.rl.objective import Objective, k3_from_samples_of_old, masked_mean
+from rlzoo.util.passk import mean_pass_at_k
+from rlzoo.rl.reward_kl import KLInReward
+from rlzoo.rl.rollouts import RolloutSchedule
+from rlzoo.rl.rollouts import advantages as compute_advantages
+from rlzoo.rl.scoring import score
+from rlzoo.util.seeds import step_seed
+from rlzoo.rl.teacher import Teacher, distill_metrics
+
+
+@dataclass
+class Components:
+    """Everything one RL step uses (assembled by :mod:`rlzoo.runtime.run`)."""
+
+    objective: Objective
+    advantage: AdvantageSource
+    verifier: Verifier
+    correction: MismatchCorrection
+    rollout: RolloutEngine
+    learner: Learner
+    tokenizer: Any
+    reference: Learner | None = None
+    dist: Dist = SINGLE
+    rollout_per_rank: bool = False  # every rank samples its share of the prompts with its own started engine
+    batch_filter: BatchFilter = field(default_factory=BatchFilter)  # the base keeps every group
+    shapers: list[RewardShaper] = field(default_factory=list)
+    train_set: Sequence[Sample] = ()  # where a batch filter's further generation batches draw fresh prompts
+    schedule: RolloutSchedule = field(default_factory=lambda: RolloutSchedule())  # when rollouts are sampled
+    episodes: EpisodeRunner | None = None  # what an episode is; None: one turn (the single-turn environment)
+    critic: Critic | None = None  # a learned value model (algorithm.critic)
+    kl_in_reward: KLInReward | None = None  # the reference KL as a per-token reward penalty
+    teacher: Teacher | None = None  # a frozen model scoring the sampled tokens (on-policy distillation)
+
+    def __post_init__(self) -> None:
+        if self.episodes is None:
+            self.episodes = EpisodeRunner(SingleTurn(), self.tokenizer)
+
+
+def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
+    """One RL step; with several processes every rank calls it (each samples its share, or rank 0 samples all)."""
+    algo, timer = config.algorithm, Timer()
+    # every rank samples and scores its share of the prompts (collect gathers the shares), or rank 0 samples all
+    # and sends the batch to the others
+    samples_here = c.rollout_per_rank or c.dist.is_main
+    rollout = c.schedule.collect(step, prompts, c, config, timer) if samples_here else None
+    if not c.rollout_per_rank:
+        rollout = c.dist.broadcast(rollout)
+    if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
+        c.schedule.settle(timer)
+        return c.dist.reduce_metrics({**rollout.metrics, **timer.metrics()})
+    batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
+    critic, policy_learns = c.critic, c.critic is None or step >= c.critic.warmup_steps
+
+    with timer("old_logprobs"):
+        routings = [g.routing for g in rollout.generations]
+        if algo.old_logprobs == "rollout-only":  # the rollout engine's log-probs are the old ones: no pass
+            c.learner.without_old_pass(batch, routings)
+            train_logp, old_entropy = None, None
+        else:
+            with c.schedule.behaviour_weights():  # the weights that sampled the batch (overlap: the previous step's)
+                train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, routings)
+        old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
+        ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
+        # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
+        correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
+        reported = take_reports(c.correction)
+    with timer("teacher"):
+        teacher_logp = c.teacher.logprobs(batch) if c.teacher is not None else None
+    with timer("critic"):
+        old_values = critic.values(batch) if critic is not None else None
+    with timer("advantage"):
+        advantages, returns, advantage_metrics = compute_advantages(
+            rollout.rewards, c, old_logp, ref_logp, old_values, teacher_logp
+        )
+
+    update_metrics, critic_metrics = [], []
+    with timer("train"):
+        shuffle = step_seed(config.seed, step, 2)
+        for index, rows in enumerate(minibatches(len(mask), algo.minibatches_per_rollout, shuffle)):
+            seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
+
+            def loss_fn(logp: Tensor, entropy: Tensor | None = None, rows: Tensor = rows, seed: int = seed) -> tuple:
+                reference = ref_logp[rows] if ref_logp is not None else None
+                return c.objective(
+                    logp, old_logp[rows], advantages[rows], mask[rows], reference, correction[rows], seed, entropy
+                )
+
+            if policy_learns:
+                update_metrics.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
+            if critic is not None:
+                critic_metrics.append(critic.update(batch, rows, old_values, returns))
+
+    c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
+    with timer("sync"):
+        c.learner.push_weights(c.rollout, every_rank=c.rollout_per_rank)
+
+    mismatch, policy = {}, {}
+    if train_logp is not None:  # the training engine's own pass ran
+        mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
+        policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
+    if critic is not None:
+        policy = {**policy, **value_metrics(old_values, returns, mask), **reduce_minibatches(critic_metrics)}
+    if teacher_logp is not None:
+        policy = {**policy, **distill_metrics(old_logp, teacher_logp, mask)}
+    metrics = {**reduce_minibatches(update_metrics), **rollout.metrics, **advantage_metrics, **mismatch, **policy, **reported}
+    metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics()}
+    return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
+
+
+def evaluate(
+    samples: Sequence[Sample],
+    rollout: RolloutEngine,
+    verifier: Verifier,
+    tokenizer: Any,
+    config: RunConfig,
+    episodes: EpisodeRunner | None = None,
+) -> dict[str, float]:
+    """Held-out accuracy: share of correct responses (episodes: of correct last turns), ``train.eval_samples_per_
+    prompt`` per prompt, sampled at ``train.eval_temperature`` (0 = greedy) with a fixed seed, so every evaluation
+    sees the same random stream; ``eval/pass@k`` counts an episode as one attempt."""
+    sampling = SamplingSettings(
+        n=config.train.eval_samples_per_prompt,
+        max_new_tokens=config.rollout.max_new_tokens,
+        temperature=config.train.eval_temperature,
+        top_p=1.0,
+        seed=step_seed(config.seed, 0, 3),
+    )
+    episodes = episodes or EpisodeRunner(SingleTurn(), tokenizer)
+    ran = episodes.run(rollout, samples, sampling, config.prompt)
+    groups = ran.groups
+    responses = [response_text(tokenizer, g.last_turn_ids) for group in groups for g in group]
+    repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
+    scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
+    rewards = torch.tensor([v.reward for v in scores.verdicts])
+    verdict_correct = torch.tensor([bool(v.correct) for v in scores.verdicts])
+    correct = [int(part.sum()) for part in torch.split(verdict_correct, [len(g) for g in groups])]  # per prompt
+    return {
+        "eval/accuracy": verdict_correct.float().mean().item(),
+        "eval/reward_mean": rewards.mean().item(),
+        "eval/verifier_errors": float(scores.failed),
+        **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
+        **{f"eval/{key.replace('/', '_')}": float(value) for key, value in ran.metrics.items() if key in EVAL_EPISODE_KEYS},
+    }
+
+
+#: the episode metrics an evaluation logs too (as eval/episode_turns_mean, ...)
+EVAL_EPISODE_KEYS = ("episode/turns_mean", "episode/truncated", "tool/calls_per_episode")
+
+
+def mismatch_metrics(
+    train_logp: torch.Tensor, rollout_logp: torch.Tensor, correction: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the training engine's, and the correction's mean weight."""
+    return {
+        "mismatch/abs_logp_diff": masked_mean((train_logp - rollout_logp).abs(), mask).item(),
+        "mismatch/kl": masked_mean(k3_from_samples_of_old(train_logp, rollout_logp), mask).item(),
+        "mismatch/weight_mean": masked_mean(correction, mask).item(),
+    }
+
+
+def minibatches(count: int, number: int, seed: int) -> list[torch.Tensor]:
+    """The rows of a rollout batch shuffled with ``seed`` and cut into ``number`` off-policy minibatches."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    return [rows for rows in torch.tensor_split(order, number) if len(rows) > 0]
+
+
+def sample_prompts(train_set: Sequence[Sample], step: int, config: RunConfig) -> list[Sample]:
+    rng = random.Random(step_seed(config.seed, step, 0))
+    return rng.sample(list(train_set), k=min(config.rollout.prompts_per_step, len(train_set)))
