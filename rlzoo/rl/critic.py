@@ -28,7 +28,7 @@ from rlzoo.engines import TokenBatch
 from rlzoo.interfaces import LossAggregation, ValueLoss
 from rlzoo.rl.learner import Learner
 from rlzoo.interfaces.base import take_reports
-from rlzoo.rl.objective import masked_mean
+from rlzoo.util.tensors import masked_mean
 
 
 @dataclass

@@ -56,7 +56,8 @@ from rlzoo.rl.learner import Learner
 from rlzoo.util.timer import Timer
 from rlzoo.util.reductions import reduce_minibatches
 from rlzoo.interfaces.base import take_reports
-from rlzoo.rl.objective import Objective, k3_from_samples_of_old, masked_mean
+from rlzoo.rl.objective import Objective, k3_from_samples_of_old
+from rlzoo.util.tensors import masked_mean
 from rlzoo.util.passk import mean_pass_at_k
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.rollouts import RolloutSchedule

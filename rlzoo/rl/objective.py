@@ -37,12 +37,7 @@ from rlzoo.util.reductions import Max, Min
 from rlzoo.interfaces.base import take_reports
 from rlzoo.config.presets import expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    keep = mask > 0
-    # where(), not a product: a non-finite value at a padded position must not turn the mean into NaN
-    return torch.where(keep, values, torch.zeros_like(values)).sum() / keep.sum().clamp(min=1)
+from rlzoo.util.tensors import masked_mean
 
 
 def k3_from_samples_of_old(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from rlzoo.interfaces import RewardBatch, Sample, Verdict
 from rlzoo.util.timer import Timer
 from rlzoo.util.reductions import reduce_minibatches
 from rlzoo.interfaces.base import take_reports
-from rlzoo.rl.objective import masked_mean
+from rlzoo.util.tensors import masked_mean
 from rlzoo.episodes.runner import EpisodeBatch
 from rlzoo.rl.scoring import score, step_token_ends
 from rlzoo.util.seeds import rank_seed, step_seed

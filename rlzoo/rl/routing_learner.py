@@ -37,7 +37,7 @@ from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.rl.learner import Learner
 from rlzoo.interfaces.base import take_reports
 from rlzoo.moe import Layout, Routing, flip_counts, routing_for_batch
-from rlzoo.rl.objective import masked_mean
+from rlzoo.util.tensors import masked_mean
 
 
 class RoutingLearner(Learner):

@@ -25,7 +25,7 @@ import torch
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import TokenBatch
 from rlzoo.rl.learner import Learner
-from rlzoo.rl.objective import masked_mean
+from rlzoo.util.tensors import masked_mean
 
 TEACHER_COLD_START = "teacher_cold_start"  # the tiny teacher's folder in the run folder, unless teacher.output_dir
 
