@@ -30,10 +30,10 @@ from typing import Any
 
 def load(spec: dict[str, Any]):
     """The run config, task, verifier, tokenizer and train prompts exactly as an rlzoo run builds them."""
-    from rlzoo.config.schema import load_config
+    from rlzoo.config.resolution import load_config
     from rlzoo.episodes.prompts import fit_prompts
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import load_tokenizer, make_task, verifier_for
+    from rlzoo.runtime.assembly import load_tokenizer, make_task, verifier_for
 
     registry = default_registry()
     config = load_config(spec["config"], spec["sets"], registry)
@@ -136,9 +136,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOTrainer
 
-    from rlzoo.util.decode import response_text
     from rlzoo.episodes.prompts import prompt_ids
     from rlzoo.rl.scoring import score
+    from rlzoo.util.decode import response_text
 
     config, _, verifier, tokenizer, train_set, _ = load(spec)
     steps, out = spec["steps"], Path(spec["out"])
@@ -292,9 +292,9 @@ def floor_train(spec: dict[str, Any]) -> dict[str, Any]:
 
 def evaluate(spec: dict[str, Any]) -> dict[str, Any]:
     """rlzoo's held-out accuracy of each folder in ``spec["models"]``, with the hf engine (same seed for all)."""
-    from rlzoo.rl import loop
     from rlzoo.episodes.prompts import fit_prompts
-    from rlzoo.runtime.run import engine_context, load_tokenizer
+    from rlzoo.rl import loop
+    from rlzoo.runtime.assembly import engine_context, load_tokenizer
 
     config, task, verifier, _, _, registry = load(spec)
     results = {}

@@ -82,7 +82,7 @@ def has_micro_batching() -> bool:
 def engine_sets(engine: str, config_path: str) -> list[str]:
     """``--set`` items that select the training engine: the config's own spec when it names that engine (its ZeRO
     stage, MoE mode...), else the benchmarks' default spec."""
-    from rlzoo.config.schema import load_config
+    from rlzoo.config.resolution import load_config
 
     config = load_config(config_path)
     if config.trainer.engine.name == engine:
@@ -95,7 +95,7 @@ def prompt_pool(config, tokenizer, count: int) -> list[list[int]]:
     every point of a run (a point at scale ``s`` takes the first ``prompts x s`` of it)."""
     from rlzoo.episodes.prompts import fit_prompts, prompt_ids
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     task = make_task(config, default_registry())
     samples = fit_prompts(task.samples("train", None, config.seed), tokenizer, config.prompt, "train")
@@ -124,7 +124,7 @@ def synthetic_batch(config, tokenizer, spec: dict[str, Any]):
     from rlzoo.engines.tokens import make_token_batch
     from rlzoo.interfaces import RewardBatch
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import create
+    from rlzoo.runtime.assembly import create
 
     length, group = spec["length"], spec["group_size"]
     prompts = prompt_pool(config, tokenizer, spec["pool"])[: spec["prompts"]]
@@ -162,10 +162,10 @@ def make_learner(config, engine):
     """The learner ``rlzoo.runtime.run`` builds: a ``RoutingLearner`` over an MoE policy (with the config's router policy),
     else a plain ``Learner``."""
     from rlzoo.interfaces import RouterPolicy
-    from rlzoo.rl.learner import Learner
     from rlzoo.registry import default_registry
+    from rlzoo.rl.learner import Learner
     from rlzoo.rl.routing_learner import RoutingLearner
-    from rlzoo.runtime.run import create
+    from rlzoo.runtime.assembly import create
 
     spec = config.algorithm.router
     policy = create(default_registry(), "router", spec) if spec is not None else RouterPolicy()
@@ -180,12 +180,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     import rlzoo
-    from rlzoo.config.schema import load_config
-    from rlzoo.rl.loop import minibatches
-    from rlzoo.util.seeds import step_seed
-    from rlzoo.rl.objective import build_objective
+    from rlzoo.config.resolution import load_config
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import create, engine_context, load_tokenizer
+    from rlzoo.rl.loop import minibatches
+    from rlzoo.rl.objective import build_objective
+    from rlzoo.runtime.assembly import create, engine_context, load_tokenizer
+    from rlzoo.util.seeds import step_seed
 
     model_dir = Path(spec["model_dir"])
     sets = list(spec["sets"])
@@ -267,7 +267,7 @@ def build_model(config, directory: Path) -> dict[str, Any]:
     """The policy with random weights (``rlzoo.models.build_tiny_model``, seeded) saved as an HF folder, once."""
     from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())
     model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(result_path).write_text(json.dumps(worker(json.loads(Path(spec_path).read_text()))))
         return 0
 
-    from rlzoo.config.schema import load_config
+    from rlzoo.config.resolution import load_config
 
     micro = has_micro_batching()
     if not micro and args.activation_checkpointing:
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     # room for the longest prompt plus the longest response in the model's positions
     from rlzoo.models import build_char_tokenizer
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     pool = args.prompts * max(args.scales)
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())

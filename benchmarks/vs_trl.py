@@ -77,7 +77,7 @@ class Bench:
     """One invocation: the config, the shared cold start, and every system's raw measurements."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from rlzoo.config.schema import load_config
+        from rlzoo.config.resolution import load_config
 
         self.args = args
         self.config_path = str(args.config or SCALES[args.scale])
@@ -220,7 +220,7 @@ class Bench:
             floor["generate"] = {"status": "skipped", "reason": "vllm not installed"}
         if rows is None:  # no generations to take the shape from: every row at full length (stated in the output)
             from rlzoo.episodes.prompts import prompt_ids
-            from rlzoo.runtime.run import load_tokenizer
+            from rlzoo.runtime.assembly import load_tokenizer
 
             tokenizer = load_tokenizer(self.cold_start)
             sys.path.insert(0, str(WORKERS.parent))
@@ -415,7 +415,7 @@ def model_size(config) -> dict[str, Any]:
     from rlzoo.models import build_char_tokenizer
     from rlzoo.models.tiny import tiny_model_config
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     tiny = config.model.tiny
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config.schema import build_config, read_yaml
+from rlzoo.config.loading import read_yaml
+from rlzoo.config.resolution import build_config
 from rlzoo.reporting.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]

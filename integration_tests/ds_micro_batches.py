@@ -84,8 +84,8 @@ def _zero_norm(engine) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)
-    from rlzoo.runtime.distributed import setup
     from rlzoo.engines.deepspeed.env import init_deepspeed_distributed
+    from rlzoo.runtime.distributed import setup
 
     model_dir, out_dir, objectives = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
     init_deepspeed_distributed("gloo")

@@ -17,8 +17,8 @@ import sys
 import pytest
 import yaml
 
-from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed", "datasets")),

@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import make_config
 
-from rlzoo.runtime.checkpoint.files import latest_checkpoint
-from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.models import load_model
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.runtime.run import train
 
 KEYS = ("reward/mean", "train/grad_norm", "kl/ref", "policy/entropy", "clip/fraction")

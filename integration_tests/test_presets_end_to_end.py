@@ -12,11 +12,11 @@ import pytest
 from conftest import assert_finite_metrics, make_config
 
 import rlzoo
-from rlzoo.config.schema import dump_config
-from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.reporting.metrics_log import read_metrics
-from rlzoo.registry import Registry
+from rlzoo.config.loading import dump_config
 from rlzoo.config.presets import PRESETS
+from rlzoo.interfaces import Sample, Verdict, Verifier
+from rlzoo.registry import Registry
+from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
 
 

@@ -12,12 +12,12 @@ from pydantic import Field
 from safetensors.torch import load_file
 
 import rlzoo
-from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Params, RouterPolicy
-from rlzoo.rl.learner import Learner
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry, default_registry
+from rlzoo.rl.learner import Learner
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.runtime.run import train
 
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import assert_finite_metrics, make_config
 
 from rlzoo import hookimpl
-from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.config.presets import PRESETS
+from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.registry import default_registry
 from rlzoo.runtime.run import train
 

@@ -13,8 +13,8 @@ from conftest import make_config
 
 import rlzoo
 from rlzoo.interfaces import Logger, Params
-from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.registry import Registry
+from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
 
 CALLS: dict[str, list] = {}

@@ -20,9 +20,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_
 
 from rlzoo.config.schema import LoraConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, Generation, SamplingSettings  # noqa: E402
+from rlzoo.engines.lora import adapter, merged_weights, wrap
 from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model  # noqa: E402
-from rlzoo.models.lora import adapter, merged_weights, wrap  # noqa: E402
 
 TOL = 1e-5  # per-token |logp_vllm - logp_peft| in fp32; measured at most 7.2e-7 on CPU (merged vs adapter: 2.4e-6)
 TARGETS = {

@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "build_objective": ("rlzoo.rl.objective", "build_objective"),
     "Objective": ("rlzoo.rl.objective", "Objective"),
-    "load_config": ("rlzoo.config.schema", "load_config"),
+    "load_config": ("rlzoo.config.resolution", "load_config"),
     "RunConfig": ("rlzoo.config.schema", "RunConfig"),
     "default_registry": ("rlzoo.registry", "default_registry"),
     "Registry": ("rlzoo.registry", "Registry"),

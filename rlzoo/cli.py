@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
-import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlzoo.runtime import runlock, signals
 from rlzoo.errors import RlzooError
+from rlzoo.runtime import runlock, signals
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
 if TYPE_CHECKING:
@@ -50,14 +50,15 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from rlzoo.config.schema import load_config
+    from rlzoo.config.resolution import load_config
 
     return load_config(args.config, args.set or [], _registry())
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from rlzoo.config.schema import dump_config
-    from rlzoo.preflight.checks import device_memory_limit, preflight
+    from rlzoo.config.loading import dump_config
+    from rlzoo.preflight.checks import preflight
+    from rlzoo.preflight.memory_fit import device_memory_limit
 
     device_memory = _device_memory(args.device_memory)
     config = _load(args)
@@ -107,10 +108,10 @@ ALLOW_CHANGES_HELP = (
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlzoo.runtime import distributed
-    from rlzoo.reporting.console import final_summary, log_path, run_console, start_summary
     from rlzoo.preflight.checks import preflight
     from rlzoo.preflight.resume_changes import config_changes
+    from rlzoo.reporting.console import final_summary, log_path, run_console, start_summary
+    from rlzoo.runtime import distributed
     from rlzoo.runtime.run import TrainingRun
 
     config, registry = _load(args), _registry()
@@ -148,7 +149,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from rlzoo.reporting.console import log_path, run_console, start_summary
-    from rlzoo.runtime.run import initial_model_dir, make_task
+    from rlzoo.runtime.assembly import initial_model_dir, make_task
     from rlzoo.runtime.cold_start import cold_start_dir
 
     config, registry = _load(args), _registry()
@@ -163,7 +164,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A checkpoint's LoRA adapters merged into their base, as a plain Hugging Face folder."""
-    from rlzoo.models.lora import export_merged
+    from rlzoo.engines.lora import export_merged
 
     source, output = Path(args.checkpoint), Path(args.output)
     if source.name != "model" and (source / "model").is_dir():

@@ -13,10 +13,11 @@ import json
 import shlex
 from pathlib import Path
 
-from rlzoo.config.schema import load_config
-from rlzoo.util.units import GB, format_bytes, parse_bytes
-from rlzoo.models.memory import ModelShape, estimate
+from rlzoo.config.resolution import load_config
+from rlzoo.models.memory import ModelShape
+from rlzoo.preflight.memory_fit import estimate
 from rlzoo.registry import default_registry
+from rlzoo.util.units import GB, format_bytes, parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "examples" / "gpu").glob("*.yaml"))

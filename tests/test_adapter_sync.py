@@ -10,9 +10,9 @@ import torch
 from rlzoo.config.schema import LoraConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, SamplingSettings
 from rlzoo.engines.hf_rollout import HFRolloutEngine
+from rlzoo.engines.lora import adapter, merged_weights, wrap
 from rlzoo.errors import RlzooError
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
-from rlzoo.models.lora import adapter, merged_weights, wrap
 
 TOKENIZER = build_char_tokenizer("0123456789+=")
 TARGETS = {

@@ -315,7 +315,7 @@ def test_the_base_config_passes_the_check(tmp_path, monkeypatch, capsys):
 
 
 def _preflight(data: dict, **kwargs) -> None:
-    from rlzoo.config.schema import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.preflight.checks import preflight
     from rlzoo.registry import default_registry
 
@@ -356,8 +356,8 @@ def test_resuming_a_run_with_a_checkpoint_passes(tmp_path):
 
 
 def test_the_data_parallel_rule_counts_processes():
-    from rlzoo.config.schema import build_config
-    from rlzoo.preflight.checks import data_parallel_problem
+    from rlzoo.config.resolution import build_config
+    from rlzoo.preflight.batches import data_parallel_problem
 
     config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}})
     assert data_parallel_problem(config, 2) is None  # 2 rows per minibatch: one each
@@ -387,7 +387,7 @@ def test_tiny_model_shapes_are_one_rule_for_the_builder_and_the_preflight():
 
 
 def test_a_response_longer_than_the_context_is_refused_with_any_rollout_engine(tmp_path):
-    from rlzoo.config.schema import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.errors import ConfigError
     from rlzoo.preflight.checks import preflight
     from rlzoo.registry import default_registry

@@ -8,17 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlzoo.config.schema import (
-    RunConfig,
-    apply_overrides,
-    build_config,
-    dump_config,
-    load_config,
-    parse_override,
-    read_yaml,
-)
-from rlzoo.errors import ConfigError
+from rlzoo.config.loading import apply_overrides, dump_config, parse_override, read_yaml
 from rlzoo.config.presets import PRESETS
+from rlzoo.config.resolution import build_config, load_config
+from rlzoo.config.schema import RunConfig
+from rlzoo.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -428,7 +422,7 @@ def test_multiple_structural_problems_reported_together():
 def test_preset_states_only_what_differs_from_the_defaults(preset):
     """Every value a preset writes differs from the default it would otherwise get (a component's own parameter
     default, the default component, the config field's default): each default is defined in one place."""
-    from rlzoo.config.schema import AlgorithmConfig
+    from rlzoo.config.algorithm import AlgorithmConfig
     from rlzoo.config.presets import DEFAULT_COMPONENTS
     from rlzoo.registry import default_registry
 
@@ -436,7 +430,7 @@ def test_preset_states_only_what_differs_from_the_defaults(preset):
     kinds = {"reward_shaping": "reward_shaper", "regularisers": "regulariser", "kl_in_reward": "kl_controller"}
     for key, value in PRESETS[preset].items():
         if key == "critic":  # a section, not a component: its keys differ from CriticConfig's defaults
-            from rlzoo.config.schema import CriticConfig
+            from rlzoo.config.algorithm import CriticConfig
 
             assert all(v != CriticConfig.model_fields[k].default for k, v in value.items()), (preset, key)
             continue

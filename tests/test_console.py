@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlzoo.config.resolution import build_config
 from rlzoo.reporting.console import Actionable, Console, final_summary, log_path, start_summary
-from rlzoo.config.schema import build_config
 
 # Every kind of output an engine makes at start-up, each tagged, emitted inside run_console.
 NOISY = r"""

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from rlzoo.config.schema import TinyModelConfig, TrainerConfig
-from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.interfaces import KLController, ValueLoss, ValueLossResult
-from rlzoo.rl.learner import Learner
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
 from rlzoo.registry import default_registry
+from rlzoo.rl.critic import Critic, value_metrics
+from rlzoo.rl.learner import Learner
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.rollouts import token_level_rewards
 

@@ -33,7 +33,7 @@ def test_one_process_collectives_are_the_identity():
 
 
 def test_too_small_minibatches_for_the_world_are_a_clear_error():
-    from rlzoo.config.schema import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.errors import RlzooError
     from rlzoo.runtime.run import check_data_parallel
 

@@ -15,8 +15,8 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import struct
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -297,7 +297,7 @@ def resume_with(*arguments: str):
 
 HOLD = """
     import sys, time
-    from rlzoo import runlock
+    from rlzoo.runtime import runlock
     lock = runlock.hold_run_folder(sys.argv[1], "holder-command")
     print("held", flush=True)
     time.sleep(600)
@@ -540,7 +540,7 @@ def test_resume_keeps_the_rows_after_a_torn_middle_line(tmp_path):
 
 
 def test_duplicate_yaml_keys_are_named_with_both_lines_in_line_order(tmp_path):
-    from rlzoo.config.schema import read_yaml
+    from rlzoo.config.loading import read_yaml
     from rlzoo.errors import ConfigError
 
     path = tmp_path / "c.yaml"
@@ -553,7 +553,7 @@ def test_duplicate_yaml_keys_are_named_with_both_lines_in_line_order(tmp_path):
 
 
 def test_merge_keys_and_aliases_are_not_duplicates(tmp_path):
-    from rlzoo.config.schema import read_yaml
+    from rlzoo.config.loading import read_yaml
 
     path = tmp_path / "c.yaml"
     path.write_text("base: &b {lr: 1, wd: 0}\ntrainer:\n  <<: *b\n  lr: 2\nalso: [*b, *b]\n")
@@ -562,7 +562,7 @@ def test_merge_keys_and_aliases_are_not_duplicates(tmp_path):
 
 def test_folder_rules_with_permissions_stubbed(tmp_path, monkeypatch):
     """The permission rules, root or not: ``os.access`` answers as for a user who may not write to ``locked``."""
-    from rlzoo.preflight import checks as preflight
+    from rlzoo.preflight import folders as preflight
 
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -577,10 +577,10 @@ def test_folder_rules_with_permissions_stubbed(tmp_path, monkeypatch):
 
 def test_prompts_beyond_the_context_are_dropped_without_max_prompt_tokens(caplog):
     from rlzoo.config.schema import PromptConfig
+    from rlzoo.episodes.prompts import fit_prompts, prompt_budget
     from rlzoo.errors import RlzooError
     from rlzoo.interfaces import Sample
     from rlzoo.models import build_char_tokenizer
-    from rlzoo.episodes.prompts import fit_prompts, prompt_budget
 
     tok = build_char_tokenizer("0123456789+=")
     samples = [Sample("1+1=", "2"), Sample("1" * 40 + "+1=", "2"), Sample("2+2=", "4")]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlzoo.util.atomic import atomic_write_text
 from rlzoo.runtime.faults import FaultPolicy, StepFailure
-from rlzoo.util.reductions import Sum, SkippedUpdates, UnscoredResponses
+from rlzoo.util.atomic import atomic_write_text
+from rlzoo.util.reductions import SkippedUpdates, Sum, UnscoredResponses
 
 S, U = SkippedUpdates, UnscoredResponses  # the fault declarations, as the engines and rlzoo.rl.scoring report them
 GOOD = {"train/nonfinite_steps": S(0.0), "verifier/errors": U(0.0), "verifier/timeouts": U(0.0), "verifier/nonfinite_rewards": U(0.0)}

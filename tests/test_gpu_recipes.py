@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config.schema import load_config
+from rlzoo.config.resolution import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlzoo.config.schema import build_config, load_config
+from rlzoo.config.resolution import build_config, load_config
 from rlzoo.errors import ConfigError
-from rlzoo.util.units import GB, GiB, parse_bytes
-from rlzoo.models.memory import ModelShape, estimate
+from rlzoo.models.memory import ModelShape
 from rlzoo.preflight.checks import preflight
+from rlzoo.preflight.memory_fit import estimate
 from rlzoo.registry import default_registry
+from rlzoo.util.units import GB, GiB, parse_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "examples" / "gpu").glob("*.yaml"))

@@ -12,13 +12,17 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
 
 import rlzoo
 from rlzoo.config.schema import RunConfig
-from rlzoo.runtime.distributed import Dist
 from rlzoo.interfaces import AdvantageSource, BatchFilter, Clipper, ClipResult, Sample
+from rlzoo.interfaces.base import take_reports
+from rlzoo.registry import Registry, default_registry
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components, rl_step
+from rlzoo.rl.objective import build_objective
+from rlzoo.runtime.distributed import Dist
 from rlzoo.util.reductions import (
     Max,
     Mean,
@@ -29,10 +33,6 @@ from rlzoo.util.reductions import (
     reduce_minibatches,
     reduce_ranks,
 )
-from rlzoo.interfaces.base import take_reports
-from rlzoo.rl.objective import build_objective
-from rlzoo.registry import Registry, default_registry
-from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
 
 NAN = float("nan")
 

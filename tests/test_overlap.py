@@ -7,21 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlzoo.config.schema import RunConfig, TinyModelConfig, build_config
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import RunConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, ModuleTrainingEngine
 from rlzoo.engines.hf_rollout import HFRolloutEngine
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.rl.learner import Learner
-from rlzoo.rl.loop import Components, rl_step, sample_prompts
-from rlzoo.rl.rollouts import RolloutSchedule
-from rlzoo.util.timer import Timer
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.rl.objective import build_objective
-from rlzoo.rl.overlap import OverlappedRollouts
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, rl_step, sample_prompts
+from rlzoo.rl.objective import build_objective
+from rlzoo.rl.overlap import OverlappedRollouts
+from rlzoo.rl.rollouts import RolloutSchedule
+from rlzoo.util.timer import Timer
 
 
 class CharSum(Verifier):

@@ -35,7 +35,7 @@ def test_out_of_range(n, c, k):
 
 
 def test_config_k_above_samples_names_the_field():
-    from rlzoo.config.schema import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.eval_pass_at_k"):

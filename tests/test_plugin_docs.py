@@ -196,9 +196,9 @@ def test_the_docs_own_tests_pass(block, name, doc_modules, tmp_path):
 
 def test_batch_filter_keeps_varied_groups_reports_and_checks_the_group_size(examples, tmp_path):
     from rlzoo.interfaces import ModelFacts, RunFacts
-    from rlzoo.util.reductions import Sum
     from rlzoo.interfaces.base import take_reports
     from rlzoo.registry import default_registry
+    from rlzoo.util.reductions import Sum
 
     cls = examples[("batch_filter", "min-std")]
     groups = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -353,7 +353,7 @@ def test_logger_writes_long_rows_and_a_resume_skips_what_it_holds(examples, tmp_
 
 def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_path):
     """The whole check (``rlzoo config check``'s): the engine is selected by name and its rule reported by field."""
-    from rlzoo.config.schema import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.preflight.checks import preflight
 
     modules, _ = doc_modules

@@ -11,16 +11,17 @@ import logging
 import pytest
 import torch
 
-from rlzoo.rl import loop, rollouts
-from rlzoo.config.schema import PromptConfig, build_config
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import PromptConfig
 from rlzoo.engines import Generation, RolloutEngine
+from rlzoo.episodes.prompts import fit_prompts, prompt_ids
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import Sample
-from rlzoo.util.timer import Timer
 from rlzoo.models import build_char_tokenizer
 from rlzoo.models.chat import build_chat_tokenizer
-from rlzoo.episodes.prompts import fit_prompts, prompt_ids
 from rlzoo.registry import default_registry
+from rlzoo.rl import loop, rollouts
+from rlzoo.util.timer import Timer
 
 QUESTION = "What is 12 + 30? Put the answer in \\boxed{}."
 
@@ -133,7 +134,7 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
         objective=None, advantage=registry.create("advantage", "group"), verifier=registry.create("verifier", "math"),
         correction=None, rollout=rollout, learner=None, tokenizer=tok,
     )
-    collected = rollouts.collect(0, samples, components, config, Timer())
+    collected = rollouts.collect(0, samples, components.rollout_parts, config, Timer())
     assert rollout.seen[0] == expected  # rollout
     batch = collected.batch  # training: prompt then response, row by row
     for row in range(batch.input_ids.shape[0]):

@@ -8,8 +8,8 @@ import threading
 import time
 
 from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.util.reductions import UnscoredResponses
 from rlzoo.rl.scoring import score, step_token_ends
+from rlzoo.util.reductions import UnscoredResponses
 
 
 class Fragile(Verifier):

@@ -11,8 +11,8 @@ from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
-from rlzoo.util.reductions import SkippedUpdates
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.util.reductions import SkippedUpdates
 
 
 def _engine(tmp_path):

@@ -1,1 +1,2 @@
-"""The run config: its schema (pydantic sections), loading (YAML, duplicate keys, ``--set``), presets, and resolution of each component spec against the plugin registry."""
+"""The run config: its schema (pydantic sections: base, algorithm, schema), loading (YAML, duplicate keys,
+``--set``), presets, and resolution of each component spec against the plugin registry."""

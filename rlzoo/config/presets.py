@@ -9,8 +9,8 @@ import copy
 from typing import Any
 
 # Each preset states only what differs from the components' defaults (DEFAULT_COMPONENTS below, each component's
-# own parameter defaults, rlzoo.config.schema.AlgorithmConfig's fields); what it leaves out is that default. The comments
-# say what each source specifies, including the parts that are defaults.
+# own parameter defaults, rlzoo.config.algorithm.AlgorithmConfig's fields); what it leaves out is that default. The
+# comments say what each source specifies, including the parts that are defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath (Shao et al. 2024): token ratio, symmetric clip 0.2, group-normalised advantage,
     # per-sequence mean of token means, k3 KL to the reference with beta 0.04.

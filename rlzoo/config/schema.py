@@ -1,185 +1,29 @@
-"""Run configuration: pydantic models, YAML loading, ``--set a.b=c`` overrides, presets, component resolution.
+"""The run config's schema: :class:`RunConfig` and its sections (pydantic models), with their validators.
 
-A component is written ``{name: <registered name>, <its parameters>...}``. Validation is two-phase: the run's
-own structure is checked by pydantic, then each component spec is looked up in the plugin registry and its
-parameters validated against that component's ``Params`` model (unknown keys are errors). All problems of a
-config are reported together, each with its dotted location.
+A component is written ``{name: <registered name>, <its parameters>...}`` (:mod:`rlzoo.config.base`; the
+``algorithm`` section's in :mod:`rlzoo.config.algorithm`). Validation is two-phase: pydantic checks the run's own
+structure here, then :mod:`rlzoo.config.resolution` looks each component spec up in the plugin registry and validates
+its parameters against that component's ``Params`` model. :mod:`rlzoo.config.loading` reads the YAML.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
+from rlzoo.config.algorithm import AlgorithmConfig
+from rlzoo.config.base import (
+    DEFAULT_ENVIRONMENT,
+    DEFAULT_ROLLOUT_ENGINE,
+    DEFAULT_TOOL_PARSER,
+    DEFAULT_TRAINING_ENGINE,
+    Beta,
+    LearningRate,
+    Section,
+    spec_class,
+)
 from rlzoo.util.units import parse_bytes
-from rlzoo.config.presets import DEFAULT_COMPONENTS, PRESETS, expand_preset
-from rlzoo.registry import Registry, default_registry, format_validation_error
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _fits_float32(value: float) -> float:
-    if value > FLOAT32_MAX:  # torch's optimizers pass it to float32 kernels, which raise mid-step
-        raise ValueError(f"{value:g} does not fit in float32, the optimizer's number type: at most {FLOAT32_MAX:.4g}")
-    return value
-
-
-LearningRate = Annotated[float, Field(gt=0), AfterValidator(_fits_float32)]
-"""An optimizer's learning rate: positive, and a float32 number."""
-Beta = Annotated[float, Field(ge=0, lt=1)]
-"""One of Adam's moment decays, in [0, 1)."""
-
-
-class Section(BaseModel):
-    """A section of the run config. Every number must be finite (``inf``, ``-inf`` and ``nan`` are refused, also
-    as text through ``--set``): no setting means "unbounded" by an infinity (those use ``null``), and a non-finite
-    learning rate, coefficient or clip range would only turn the weights into NaN."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class ComponentSpec(BaseModel):
-    """``name`` selects a registered component of this spec's kind; every other key is one of its parameters
-    (validated by the component's ``Params``, which refuse non-finite numbers as the sections do)."""
-
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-    kind: ClassVar[str] = ""
-    name: str
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-def _spec(kind_name: str) -> type[ComponentSpec]:
-    return type(f"{kind_name.title().replace('_', '')}Spec", (ComponentSpec,), {"kind": kind_name})
-
-
-RatioSpec = _spec("ratio")
-AdvantageSpec = _spec("advantage")
-ClipperSpec = _spec("clipper")
-AggregationSpec = _spec("aggregation")
-KLSpec = _spec("kl")
-CorrectionSpec = _spec("correction")
-BatchFilterSpec = _spec("batch_filter")
-RewardShaperSpec = _spec("reward_shaper")
-RegulariserSpec = _spec("regulariser")
-KLControllerSpec = _spec("kl_controller")
-ValueLossSpec = _spec("value_loss")
-RouterSpec = _spec("router")
-VerifierSpec = _spec("verifier")
-TaskSpec = _spec("task")
-RolloutEngineSpec = _spec("rollout_engine")
-TrainingEngineSpec = _spec("training_engine")
-EnvironmentSpec = _spec("environment")
-ToolSpec = _spec("tool")
-ToolParserSpec = _spec("tool_parser")
-LoggerSpec = _spec("logger")
-
-# the engines a config that names none runs on: in-process, installed with rlzoo itself (the cold start evaluates
-# with the rollout one)
-DEFAULT_ROLLOUT_ENGINE = "hf"
-DEFAULT_TRAINING_ENGINE = "torch"
-# episodes: one turn unless an environment says otherwise; tool calls in the Hermes / Qwen format
-DEFAULT_ENVIRONMENT = "single-turn"
-DEFAULT_TOOL_PARSER = "hermes"
-# the critic's loss as verl's compute_value_loss, and its default loss_agg_mode
-DEFAULT_VALUE_LOSS = "clipped"
-DEFAULT_CRITIC_AGGREGATION = "token-mean"
-
-
-def _default(spec: type[ComponentSpec], key: str) -> Any:
-    """The default component of an algorithm field: defined once, in ``rlzoo.config.presets.DEFAULT_COMPONENTS``."""
-    return lambda: spec(**DEFAULT_COMPONENTS[key])
-
-
-class CriticConfig(Section):
-    """A value model trained beside the policy (PPO's critic; :mod:`rlzoo.rl.critic`, docs/critic.md). It runs on the
-    run's training engine (``trainer.engine``, with the trainer's micro-batch, dtype and packing settings) with
-    its own weights and optimizer, and is saved and resumed with the run."""
-
-    model: str | None = Field(
-        None,
-        description="null: a copy of the policy's initial weights with a fresh scalar value head; or a folder (a "
-        "Hugging Face model, e.g. a critic saved by an earlier run, whose MoE-or-dense kind matches the policy's)",
-    )
-    lr: LearningRate = Field(1e-4, description="the critic's AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[Beta, Beta] = (0.9, 0.999)
-    grad_clip: float | None = Field(1.0, gt=0)
-    value_loss: ValueLossSpec = Field(
-        default_factory=lambda: ValueLossSpec(name=DEFAULT_VALUE_LOSS),
-        description="the regression loss onto the advantage source's returns (clipped: verl's compute_value_loss)",
-    )
-    aggregation: AggregationSpec = Field(
-        default_factory=lambda: AggregationSpec(name=DEFAULT_CRITIC_AGGREGATION),
-        description="how the per-token value loss is reduced (verl's critic loss_agg_mode)",
-    )
-    warmup_steps: int = Field(
-        0, ge=0, description="steps at the start that train only the critic, the policy unchanged (verl's critic_warmup)"
-    )
-
-
-class AlgorithmConfig(Section):
-    """One policy-gradient algorithm = ratio x advantage x clipper x aggregation (x KL) (x router policy)."""
-
-    preset: str | None = None
-    ratio: RatioSpec = Field(default_factory=_default(RatioSpec, "ratio"))
-    advantage: AdvantageSpec = Field(default_factory=_default(AdvantageSpec, "advantage"))
-    clipper: ClipperSpec = Field(default_factory=_default(ClipperSpec, "clipper"))
-    aggregation: AggregationSpec = Field(default_factory=_default(AggregationSpec, "aggregation"))
-    kl: KLSpec = Field(default_factory=_default(KLSpec, "kl"))
-    kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
-    kl_in_reward: KLControllerSpec | None = Field(
-        None,
-        description="the reference KL (estimator `kl`, on the old log-probs) as a per-token reward penalty, its "
-        "coefficient from this controller (fixed, adaptive); null: none",
-    )
-    critic: CriticConfig | None = Field(
-        None, description="a learned value model (needed by advantages that read values, e.g. gae); null: none"
-    )
-    correction: CorrectionSpec = Field(
-        default_factory=_default(CorrectionSpec, "correction"),
-        description="train-inference mismatch correction (e.g. truncated importance sampling)",
-    )
-    router: RouterSpec | None = Field(None, description="MoE router policy (routing replay); null = none")
-    batch_filter: BatchFilterSpec = Field(
-        default_factory=_default(BatchFilterSpec, "batch_filter"),
-        description="which scored prompt groups a step trains on (dynamic-sampling: only informative ones)",
-    )
-    reward_shaping: list[RewardShaperSpec] = Field(
-        default_factory=list, description="terms added to the verifier's rewards, in order, before advantages"
-    )
-    regularisers: list[RegulariserSpec] = Field(
-        default_factory=list, description="extra loss terms (e.g. {name: entropy, coef: 0.001})"
-    )
-    minibatches_per_rollout: int = Field(4, ge=1, description="gradient steps per rollout batch")
-    log_ratio_clamp: float = Field(20.0, gt=0, description="log-ratios are clamped to +-this before exp")
-    old_logprobs: Literal["train", "rollout", "rollout-only"] = Field(
-        "train",
-        description="train: recompute old log-probs with the training engine; rollout: use the rollout engine's "
-        "(the training engine's pass still runs, for the mismatch metrics and corrections); rollout-only: use the "
-        "rollout engine's and skip that pass (no mismatch/* or policy/entropy metrics; only with a correction that "
-        "does not read it and a router policy that does not replay the old pass)",
-    )
-
-    @field_validator("preset")
-    @classmethod
-    def _known_preset(cls, value: str | None) -> str | None:
-        if value is not None and value not in PRESETS:
-            import difflib
-
-            close = difflib.get_close_matches(value, list(PRESETS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown preset {value!r}{hint} Valid presets: {', '.join(PRESETS)}")
-        return value
 
 
 class TinyModelConfig(Section):
@@ -199,6 +43,11 @@ class TinyModelConfig(Section):
     max_position_embeddings: int = Field(256, ge=1)
     rope_theta: float = Field(10000.0, gt=0)
 
+    @property
+    def moe(self) -> bool:
+        """Whether the model's MLPs are mixtures of experts (the ``num_experts*`` and ``moe_*`` sizes apply)."""
+        return self.architecture == "qwen3_moe"
+
     def shape_problems(self) -> list[tuple[str, str]]:
         """The shape rules a model built from these sizes must meet, as ``(field, message)`` pairs.
 
@@ -216,7 +65,7 @@ class TinyModelConfig(Section):
             ))
         if self.head_dim % 2:
             problems.append(("head_dim", f"{self.head_dim} is odd; rotary embeddings need an even head_dim"))
-        if self.architecture == "qwen3_moe" and self.num_experts_per_tok > self.num_experts:
+        if self.moe and self.num_experts_per_tok > self.num_experts:
             problems.append((
                 "num_experts_per_tok",
                 f"{self.num_experts_per_tok} exceeds num_experts={self.num_experts}; use 1..{self.num_experts}",
@@ -229,7 +78,7 @@ DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 class LoraConfig(Section):
-    """LoRA adapters on the policy (:mod:`rlzoo.models.lora`, through peft): only the adapters train, the KL
+    """LoRA adapters on the policy (:mod:`rlzoo.engines.lora`, through peft): only the adapters train, the KL
     reference is the same model with its adapters disabled, checkpoints hold the adapters (docs/lora.md)."""
 
     rank: int = Field(8, gt=0, description="the adapters' rank r")
@@ -330,7 +179,9 @@ class ColdStartConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: RolloutEngineSpec = Field(default_factory=lambda: RolloutEngineSpec(name=DEFAULT_ROLLOUT_ENGINE))
+    engine: spec_class("rollout_engine") = Field(
+        default_factory=lambda: spec_class("rollout_engine")(name=DEFAULT_ROLLOUT_ENGINE)
+    )
     prompts_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(16, ge=1)
@@ -351,7 +202,9 @@ class RolloutConfig(Section):
 
 
 class TrainerConfig(Section):
-    engine: TrainingEngineSpec = Field(default_factory=lambda: TrainingEngineSpec(name=DEFAULT_TRAINING_ENGINE))
+    engine: spec_class("training_engine") = Field(
+        default_factory=lambda: spec_class("training_engine")(name=DEFAULT_TRAINING_ENGINE)
+    )
     lr: LearningRate = 1e-4
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[Beta, Beta] = (0.9, 0.999)
@@ -397,12 +250,12 @@ class EpisodeConfig(Section):
     """What an episode is (:mod:`rlzoo.episodes.runner`): the environment that answers each turn, the tools it may call,
     and the limits. The default is one turn per episode, rlzoo's single-turn rollouts."""
 
-    environment: EnvironmentSpec = Field(
-        default_factory=lambda: EnvironmentSpec(name=DEFAULT_ENVIRONMENT),
+    environment: spec_class("environment") = Field(
+        default_factory=lambda: spec_class("environment")(name=DEFAULT_ENVIRONMENT),
         description="answers each policy turn with an observation or ends the episode",
     )
-    tools: list[ToolSpec] = Field(default_factory=list, description="tools the episode's model may call")
-    tool_parser: ToolParserSpec | None = Field(
+    tools: list[spec_class("tool")] = Field(default_factory=list, description="tools the episode's model may call")
+    tool_parser: spec_class("tool_parser") | None = Field(
         None, description=f"finds tool calls in the model's text; null with tools: {{name: {DEFAULT_TOOL_PARSER}}}"
     )
     max_turns: int = Field(1, ge=1, description="policy turns per episode at most (each up to rollout.max_new_tokens)")
@@ -416,7 +269,7 @@ class EpisodeConfig(Section):
     @model_validator(mode="after")
     def _default_parser(self) -> EpisodeConfig:
         if self.tool_parser is None and self.tools:
-            self.tool_parser = ToolParserSpec(name=DEFAULT_TOOL_PARSER)
+            self.tool_parser = spec_class("tool_parser")(name=DEFAULT_TOOL_PARSER)
         return self
 
 
@@ -483,8 +336,8 @@ class RunConfig(Section):
     output_dir: str = "runs/default"
     model: ModelConfig = Field(default_factory=ModelConfig)
     teacher: TeacherConfig | None = Field(None, description="a frozen model scoring the policy's tokens; null: none")
-    task: TaskSpec = Field(default_factory=lambda: TaskSpec(name="arithmetic"))
-    verifier: VerifierSpec | None = Field(None, description="null: the task's default verifier")
+    task: spec_class("task") = Field(default_factory=lambda: spec_class("task")(name="arithmetic"))
+    verifier: spec_class("verifier") | None = Field(None, description="null: the task's default verifier")
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig)
@@ -492,7 +345,7 @@ class RunConfig(Section):
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     train: LoopConfig = Field(default_factory=LoopConfig)
-    loggers: list[LoggerSpec] = Field(
+    loggers: list[spec_class("logger")] = Field(
         default_factory=list,
         description="experiment trackers the run also logs to, e.g. [{name: wandb}, {name: mlflow}] "
         "(metrics.jsonl is always written); docs/loggers.md",
@@ -503,189 +356,3 @@ class RunConfig(Section):
         """The most tokens the policy samples for one prompt: ``rollout.max_new_tokens`` per turn, times
         ``episode.max_turns`` (observations not counted): what length-based reward shapers measure against."""
         return self.rollout.max_new_tokens * self.episode.max_turns
-
-
-# -- loading -------------------------------------------------------------------------------------------------
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    if "=" not in text:
-        raise ConfigError([("--set", f"{text!r} is not of the form dotted.key=value")])
-    key, raw = text.split("=", 1)
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError([("--set", f"{text!r} has an empty key")])
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    data = copy.deepcopy(data)
-    for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for i, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError([(".".join(path[: i + 1]), f"--set {text!r}: this is a value, not a section")])
-            node = child
-        node[path[-1]] = value
-    return data
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (plain YAML keeps the last and silently
-    drops the first, e.g. a whole ``trainer:`` block): :meth:`duplicate_keys` finds them in the composed nodes."""
-
-    def duplicate_keys(self, root: yaml.Node | None) -> list[tuple[str, str]]:
-        """``(dotted key, message)`` for every key repeated in a mapping of ``root``'s tree, in line order; ``<<``
-        merge keys and the keys they bring in may repeat (an explicit key overrides a merged one, as YAML intends)."""
-        found: list[tuple[int, str, str]] = []
-        seen: set[int] = set()
-
-        def walk(node: yaml.Node | None, loc: str) -> None:
-            if node is None or id(node) in seen:  # an alias repeats a node already walked
-                return
-            seen.add(id(node))
-            if isinstance(node, yaml.SequenceNode):
-                for i, item in enumerate(node.value):
-                    walk(item, f"{loc}.{i}" if loc else str(i))
-            if not isinstance(node, yaml.MappingNode):
-                return
-            first: dict[tuple[str, str], int] = {}
-            for key_node, value_node in node.value:
-                scalar = isinstance(key_node, yaml.ScalarNode)
-                name = str(key_node.value) if scalar else "?"
-                child = f"{loc}.{name}" if loc else name
-                if scalar and key_node.tag != "tag:yaml.org,2002:merge":
-                    key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
-                    if key in first:
-                        found.append((line, child, f"duplicate key {name!r} at line {line} (first at line "
-                                                   f"{first[key]}): YAML would keep the second and silently drop the "
-                                                   "first; merge them into one"))
-                    else:
-                        first[key] = line
-                walk(value_node, child)
-
-        walk(root, "")
-        return [(loc, message) for _, loc, message in sorted(found, key=lambda item: item[0])]
-
-
-def _load_unique_keys(text: str, source: str) -> Any:
-    """``yaml.safe_load(text)``, but a key repeated in a mapping is a :class:`ConfigError` naming it and both lines."""
-    loader = UniqueKeyLoader(text)
-    try:
-        node = loader.get_single_node()
-        problems = loader.duplicate_keys(node)
-        if problems:
-            raise ConfigError(problems, source=source)
-        return loader.construct_document(node) if node is not None else None
-    finally:
-        loader.dispose()
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError([("", f"config file not found: {path}")])
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError([("", f"cannot read config file: {err}")], source=str(path)) from None
-    try:
-        data = _load_unique_keys(text, str(path))
-    except yaml.YAMLError as err:
-        raise ConfigError([("", f"not valid YAML: {err}")], source=str(path)) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError([("", "the top level must be a mapping of sections")], source=str(path))
-    return data
-
-
-def iter_component_specs(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, ComponentSpec]]:
-    for field_name in type(model).model_fields:
-        value = getattr(model, field_name)
-        loc = f"{prefix}.{field_name}" if prefix else field_name
-        if isinstance(value, ComponentSpec):
-            yield loc, value
-        elif isinstance(value, list):  # a list of components (algorithm.reward_shaping): loc ends in the index
-            yield from ((f"{loc}.{i}", item) for i, item in enumerate(value) if isinstance(item, ComponentSpec))
-        elif isinstance(value, BaseModel):
-            yield from iter_component_specs(value, loc)
-
-
-def resolve_components(config: RunConfig, registry: Registry) -> tuple[RunConfig, list[tuple[str, str]]]:
-    """Validate every component spec against the registry; return the config with defaults filled in."""
-    problems: list[tuple[str, str]] = []
-    replacements: dict[str, ComponentSpec] = {}
-    for loc, spec in iter_component_specs(config):
-        try:
-            params = registry.validate_params(spec.kind, spec.name, spec.params, loc)
-        except UnknownComponentError as err:
-            problems.append((f"{loc}.name", str(err)))
-            continue
-        except ConfigError as err:
-            problems.extend(err.problems)
-            continue
-        except RegistryError as err:
-            problems.append((loc, str(err)))
-            continue
-        replacements[loc] = type(spec)(name=spec.name, **params.model_dump(mode="json"))
-    data = config.model_dump(mode="python")
-    for loc, spec in replacements.items():
-        node = data
-        *parents, leaf = loc.split(".")
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        node[int(leaf) if isinstance(node, list) else leaf] = spec.model_dump(mode="json")
-    return RunConfig.model_validate(data), problems
-
-
-def fill_default_names(data: dict[str, Any], model: type[BaseModel] = None, loc: str = "") -> dict[str, Any]:
-    """A component spec given without ``name`` (e.g. ``--set task.digits=3``) keeps the default component."""
-    model = model or RunConfig
-    for field_name, field in model.model_fields.items():
-        value = data.get(field_name)
-        if not isinstance(value, dict):
-            continue
-        default = field.get_default(call_default_factory=True)
-        if isinstance(default, ComponentSpec) and "name" not in value:
-            data[field_name] = {"name": default.name, **value}
-        elif isinstance(default, BaseModel):
-            fill_default_names(value, type(default))
-    return data
-
-
-def build_config(
-    data: dict[str, Any],
-    overrides: Sequence[str] = (),
-    registry: Registry | None = None,
-    source: str | None = None,
-) -> RunConfig:
-    data = apply_overrides(data, overrides)
-    algorithm = data.get("algorithm")
-    if isinstance(algorithm, dict):
-        data["algorithm"] = expand_preset(algorithm)
-    fill_default_names(data)
-    try:
-        config = RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err), source=source) from None
-    config, problems = resolve_components(config, registry or default_registry())
-    if problems:
-        raise ConfigError(problems, source=source)
-    return config
-
-
-def load_config(path: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> RunConfig:
-    """Read a YAML run config, apply ``--set`` overrides and presets, and validate everything."""
-    return build_config(read_yaml(path), overrides, registry, source=str(path))
-
-
-def dump_config(config: RunConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

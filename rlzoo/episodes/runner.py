@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from rlzoo.config.schema import PromptConfig, RunConfig
-from rlzoo.util.decode import response_text
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
+from rlzoo.episodes.prompts import chat_messages, prompt_ids
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation, Sample, Tool
+from rlzoo.util.decode import response_text
 from rlzoo.util.reductions import Mean, Sum
-from rlzoo.episodes.prompts import chat_messages, prompt_ids
 
 #: worker threads answering one turn's episodes (each may run several tool calls concurrently itself)
 ENVIRONMENT_THREADS = 16

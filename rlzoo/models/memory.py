@@ -1,9 +1,10 @@
 """GPU memory per rank of a run, estimated from the model's shapes and the run config before anything is built.
 
 :func:`estimate` is a pure function of a :class:`ModelShape` (read from the model's transformers ``config.json``, or
-``model.tiny``), the resolved :class:`rlzoo.config.schema.RunConfig` and the number of processes. It returns a
+``model.tiny``), the resolved :class:`rlzoo.config.schema.RunConfig`, the number of processes and the run's
+engines (constructed, not started; each answers for its own part). It returns a
 :class:`MemoryEstimate`: named parts in bytes for the most loaded rank (rank 0, which always holds a rollout engine),
-plus vLLM's share of the device. :mod:`rlzoo.preflight.checks` compares it with ``trainer.device_memory`` (or ``rlzoo
+plus vLLM's share of the device. :mod:`rlzoo.preflight.memory_fit` compares it with ``trainer.device_memory`` (or ``rlzoo
 config check --device-memory``). It is arithmetic, not a measurement: what it leaves out is listed below.
 
 Notation: ``P`` parameters, of which ``Pe`` routed-expert parameters (``Pd = P - Pe`` the rest); ``N`` processes
@@ -152,7 +153,7 @@ class ModelShape:
     @classmethod
     def from_tiny(cls, tiny: TinyModelConfig) -> ModelShape:
         """``model.tiny`` as :mod:`rlzoo.models.tiny` builds it (untied; the vocabulary at most :data:`TINY_VOCAB`)."""
-        moe = tiny.architecture == "qwen3_moe"
+        moe = tiny.moe
         return cls(
             vocab=TINY_VOCAB, hidden=tiny.hidden_size, layers=tiny.num_hidden_layers,
             heads=tiny.num_attention_heads, kv_heads=tiny.num_key_value_heads, head_dim=tiny.head_dim,
@@ -276,21 +277,15 @@ class RolloutMemory:
 
 
 def estimate(
-    config: RunConfig, shape: ModelShape, world: int = 1, *, training: Any = None, rollout: Any = None,
+    config: RunConfig, shape: ModelShape, world: int = 1, *, training: Any, rollout: Any,
     teacher: ModelShape | None = None,
 ) -> MemoryEstimate:
     """GPU memory of the most loaded rank of ``config`` (resolved) on ``world`` processes, by the module's formula.
 
-    ``training`` / ``rollout``: the config's engines, constructed (not started); built from the default registry
-    when not given. Each answers for its own part (:meth:`~rlzoo.engines.TrainingEngine.memory_layout`,
-    :meth:`~rlzoo.engines.RolloutEngine.memory`). ``teacher``: the teacher's shape, if the run has one."""
-    if training is None or rollout is None:
-        from rlzoo.registry import default_registry
-
-        registry = default_registry()
-        trainer_spec, rollout_spec = config.trainer.engine, config.rollout.engine
-        training = training or registry.create("training_engine", trainer_spec.name, trainer_spec.params)
-        rollout = rollout or registry.create("rollout_engine", rollout_spec.name, rollout_spec.params)
+    ``training`` / ``rollout``: the config's engines, constructed (not started;
+    :func:`rlzoo.preflight.memory_fit.estimate` constructs those not given from a registry). Each answers for its own
+    part (:meth:`~rlzoo.engines.TrainingEngine.memory_layout`, :meth:`~rlzoo.engines.RolloutEngine.memory`).
+    ``teacher``: the teacher's shape, if the run has one."""
     layout = training.memory_layout()
     lora = config.model.lora
     adapters = shape.lora_parameters(lora.rank, lora.target_modules) if lora is not None else None

@@ -17,13 +17,18 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import ValidationError
 
-from rlzoo.config.schema import RunConfig, iter_component_specs
+from rlzoo.config.resolution import iter_component_specs
+from rlzoo.config.schema import RunConfig
 from rlzoo.errors import RlzooError
-from rlzoo.registry import Registry
+from rlzoo.interfaces import Problem, RunFacts
+
+if TYPE_CHECKING:
+    from rlzoo.interfaces.run_facts import ComponentCatalogue
 
 #: fields a resumed run may change without --allow-changes: they do not change what any step computes
 RESUMABLE = (
@@ -71,7 +76,7 @@ def effective_config(run_dir: Path) -> dict[str, Any] | None:
     return fields
 
 
-def config_changes(run_dir: Path, config: RunConfig, registry: Registry | None = None) -> Changes:
+def config_changes(run_dir: Path, config: RunConfig, registry: ComponentCatalogue | None = None) -> Changes:
     """Each field whose value in ``config`` differs from the run's effective config (``registry``: where the
     defaults of the components' parameters are found)."""
     old = effective_config(run_dir)
@@ -88,16 +93,24 @@ def config_changes(run_dir: Path, config: RunConfig, registry: Registry | None =
     }
 
 
-def _parameter_defaults(config: RunConfig, registry: Registry | None) -> dict[str, Any]:
+def _parameter_defaults(config: RunConfig, registry: ComponentCatalogue | None) -> dict[str, Any]:
     """``{dotted field: default}`` of every parameter of the config's components."""
     defaults: dict[str, Any] = {}
     for loc, spec in iter_component_specs(config) if registry is not None else ():
         try:
-            params = registry.validate_params(spec.kind, spec.name, {}, loc)
-        except RlzooError:  # a parameter without a default: it was given, so it is in the saved config too
-            continue
+            params = registry.get(spec.kind, spec.name).cls.Params.model_validate({})
+        except (RlzooError, ValidationError):
+            continue  # a parameter without a default: it was given, so it is in the saved config too
         defaults.update(flatten(params.model_dump(mode="json"), loc))
     return defaults
+
+
+def resume_change_rule(run: RunFacts) -> list[Problem]:
+    """A resume (``--resume``) refuses every change of the run's config that neither :data:`RESUMABLE` nor
+    ``--allow-changes`` allows."""
+    if run.resume is None or not Path(run.resume).is_dir():
+        return []
+    return refusal_problems(refused(config_changes(Path(run.resume), run.config, run.registry), run.allow_changes))
 
 
 def refused(changes: Changes, allowed: Sequence[str] = ()) -> Changes:

@@ -189,7 +189,7 @@ def start_summary(
 ) -> list[str]:
     """What is about to run: the config file, the algorithm, the model, the engines, the output folder; for a
     resume (``resumed_changes`` given), what differs from the run's config and goes ahead."""
-    from rlzoo.config.schema import DEFAULT_ENVIRONMENT
+    from rlzoo.config.base import DEFAULT_ENVIRONMENT
 
     algo, rollout, loop = config.algorithm, config.rollout, config.train
     parts = [f"ratio {algo.ratio.name}", f"advantage {algo.advantage.name}", f"clipper {algo.clipper.name}"]

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlzoo.util.atomic import atomic_write_text
 from rlzoo.interfaces.logger import Logger, TrackedRun
+from rlzoo.preflight.packages import missing_package
 from rlzoo.reporting.metrics_log import read_metrics
-from rlzoo.preflight.checks import missing_package
+from rlzoo.util.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig

@@ -21,13 +21,15 @@ counts a critic's skipped update like the policy's).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from rlzoo.engines import TokenBatch
-from rlzoo.interfaces import LossAggregation, ValueLoss
-from rlzoo.rl.learner import Learner
+from rlzoo.interfaces import LossAggregation, Problem, RunFacts, ValueLoss
 from rlzoo.interfaces.base import take_reports
+from rlzoo.models.folder import MISSING, NOT_A_MODEL_FOLDER, ModelFolder, config_facts
+from rlzoo.rl.learner import Learner
 from rlzoo.util.tensors import masked_mean
 
 
@@ -84,3 +86,63 @@ def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tenso
     # verl's critic/vf_explained_var: unbiased variances, 1e-5 beside the returns' variance
     explained = 1.0 - torch.var(r - v) / (torch.var(r) + 1e-5) if r.numel() > 1 else torch.tensor(0.0)
     return {"critic/value_mean": masked_mean(values, mask).item(), "critic/explained_variance": explained.item()}
+
+
+def critic_rule(run: RunFacts) -> list[Problem]:
+    """A critic (``algorithm.critic``) runs on a training engine that can train values, learns the returns of an
+    advantage source that reads values, and (from a folder of its own) is the policy's kind of model: dense or
+    MoE as the policy (one engine configuration, e.g. DeepSpeed-MoE, serves both), over the same token ids.
+    A critic never needs the policy's old-log-prob pass: it runs its own, so ``old_logprobs: rollout-only`` stays
+    possible."""
+    critic, config = run.config.algorithm.critic, run.config
+    if critic is None:
+        return []
+    problems: list[Problem] = []
+    engine = run.registry.get("training_engine", config.trainer.engine.name).cls
+    if not engine.trains_values:
+        usable = run.names("training_engine", lambda cls: cls.trains_values)
+        problems.append((
+            "trainer.engine.name",
+            f"{engine.name!r} cannot train a critic (algorithm.critic) (trains_values is false); use one of {usable}",
+        ))
+    # the constructed source: one that nests another (reverse-kl) reads what the nested one reads
+    advantage = run.components.get("algorithm.advantage")
+    advantage = advantage or run.registry.get("advantage", config.algorithm.advantage.name).cls
+    if not advantage.needs_values:
+        usable = run.names("advantage", lambda cls: cls.needs_values)
+        problems.append((
+            "algorithm.critic",
+            f"advantage {advantage.name!r} reads no values and gives the critic no returns to learn; use an advantage "
+            f"that does ({', '.join(usable)}), or critic: null",
+        ))
+    if critic.model is None:
+        return problems
+    return problems + _critic_folder_problems(run, Path(critic.model))
+
+
+def _critic_folder_problems(run: RunFacts, path: Path) -> list[Problem]:
+    """The critic's own folder: a model folder with weights, of the policy's kind and ``vocab_size``."""
+    loc, folder = "algorithm.critic.model", ModelFolder.read(path)
+    if folder.absent is not None:
+        what = MISSING if folder.absent == MISSING else NOT_A_MODEL_FOLDER
+        return [(loc, f"{path} {what}; name a model folder, or null for a copy of the policy")]
+    if folder.config is None:
+        return [(loc, str(folder.unreadable))]
+    problems = [(loc, message) for message in folder.problems()]
+    moe = config_facts(folder.config).moe
+    if run.model.moe is not None and moe != run.model.moe:
+        kinds = {True: "a mixture-of-experts", False: "a dense"}
+        problems.append((
+            loc,
+            f"{path} is {kinds[moe]} model but the policy is {kinds[run.model.moe]} one: the critic trains on "
+            "the policy's engine configuration; use a critic of the policy's kind, or null for a copy of the policy",
+        ))
+    # a tiny policy's vocab_size is a bound, not its tokenizer's size
+    policy_vocab = run.model.shape.vocab if run.model.shape is not None and not run.model.tiny else None
+    if policy_vocab is not None and folder.config.get("vocab_size") != policy_vocab:
+        problems.append((
+            loc,
+            f"{path} has vocab_size {folder.config.get('vocab_size')} but the policy {policy_vocab}: the critic reads "
+            "the policy's token ids; use a critic built on the policy's tokenizer",
+        ))
+    return problems

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.engines import LossFn, RolloutEngine, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import select_rows
+from rlzoo.runtime.distributed import SINGLE, Dist
 
 
 class Learner:

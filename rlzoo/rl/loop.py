@@ -1,26 +1,33 @@
 """The RL post-training loop, on one page.
 
     for step in steps:
-        prompts    <- a batch of the task's train prompts
-        the schedule's rollout batch (rlzoo.rl.rollouts.collect, now or prefetched during the previous step):
+        prompts    <- a batch of the task's train prompts                          (sample_prompts, by the run)
+        rollout_batch: the schedule's (rlzoo.rl.rollouts.collect, now or prefetched during the previous step):
         repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
             rollouts <- rollout engine samples `group_size` responses per prompt     (time/rollout)
                         (several processes: each rank its share of the prompts, gathered)
             rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
             keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
         (no group kept: skip the update)
-        old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's  (time/old_logprobs)
-                      (old_logprobs: rollout-only skips the training engine's pass)
-        weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
+        old_logprobs:                                                               (time/old_logprobs)
+            old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's
+                          (old_logprobs: rollout-only skips the training engine's pass)
+            ref logp   <- the KL reference on the rollout batch, if there is one
+            weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         teacher logp <- the teacher on the rollout batch, if there is one             (time/teacher)
         values     <- the critic on the rollout batch, if there is one                (time/critic)
-        token rewards -= kl_in_reward's beta * KL(old || reference), if configured
-        advantages <- advantage source, per token (+ the critic's returns)          (time/advantage)
-        repeat `minibatches_per_rollout` times:                                     (time/train)
+        advantages (rlzoo.rl.rollouts.advantages):                                  (time/advantage)
+            token rewards -= kl_in_reward's beta * KL(old || reference), if configured
+            advantages <- advantage source, per token (+ the critic's returns)
+        minibatch_updates: repeat `minibatches_per_rollout` times:                  (time/train)
             loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
             training engine takes one optimizer step (not during the critic's warm-up)
             critic takes one optimizer step on the value loss towards the returns
         rollout engine(s) <- the new weights                                        (time/sync)
+        step_metrics: the updates', the batch's, the advantages', mismatch, entropy, critic, teacher (+ the times)
+
+:func:`rl_step` reads as this chart, one line or block per phase. The rollouts get only what they use
+(:attr:`Components.rollout_parts`, a :class:`~rlzoo.rl.rollouts.RolloutParts`), not the step's whole components.
 
 Every piece is injected by :mod:`rlzoo.runtime.run`; this module knows no concrete component. With several processes
 each rank samples and scores its contiguous share of the prompts with its own engine and the shares are gathered
@@ -29,9 +36,9 @@ either way every rank then holds the whole batch in the same order. MoE routing 
 are not the loop's business: the :class:`~rlzoo.rl.learner.Learner` hides the split over ranks and, for MoE
 policies, the router policy's Routing Replay (:mod:`rlzoo.rl.routing_learner`).
 
-When the rollouts are sampled is the :class:`~rlzoo.rl.rollouts.RolloutSchedule`'s business: by default at the start of their step,
-by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.rl.overlap`) step t+1's batch is sampled while
-step t trains, and its old log-probs are computed under the weights that sampled it.
+When the rollouts are sampled is the :class:`~rlzoo.rl.rollouts.RolloutSchedule`'s business: by default at the start
+of their step, by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.rl.overlap`) step t+1's batch is
+sampled while step t trains, and its old log-probs are computed under the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -45,26 +52,26 @@ import torch
 from torch import Tensor
 
 from rlzoo.config.schema import RunConfig
-from rlzoo.rl.critic import Critic, value_metrics
-from rlzoo.util.decode import response_text
-from rlzoo.runtime.distributed import SINGLE, Dist
-from rlzoo.engines import RolloutEngine, SamplingSettings
+from rlzoo.engines import LossFn, RolloutEngine, SamplingSettings, TokenBatch
 from rlzoo.episodes.environments import SingleTurn
 from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
-from rlzoo.rl.learner import Learner
-from rlzoo.util.timer import Timer
-from rlzoo.util.reductions import reduce_minibatches
 from rlzoo.interfaces.base import take_reports
+from rlzoo.rl.critic import Critic, value_metrics
+from rlzoo.rl.learner import Learner
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
-from rlzoo.util.tensors import masked_mean
-from rlzoo.util.passk import mean_pass_at_k
 from rlzoo.rl.reward_kl import KLInReward
-from rlzoo.rl.rollouts import RolloutSchedule
+from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, RolloutSchedule
 from rlzoo.rl.rollouts import advantages as compute_advantages
 from rlzoo.rl.scoring import score
-from rlzoo.util.seeds import step_seed
 from rlzoo.rl.teacher import Teacher, distill_metrics
+from rlzoo.runtime.distributed import SINGLE, Dist
+from rlzoo.util.decode import response_text
+from rlzoo.util.passk import mean_pass_at_k
+from rlzoo.util.reductions import reduce_minibatches
+from rlzoo.util.seeds import step_seed
+from rlzoo.util.tensors import masked_mean
+from rlzoo.util.timer import Timer
 
 
 @dataclass
@@ -94,76 +101,153 @@ class Components:
         if self.episodes is None:
             self.episodes = EpisodeRunner(SingleTurn(), self.tokenizer)
 
+    @property
+    def rollout_parts(self) -> RolloutParts:
+        """What sampling, scoring and assembling the rollout batch use, all that :mod:`rlzoo.rl.rollouts` is given
+        (built at each call, so it sees the fields as they are now)."""
+        return RolloutParts(
+            engine=self.rollout,
+            episodes=self.episodes,
+            verifier=self.verifier,
+            shapers=self.shapers,
+            batch_filter=self.batch_filter,
+            train_set=self.train_set,
+            tokenizer=self.tokenizer,
+            dist=self.dist,
+            per_rank=self.rollout_per_rank,
+            step_rewards=self.advantage.needs_step_rewards,
+        )
+
 
 def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
     """One RL step; with several processes every rank calls it (each samples its share, or rank 0 samples all)."""
-    algo, timer = config.algorithm, Timer()
-    # every rank samples and scores its share of the prompts (collect gathers the shares), or rank 0 samples all
-    # and sends the batch to the others
-    samples_here = c.rollout_per_rank or c.dist.is_main
-    rollout = c.schedule.collect(step, prompts, c, config, timer) if samples_here else None
-    if not c.rollout_per_rank:
-        rollout = c.dist.broadcast(rollout)
+    timer = Timer()
+    rollout = rollout_batch(step, prompts, c, config, timer)
     if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
         c.schedule.settle(timer)
         return c.dist.reduce_metrics({**rollout.metrics, **timer.metrics()})
-    batch, mask, rollout_logp = rollout.batch, rollout.batch.response_mask, rollout.rollout_logp
-    critic, policy_learns = c.critic, c.critic is None or step >= c.critic.warmup_steps
-
+    batch = rollout.batch
     with timer("old_logprobs"):
-        routings = [g.routing for g in rollout.generations]
-        if algo.old_logprobs == "rollout-only":  # the rollout engine's log-probs are the old ones: no pass
-            c.learner.without_old_pass(batch, routings)
-            train_logp, old_entropy = None, None
-        else:
-            with c.schedule.behaviour_weights():  # the weights that sampled the batch (overlap: the previous step's)
-                train_logp, old_entropy = c.learner.old_logprobs(batch, rollout_logp, routings)
-        old_logp = train_logp if algo.old_logprobs == "train" else rollout_logp
-        ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
-        # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
-        correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
-        reported = take_reports(c.correction)
+        old = old_logprobs(rollout, c, config.algorithm.old_logprobs)
     with timer("teacher"):
         teacher_logp = c.teacher.logprobs(batch) if c.teacher is not None else None
     with timer("critic"):
-        old_values = critic.values(batch) if critic is not None else None
+        values = c.critic.values(batch) if c.critic is not None else None
     with timer("advantage"):
         advantages, returns, advantage_metrics = compute_advantages(
-            rollout.rewards, c, old_logp, ref_logp, old_values, teacher_logp
+            rollout.rewards, c.advantage, c.kl_in_reward, old.logp, old.reference, values, teacher_logp
         )
-
-    update_metrics, critic_metrics = [], []
     with timer("train"):
-        shuffle = step_seed(config.seed, step, 2)
-        for index, rows in enumerate(minibatches(len(mask), algo.minibatches_per_rollout, shuffle)):
-            seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
-
-            def loss_fn(logp: Tensor, entropy: Tensor | None = None, rows: Tensor = rows, seed: int = seed) -> tuple:
-                reference = ref_logp[rows] if ref_logp is not None else None
-                return c.objective(
-                    logp, old_logp[rows], advantages[rows], mask[rows], reference, correction[rows], seed, entropy
-                )
-
-            if policy_learns:
-                update_metrics.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
-            if critic is not None:
-                critic_metrics.append(critic.update(batch, rows, old_values, returns))
-
+        updates, critic_updates = minibatch_updates(step, batch, old, advantages, values, returns, c, config)
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
         c.learner.push_weights(c.rollout, every_rank=c.rollout_per_rank)
-
-    mismatch, policy = {}, {}
-    if train_logp is not None:  # the training engine's own pass ran
-        mismatch = mismatch_metrics(train_logp, rollout_logp, correction, mask)
-        policy = {"policy/entropy": masked_mean(old_entropy, mask).item()}
-    if critic is not None:
-        policy = {**policy, **value_metrics(old_values, returns, mask), **reduce_minibatches(critic_metrics)}
-    if teacher_logp is not None:
-        policy = {**policy, **distill_metrics(old_logp, teacher_logp, mask)}
-    metrics = {**reduce_minibatches(update_metrics), **rollout.metrics, **advantage_metrics, **mismatch, **policy, **reported}
+    metrics = step_metrics(rollout, old, advantage_metrics, updates, values, returns, critic_updates, teacher_logp)
     metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
+
+
+def rollout_batch(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+    """The step's rollout batch, from the schedule, on every rank in the same order."""
+    # every rank samples and scores its share of the prompts (collect gathers the shares), or rank 0 samples all
+    # and sends the batch to the others
+    samples_here = c.rollout_per_rank or c.dist.is_main
+    rollout = c.schedule.collect(step, prompts, c.rollout_parts, config, timer) if samples_here else None
+    return rollout if c.rollout_per_rank else c.dist.broadcast(rollout)
+
+
+@dataclass
+class OldLogprobs:
+    """The rollout batch's log-probs before the step's updates, and the train-inference correction from them."""
+
+    logp: Tensor  # the ratio's denominator (algorithm.old_logprobs): the training engine's or the rollout engine's
+    train: Tensor | None  # the training engine's pass; None: rollout-only skips it
+    entropy: Tensor | None  # the policy's entropy from that pass
+    rollout: Tensor  # the rollout engine's
+    reference: Tensor | None  # the KL reference's, if there is one
+    correction: Tensor  # the mismatch correction's weights (e.g. TIS)
+    reports: dict[str, float]  # what the correction reported
+
+
+def old_logprobs(rollout: RolloutBatch, c: Components, source: str) -> OldLogprobs:
+    """The old log-probs (``source``: ``algorithm.old_logprobs``), the reference's, and the correction weights."""
+    batch, rollout_logp, mask = rollout.batch, rollout.rollout_logp, rollout.batch.response_mask
+    routings = [g.routing for g in rollout.generations]
+    if source == "rollout-only":  # the rollout engine's log-probs are the old ones: no pass
+        c.learner.without_old_pass(batch, routings)
+        train_logp, entropy = None, None
+    else:
+        with c.schedule.behaviour_weights():  # the weights that sampled the batch (overlap: the previous step's)
+            train_logp, entropy = c.learner.old_logprobs(batch, rollout_logp, routings)
+    old_logp = train_logp if source == "train" else rollout_logp
+    ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
+    # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
+    correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
+    return OldLogprobs(old_logp, train_logp, entropy, rollout_logp, ref_logp, correction, take_reports(c.correction))
+
+
+def minibatch_updates(
+    step: int,
+    batch: TokenBatch,
+    old: OldLogprobs,
+    advantages: Tensor,
+    values: Tensor | None,
+    returns: Tensor | None,
+    c: Components,
+    config: RunConfig,
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """``algorithm.minibatches_per_rollout`` minibatches of shuffled rows: on each one optimizer step of the policy
+    (not during the critic's warm-up), then of the critic; the policy's and the critic's metrics per minibatch."""
+    critic, mask = c.critic, batch.response_mask
+    policy_learns = critic is None or step >= critic.warmup_steps
+    updates, critic_updates = [], []
+    shuffle = step_seed(config.seed, step, 2)
+    for index, rows in enumerate(minibatches(len(mask), config.algorithm.minibatches_per_rollout, shuffle)):
+        seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
+        if policy_learns:
+            loss_fn = minibatch_loss(c.objective, old, advantages, mask, rows, seed)
+            updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
+        if critic is not None:
+            critic_updates.append(critic.update(batch, rows, values, returns))
+    return updates, critic_updates
+
+
+def minibatch_loss(
+    objective: Objective, old: OldLogprobs, advantages: Tensor, mask: Tensor, rows: Tensor, seed: int
+) -> LossFn:
+    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``."""
+
+    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        reference = old.reference[rows] if old.reference is not None else None
+        return objective(
+            logp, old.logp[rows], advantages[rows], mask[rows], reference, old.correction[rows], seed, entropy
+        )
+
+    return loss_fn
+
+
+def step_metrics(
+    rollout: RolloutBatch,
+    old: OldLogprobs,
+    advantage_metrics: dict[str, float],
+    updates: list[dict[str, float]],
+    values: Tensor | None,
+    returns: Tensor | None,
+    critic_updates: list[dict[str, float]],
+    teacher_logp: Tensor | None,
+) -> dict[str, float]:
+    """The step's metrics (this rank's; the training engine's step metrics and the times aside): the updates', the
+    rollout batch's, the advantages', the mismatch and the policy's entropy, the critic's and the teacher's."""
+    mask = rollout.batch.response_mask
+    mismatch, policy = {}, {}
+    if old.train is not None:  # the training engine's own pass ran
+        mismatch = mismatch_metrics(old.train, old.rollout, old.correction, mask)
+        policy = {"policy/entropy": masked_mean(old.entropy, mask).item()}
+    if values is not None:  # there is a critic
+        policy = {**policy, **value_metrics(values, returns, mask), **reduce_minibatches(critic_updates)}
+    if teacher_logp is not None:
+        policy = {**policy, **distill_metrics(old.logp, teacher_logp, mask)}
+    return {**reduce_minibatches(updates), **rollout.metrics, **advantage_metrics, **mismatch, **policy, **old.reports}
 
 
 def evaluate(

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from rlzoo.config.schema import AlgorithmConfig
+from rlzoo.config.algorithm import AlgorithmConfig
+from rlzoo.config.presets import expand_preset
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import (
     Clipper,
@@ -33,10 +34,9 @@ from rlzoo.interfaces import (
     RatioEstimator,
     Regulariser,
 )
-from rlzoo.util.reductions import Max, Min
 from rlzoo.interfaces.base import take_reports
-from rlzoo.config.presets import expand_preset
 from rlzoo.registry import Registry, default_registry, format_validation_error
+from rlzoo.util.reductions import Max, Min
 from rlzoo.util.tensors import masked_mean
 
 
@@ -52,7 +52,7 @@ class Objective:
     clipper: Clipper
     aggregation: LossAggregation
     kl: KLEstimator
-    # the defaults are the config's (rlzoo.config.schema.AlgorithmConfig), defined there once
+    # the defaults are the config's (rlzoo.config.algorithm.AlgorithmConfig), defined there once
     kl_coef: float = AlgorithmConfig.model_fields["kl_coef"].default
     log_ratio_clamp: float = AlgorithmConfig.model_fields["log_ratio_clamp"].default
     regularisers: list[Regulariser] = field(default_factory=list)

@@ -34,7 +34,7 @@ prefetched batch are the background thread's durations (so with overlap the ``ti
 ``time/prefetch_wait`` is what the step spent waiting for the next batch before the weight sync;
 ``rollout/staleness`` is the number of weight syncs between the sampling weights and the trained ones (0 or 1).
 
-Limits (checked by :mod:`rlzoo.preflight.checks`): one process (with a launcher rank 0 samples while the other ranks wait
+Limits (checked by :mod:`rlzoo.rl.overlap_rules`): one process (with a launcher rank 0 samples while the other ranks wait
 at collectives; the prefetch would reorder them), and a training engine whose ``model`` parameters are the full
 weights (the DeepSpeed engine's own check refuses ZeRO-3). The hf engine seeds sampling through torch's global generator, so a training
 component drawing from it while the batch is sampled would change the sampled tokens (none of rlzoo's does).
@@ -48,16 +48,13 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import TrainingEngine
 from rlzoo.interfaces import Sample
+from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, RolloutSchedule, collect
 from rlzoo.util.timer import Timer
-from rlzoo.rl.rollouts import RolloutBatch, RolloutSchedule, collect
-
-if TYPE_CHECKING:
-    from rlzoo.rl.loop import Components
 
 
 @dataclass
@@ -94,7 +91,9 @@ class OverlappedRollouts(RolloutSchedule):
 
     # -- the batches ----------------------------------------------------------------------------------------------
 
-    def collect(self, step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+    def collect(
+        self, step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
+    ) -> RolloutBatch:
         if self.pending is not None and self.pending.step == step:
             prefetch, self.pending = self.pending, None
             self._join(prefetch)  # done already: settle() waited for it at the end of the previous step
@@ -102,20 +101,20 @@ class OverlappedRollouts(RolloutSchedule):
             for name, seconds in prefetch.timer.seconds.items():  # the background phases, as if sampled now
                 timer.seconds[name] += seconds
         else:  # the run's (or the resumed run's) first batch; nothing in flight (settle() ran after every step)
-            batch, version = collect(step, prompts, c, config, timer), self.version
+            batch, version = collect(step, prompts, parts, config, timer), self.version
         self.versions[step] = self.batch_version = version
         batch.metrics["rollout/staleness"] = float(self.version - version)
         if step + 1 < self.steps:
-            self._launch(step + 1, c, config)
+            self._launch(step + 1, parts, config)
         return batch
 
-    def _launch(self, step: int, c: Components, config: RunConfig) -> None:
+    def _launch(self, step: int, parts: RolloutParts, config: RunConfig) -> None:
         prefetch = _Prefetch(step, self.version)
         prompts = self.prompts_for(step)
 
         def sample() -> None:
             try:
-                prefetch.batch = collect(step, prompts, c, config, prefetch.timer)
+                prefetch.batch = collect(step, prompts, parts, config, prefetch.timer)
             except BaseException as error:  # re-raised in the main thread by settle()
                 prefetch.error = error
 

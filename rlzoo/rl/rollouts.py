@@ -11,7 +11,8 @@ batch filter keeps, and the :class:`RolloutSchedule` that says when that happens
 
 :func:`rlzoo.rl.loop.rl_step` asks its schedule for the step's batch; the base schedule calls :func:`collect` at the
 start of the step, :class:`rlzoo.rl.overlap.OverlappedRollouts` (``rollout.overlap: 1``) calls the same function one
-step ahead in a background thread. Neither calls back into the loop.
+step ahead in a background thread. Neither calls back into the loop: they take :class:`RolloutParts`, what sampling,
+scoring and assembling use, not the step's whole :class:`~rlzoo.rl.loop.Components`.
 """
 
 from __future__ import annotations
@@ -21,28 +22,43 @@ import random
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from rlzoo.config.schema import RunConfig
-from rlzoo.util.decode import response_text, token_char_ends
-from rlzoo.runtime.distributed import SINGLE
-from rlzoo.engines import Generation, SamplingSettings, TokenBatch
+from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TokenBatch
 from rlzoo.engines.tokens import make_token_batch
-from rlzoo.interfaces import RewardBatch, Sample, Verdict
-from rlzoo.util.timer import Timer
-from rlzoo.util.reductions import reduce_minibatches
+from rlzoo.episodes.runner import EpisodeBatch, EpisodeRunner
+from rlzoo.interfaces import AdvantageSource, BatchFilter, RewardBatch, RewardShaper, Sample, Verdict, Verifier
 from rlzoo.interfaces.base import take_reports
-from rlzoo.util.tensors import masked_mean
-from rlzoo.episodes.runner import EpisodeBatch
+from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.scoring import score, step_token_ends
+from rlzoo.runtime.distributed import SINGLE, Dist
+from rlzoo.util.decode import response_text, token_char_ends
+from rlzoo.util.reductions import reduce_minibatches
 from rlzoo.util.seeds import rank_seed, step_seed
-
-if TYPE_CHECKING:
-    from rlzoo.rl.loop import Components
+from rlzoo.util.tensors import masked_mean
+from rlzoo.util.timer import Timer
 
 _log = logging.getLogger("rlzoo.rl.loop")
+
+
+@dataclass
+class RolloutParts:
+    """What sampling, scoring and assembling a rollout batch use, and no more: picked out of the step's components
+    (where their defaults live) by :attr:`rlzoo.rl.loop.Components.rollout_parts`."""
+
+    engine: RolloutEngine
+    episodes: EpisodeRunner  # what an episode is
+    verifier: Verifier
+    shapers: list[RewardShaper]
+    batch_filter: BatchFilter
+    train_set: Sequence[Sample]  # where a batch filter's further generation batches draw fresh prompts
+    tokenizer: Any
+    dist: Dist
+    per_rank: bool  # every rank samples its share of the prompts with its own started engine
+    step_rewards: bool  # the advantage source reads per-step rewards (needs_step_rewards): assemble places them
 
 
 class RolloutSchedule:
@@ -52,9 +68,11 @@ class RolloutSchedule:
     from, so nothing is in flight across steps. :class:`rlzoo.rl.overlap.OverlappedRollouts` (``rollout.overlap: 1``)
     samples step t+1's batch while step t trains."""
 
-    def collect(self, step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+    def collect(
+        self, step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
+    ) -> RolloutBatch:
         """Step ``step``'s rollout batch (on rank 0, or on every rank with per-rank rollouts)."""
-        return collect(step, prompts, c, config, timer)
+        return collect(step, prompts, parts, config, timer)
 
     def behaviour_weights(self) -> AbstractContextManager[None]:
         """Around the old-log-prob pass of the batch :meth:`collect` returned last: the training engine holds the
@@ -92,33 +110,34 @@ class ScoredGroup:
     shaping: torch.Tensor  # [n] the sum of the reward shapers' terms
 
 
-def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer) -> RolloutBatch:
     """Sample ``group_size`` responses per prompt, score and shape them, keep the groups the batch filter keeps.
 
     While fewer than ``len(prompts)`` groups are kept, further generation batches of as many fresh prompts (not
     yet drawn this step) are sampled, up to the filter's ``max_gen_batches``; each batch has its own reproducible
     seeds. The first ``len(prompts)`` kept groups are trained on; fewer is an under-filled batch (a warning and
     ``filter/underfilled``), none a skipped step (``filter/skipped``)."""
-    target, limit = len(prompts), c.batch_filter.max_gen_batches()
+    target, limit = len(prompts), parts.batch_filter.max_gen_batches()
     scored: list[ScoredGroup] = []
     kept: list[ScoredGroup] = []
     per_batch, gen_batch, batch_prompts = [], 0, list(prompts)  # each generation batch's faults and reports
     while batch_prompts:
-        groups, batch_metrics = generate_and_score(step, gen_batch, batch_prompts, c, config, timer)
+        groups, batch_metrics = generate_and_score(step, gen_batch, batch_prompts, parts, config, timer)
         rewards = torch.cat([g.rewards + g.shaping for g in groups])
         group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.generations])
-        keep = c.batch_filter.keep(rewards, group_index)
-        per_batch.append({**batch_metrics, **take_reports(c.batch_filter)})
+        keep = parts.batch_filter.keep(rewards, group_index)
+        per_batch.append({**batch_metrics, **take_reports(parts.batch_filter)})
         scored, gen_batch = scored + groups, gen_batch + 1
         kept += [g for g, flag in zip(groups, keep.tolist(), strict=True) if flag]
         if len(kept) >= target or gen_batch >= limit:
             break
-        batch_prompts = fresh_prompts(c.train_set, {g.sample.prompt for g in scored}, step, gen_batch, target, config)
+        drawn = {g.sample.prompt for g in scored}
+        batch_prompts = fresh_prompts(parts.train_set, drawn, step, gen_batch, target, config)
     informative, kept = len(kept), kept[:target]
     if len(kept) < target:
         _log.warning(
             "step %d: the batch filter %r kept %d of %d prompt groups after %d generation batch(es) "
-            "(max_gen_batches); %s", step, c.batch_filter.name, len(kept), target, gen_batch,
+            "(max_gen_batches); %s", step, parts.batch_filter.name, len(kept), target, gen_batch,
             "training on those" if kept else "skipping this step's update",
         )
     metrics = {
@@ -128,20 +147,20 @@ def collect(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         "filter/underfilled": float(0 < len(kept) < target),
         "filter/skipped": float(not kept),
     }
-    return assemble(kept, c, config, metrics)
+    return assemble(kept, parts, config, metrics)
 
 
 def generate_and_score(
-    step: int, gen_batch: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer
+    step: int, gen_batch: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """One generation batch: ``group_size`` responses per prompt, the verifier's rewards and the shapers' terms;
     also the verifier's fault counts (``verifier/errors``, ``/timeouts``, ``/nonfinite_rewards``, summed over the
     ranks' shares) and what the reward shapers reported.
 
-    With ``c.rollout_per_rank`` rank ``r`` samples and scores ``Dist.share_items(prompts)`` (whole groups, so
+    With ``parts.per_rank`` rank ``r`` samples and scores ``Dist.share_items(prompts)`` (whole groups, so
     group-relative advantages are unchanged) with seed ``rank_seed(seed, r)``; the shares are all-gathered in rank
     order, so every rank returns the groups in the order of ``prompts``, as one engine would."""
-    ranks = c.dist if c.rollout_per_rank else SINGLE
+    ranks = parts.dist if parts.per_rank else SINGLE
     seed = step_seed(config.seed, step, 1) if gen_batch == 0 else step_seed(config.seed, step, 30_000 + gen_batch)
     sampling = SamplingSettings(
         n=config.rollout.group_size,
@@ -154,13 +173,13 @@ def generate_and_score(
     if ranks.active:  # in every rank's log file: which ranks sampled what
         _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
     with timer("rollout"):  # includes waiting for the slowest rank's share (episodes: tools and all turns)
-        ran = c.episodes.run(c.rollout, mine, sampling, config.prompt) if mine else EpisodeBatch([])
+        ran = parts.episodes.run(parts.engine, mine, sampling, config.prompt) if mine else EpisodeBatch([])
         local = ran.groups
         shares = ranks.all_gather_object((local, ran.metrics))
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
-        responses = [response_text(c.tokenizer, g.last_turn_ids) for group in local for g in group]
-        all_scores = ranks.all_gather_object(score(c.verifier, samples, responses, config.train.verifier_timeout_s))
+        responses = [response_text(parts.tokenizer, g.last_turn_ids) for group in local for g in group]
+        all_scores = ranks.all_gather_object(score(parts.verifier, samples, responses, config.train.verifier_timeout_s))
     groups = [group for share, _ in shares for group in share]
     generations = [g for group in groups for g in group]
     verdicts = [v for scores in all_scores for v in scores.verdicts]
@@ -170,7 +189,7 @@ def generate_and_score(
     rewards = torch.tensor([v.reward + sum(g.turn_rewards or ()) for v, g in zip(verdicts, generations, strict=True)])
     lengths = torch.tensor([g.policy_tokens for g in generations])
     shaping = torch.zeros_like(rewards)
-    for shaper in c.shapers:
+    for shaper in parts.shapers:
         shaping = shaping + shaper.shape(rewards, lengths, config.response_budget())  # policy tokens of all turns
         metrics.update(take_reports(shaper))
     out, start = [], 0
@@ -181,7 +200,7 @@ def generate_and_score(
     return out, metrics
 
 
-def assemble(groups: list[ScoredGroup], c: Components, config: RunConfig, metrics: dict[str, float]) -> RolloutBatch:
+def assemble(groups: list[ScoredGroup], parts: RolloutParts, config: RunConfig, metrics: dict[str, float]) -> RolloutBatch:
     """The kept groups as one padded batch with their rewards per response and per token (an empty batch when none
     was kept); advantages come later, once the old log-probs and values are known (:func:`advantages`)."""
     generations = [g for group in groups for g in group.generations]
@@ -194,20 +213,20 @@ def assemble(groups: list[ScoredGroup], c: Components, config: RunConfig, metric
     batch = make_token_batch(
         [g.prompt_ids for g in generations],
         [g.response_ids for g in generations],
-        c.tokenizer.pad_token_id,
-        response_width=c.episodes.response_width(config.rollout.max_new_tokens),
+        parts.tokenizer.pad_token_id,
+        response_width=parts.episodes.response_width(config.rollout.max_new_tokens),
         policy_masks=[g.policy_mask for g in generations],
     )
     mask = batch.response_mask
     turn_rewards, turn_ends = turn_steps(groups)
     step_rewards, step_ends = None, None
-    if c.advantage.needs_step_rewards and c.episodes.environment.gives_turn_rewards:
+    if parts.step_rewards and parts.episodes.environment.gives_turn_rewards:
         step_rewards, step_ends = turn_rewards, turn_ends
-    elif c.advantage.needs_step_rewards:
+    elif parts.step_rewards:
         step_rewards = [v.step_rewards or [] for v in verdicts]
         step_ends = [  # the verifier's steps lie in the last turn: after the earlier turns' policy tokens
             [g.policy_tokens - len(g.last_turn_ids) + end
-             for end in step_token_ends(v.step_spans or [], token_char_ends(c.tokenizer, g.last_turn_ids))]
+             for end in step_token_ends(v.step_spans or [], token_char_ends(parts.tokenizer, g.last_turn_ids))]
             for v, g in zip(verdicts, generations, strict=True)
         ]
     token_rewards = token_level_rewards(turn_rewards, turn_ends, mask)
@@ -217,24 +236,25 @@ def assemble(groups: list[ScoredGroup], c: Components, config: RunConfig, metric
 
 def advantages(
     rewards: RewardBatch,
-    c: Components,
+    source: AdvantageSource,
+    kl_in_reward: KLInReward | None,
     old_logp: torch.Tensor,
     ref_logp: torch.Tensor | None,
     values: torch.Tensor | None,
     teacher_logp: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
     """The batch's ``[B, T]`` advantages, the critic's returns (``None`` without a critic) and their metrics: the
-    KL-in-reward penalty first (on the old log-probs, ``c.kl_in_reward``), then the advantage source (which sees
+    KL-in-reward penalty first (on the old log-probs, ``kl_in_reward``), then the advantage ``source`` (which sees
     the teacher's and the old log-probs when it declares ``needs_teacher``)."""
     metrics: dict[str, float] = {}
-    if c.kl_in_reward is not None:
-        penalised, metrics = c.kl_in_reward.penalise(rewards.token_rewards, old_logp, ref_logp, rewards.mask)
+    if kl_in_reward is not None:
+        penalised, metrics = kl_in_reward.penalise(rewards.token_rewards, old_logp, ref_logp, rewards.mask)
         rewards = replace(rewards, token_rewards=penalised)
-    if c.advantage.needs_teacher:
+    if source.needs_teacher:
         rewards = replace(rewards, teacher_logprobs=teacher_logp, old_logprobs=old_logp)
-    advantage, returns = c.advantage.advantages_and_returns(replace(rewards, values=values))
+    advantage, returns = source.advantages_and_returns(replace(rewards, values=values))
     metrics = {**metrics, "advantage/abs_mean": masked_mean(advantage.abs(), rewards.mask).item()}
-    return advantage, returns, {**metrics, **take_reports(c.advantage)}
+    return advantage, returns, {**metrics, **take_reports(source)}
 
 
 def token_level_rewards(step_rewards: list[list[float]], step_ends: list[list[int]], mask: torch.Tensor) -> torch.Tensor:

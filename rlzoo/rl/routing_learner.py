@@ -30,13 +30,13 @@ from contextlib import contextmanager
 
 import torch
 
-from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.engines import LossFn, TokenBatch, TrainingEngine
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
-from rlzoo.rl.learner import Learner
 from rlzoo.interfaces.base import take_reports
 from rlzoo.moe import Layout, Routing, flip_counts, routing_for_batch
+from rlzoo.rl.learner import Learner
+from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.tensors import masked_mean
 
 

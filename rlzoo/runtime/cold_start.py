@@ -23,15 +23,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlzoo.runtime.checkpoint.files import atomic_directory
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines.tokens import make_token_batch, response_logprobs
-from rlzoo.errors import RlzooError
+from rlzoo.episodes.prompts import fit_prompts, prompt_budget, prompt_ids
 from rlzoo.episodes.runner import build_episode_runner
+from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.episodes.prompts import fit_prompts, prompt_budget, prompt_ids
 from rlzoo.registry import default_registry
+from rlzoo.runtime.checkpoint.files import atomic_directory
 from rlzoo.runtime.runlock import building
 
 log = logging.getLogger("rlzoo.runtime.cold_start")

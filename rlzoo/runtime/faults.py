@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.errors import RlzooError
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.util.reductions import Declared, SkippedUpdates, UnscoredResponses
 
 log = logging.getLogger("rlzoo.runtime.faults")

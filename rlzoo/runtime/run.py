@@ -1,5 +1,5 @@
-"""Assembling a run from its config in named set-up steps, and the driver around the loop: evaluation,
-checkpoints, resume.
+"""``rlzoo train``: a run set up from its config in named steps, and the driver around the loop (evaluation,
+checkpoints, resume). The building blocks the steps use are :mod:`rlzoo.runtime.assembly`.
 
 Run folder::
 
@@ -22,7 +22,6 @@ own engine state into the same checkpoint folder.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,31 +30,43 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlzoo.runtime import distributed, runlock
-from rlzoo.rl import loop
-from rlzoo.util.atomic import atomic_write_text
-from rlzoo.runtime.checkpoint.files import load_checkpoint, resume_checkpoint, save_checkpoint
-from rlzoo.config.schema import DEFAULT_ROLLOUT_ENGINE, ComponentSpec, LoraConfig, RunConfig, dump_config
-from rlzoo.rl.critic import Critic
-from rlzoo.engines import EngineContext, RolloutEngine
+from rlzoo.config.loading import dump_config
+from rlzoo.config.schema import RunConfig
+from rlzoo.engines import RolloutEngine
+from rlzoo.episodes.prompts import fit_prompts, prompt_budget
 from rlzoo.episodes.runner import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
-from rlzoo.runtime.faults import FaultPolicy
-from rlzoo.interfaces import RouterPolicy, Sample, Task, Verifier
-from rlzoo.rl.learner import Learner
+from rlzoo.interfaces import RouterPolicy, Sample, Task, Tool, Verifier
+from rlzoo.preflight.batches import check_data_parallel
+from rlzoo.preflight.checks import preflight
+from rlzoo.preflight.resume_changes import config_changes, record_changes
+from rlzoo.registry import Registry, default_registry
 from rlzoo.reporting.metrics_log import MetricsLogger, NullMetricsLogger
+from rlzoo.reporting.plot import plot_run
+from rlzoo.reporting.trackers import Trackers, start_trackers
+from rlzoo.rl import loop
+from rlzoo.rl.critic import Critic
+from rlzoo.rl.learner import Learner
 from rlzoo.rl.objective import build_objective
 from rlzoo.rl.overlap import OverlappedRollouts
-from rlzoo.reporting.plot import plot_run
-from rlzoo.preflight.checks import check_data_parallel, preflight
-from rlzoo.episodes.prompts import fit_prompts, prompt_budget
-from rlzoo.registry import Registry, default_registry
-from rlzoo.preflight.resume_changes import config_changes, record_changes
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.routing_learner import RoutingLearner
-from rlzoo.runtime.cold_start import ensure_cold_start
-from rlzoo.rl.teacher import Teacher, teacher_cold_start_config
-from rlzoo.reporting.trackers import Trackers, start_trackers
+from rlzoo.rl.teacher import Teacher
+from rlzoo.runtime import distributed, runlock
+from rlzoo.runtime.assembly import (
+    create,
+    engine_context,
+    episode_context,
+    initial_model_dir,
+    load_tokenizer,
+    model_positions,
+    teacher_model_dir,
+    verifier_for,
+)
+from rlzoo.runtime.checkpoint.resume import resume_checkpoint
+from rlzoo.runtime.checkpoint.store import load_checkpoint, save_checkpoint
+from rlzoo.runtime.faults import FaultPolicy
+from rlzoo.util.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +110,12 @@ class TrainingRun:
         self.folder_lock: runlock.FileLock | None = None
 
     def setup(self) -> None:
-        self.trainer = create(self.registry, "training_engine", self.config.trainer.engine)  # started below
+        """The run's set-up steps, in order; each uses only what the steps above it built."""
+        self.trainer = create(self.registry, "training_engine", self.config.trainer.engine)  # started by _setup_trainer
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
-        self.tools = create_tools(self.config, self.registry)
-        self.config = with_tool_descriptions(self.config, self.tools)  # after config.yaml holds the user's config
+        self.tools, self.config = self._setup_tools()
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()
         self._setup_trainer()
@@ -126,7 +137,7 @@ class TrainingRun:
         run_dir = Path(self.config.output_dir)
         if self.dist.is_main:  # one writer per run folder; under `rlzoo train`, which holds it already, a no-op
             self.folder_lock = runlock.hold_run_folder(run_dir, runlock.process_command(), self.resume is not None)
-        # the newest intact checkpoint, verified (rlzoo.runtime.checkpoint.files); a damaged newer one is reported and passed over
+        # the newest intact checkpoint, verified (rlzoo.runtime.checkpoint.resume); a damaged newer one is reported and passed over
         checkpoint = resume_checkpoint(run_dir, self.dist) if self.resume is not None else None
         run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
@@ -142,6 +153,12 @@ class TrainingRun:
             initial = initial_model_dir(self.config, self.task, self.registry, progress=False)
             teacher = teacher_model_dir(self.config, self.task, self.registry, progress=False)
         return Start(run_dir, initial, checkpoint, teacher)
+
+    def _setup_tools(self) -> tuple[dict[str, Tool], RunConfig]:
+        """The tools episodes may call, and the config whose chat prompts describe them (only now: config.yaml holds
+        the user's config)."""
+        tools = create_tools(self.config, self.registry)
+        return tools, with_tool_descriptions(self.config, tools)
 
     def _setup_data(self) -> tuple[list[Sample], list[Sample]]:
         """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens``."""
@@ -364,86 +381,3 @@ class TrainingRun:
 
     def evaluate(self) -> dict[str, float]:
         return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config, self.episodes)
-
-
-# -- building blocks (also used by `rlzoo sft`) --------------------------------------------------------------------
-
-
-def create(registry: Registry, kind: str, spec: ComponentSpec) -> Any:
-    return registry.create(kind, spec.name, spec.params)
-
-
-def make_task(config: RunConfig, registry: Registry) -> Task:
-    return create(registry, "task", config.task)
-
-
-def verifier_for(config: RunConfig, task: Task, registry: Registry) -> Verifier:
-    if config.verifier is not None:
-        return create(registry, "verifier", config.verifier)
-    return registry.create("verifier", task.default_verifier)
-
-
-def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path:
-    """The model RL starts from: ``model.path``, or the cold start (built and evaluated unless already there)."""
-    if config.model.path:
-        path = Path(config.model.path)
-        if not (path / "config.json").is_file():
-            raise RlzooError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
-        return path
-    if not config.cold_start.enabled:
-        raise RlzooError("model.path is null and cold_start.enabled is false: there is no model to train")
-    verifier = verifier_for(config, task, registry)
-    eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
-
-    def evaluate_fn(model_dir: Path) -> dict[str, float]:
-        rollout = registry.create("rollout_engine", DEFAULT_ROLLOUT_ENGINE)  # in process, cheap to start
-        tokenizer = load_tokenizer(model_dir)
-        rollout.start(engine_context(config, model_dir, tokenizer))
-        budget = prompt_budget(episode_context(rollout, model_dir), config.rollout.max_new_tokens)
-        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval", budget)
-        episodes = build_episode_runner(config, registry, tokenizer, episode_context(rollout, model_dir))
-        return loop.evaluate(samples, rollout, verifier, tokenizer, config, episodes)
-
-    return ensure_cold_start(config, task, evaluate_fn, progress, registry)
-
-
-def teacher_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path | None:
-    """The teacher's folder: ``teacher.model``, or the tiny teacher's cold start (built and evaluated as the policy's,
-    unless already there); ``None`` without a teacher."""
-    if config.teacher is None:
-        return None
-    if config.teacher.model:
-        return Path(config.teacher.model)
-    return initial_model_dir(teacher_cold_start_config(config), task, registry, progress)
-
-
-def episode_context(rollout: RolloutEngine, model_dir: Path) -> int | None:
-    """The most tokens an episode may hold: the rollout engine's limit, else the model's positions."""
-    limit = rollout.context_tokens()
-    return limit if limit is not None else model_positions(model_dir)
-
-
-def model_positions(model_dir: Path) -> int | None:
-    """The model folder's ``max_position_embeddings`` (``None`` if its config.json does not say)."""
-    try:
-        return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError):
-        return None
-
-
-def load_tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None) -> EngineContext:
-    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic)."""
-    return EngineContext(
-        model_dir=Path(model_dir),
-        dtype=config.model.dtype,
-        seed=config.seed,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        lora=lora,
-    )

@@ -272,8 +272,8 @@ def stop_children(grace_s: float = 10.0, own_s: float = 3.0) -> None:
 def stopped_message(signum: int, run_dir: Path, config_file: str, steps: int, sets: bool, since: float) -> str:
     """``interrupted by SIGTERM after 5 of 8 steps; the last checkpoint (...) is at 4 steps; continue from it with:
     rlzoo train CONFIG --resume RUN_DIR``."""
-    from rlzoo.runtime.checkpoint.files import latest_checkpoint
     from rlzoo.reporting.metrics_log import read_metrics
+    from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"

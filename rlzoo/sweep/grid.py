@@ -21,7 +21,9 @@ from typing import Any
 
 import yaml
 
-from rlzoo.config.schema import RunConfig, TrackingConfig, build_config, dump_config, parse_override, read_yaml
+from rlzoo.config.loading import dump_config, parse_override, read_yaml
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import RunConfig, TrackingConfig
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import Registry
 

@@ -13,10 +13,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.runtime.checkpoint.files import latest_checkpoint
-from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.runtime.cold_start import cold_start_dir
 from rlzoo.sweep.grid import Run, write_config
 

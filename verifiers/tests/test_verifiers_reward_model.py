@@ -20,10 +20,10 @@ import rlzoo
 from rlzoo.cli import main
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import ModelFacts, RunFacts, Sample
-from rlzoo.models.memory import MemoryEstimate
-from rlzoo.util.reductions import Max, Sum, reduce_minibatches
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.models.memory import MemoryEstimate
 from rlzoo.rl.scoring import score
+from rlzoo.util.reductions import Max, Sum, reduce_minibatches
 from rlzoo_verifiers.reward_model import weight_bytes
 
 ALPHABET = "0123456789+-*="

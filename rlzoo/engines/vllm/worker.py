@@ -20,7 +20,6 @@ import torch
 from rlzoo.engines.vllm.direct_sync import copy_weights
 from rlzoo.engines.vllm.routing.hooks import RouterCaptureHooks, moe_runners
 
-
 # vLLM 0.32 ``model_executor/model_loader/reload/layerwise.py``, ``finalize_layerwise_processing``
 _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 _RELOAD_FAILED = "%s: Failed to load weights"

@@ -10,6 +10,8 @@ embeddings are never targets.
 Only the adapters train: :func:`wrap` freezes every base weight. Weight sync and export need the policy as a plain
 model: :func:`merged_weights` computes ``W + scale * B A`` out of place, so the base weights stay bit-exact (the KL
 reference is the base with the adapters disabled, and a resumed run reloads the base from its folder).
+
+:func:`lora_rule` is the start-up check of ``model.lora`` (the preflight runs it from :mod:`rlzoo.preflight.rules`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlzoo.errors import ConfigError
+
 if TYPE_CHECKING:
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel
 
     from rlzoo.config.schema import LoraConfig
     from rlzoo.engines.base import Adapter
+    from rlzoo.interfaces import Problem, RunFacts
 
 #: linear modules that are no layer's projection (the output layer, MoE routers): never targets, whatever a name says
 NEVER_TARGETED = frozenset({"lm_head", "gate", "router", "score"})
@@ -189,3 +194,35 @@ def export_merged(adapter_dir: Path, output: Path, base: Path | None = None) -> 
     merged.save_pretrained(output, safe_serialization=True)
     AutoTokenizer.from_pretrained(base).save_pretrained(output)
     return output
+
+
+def lora_rule(run: RunFacts) -> list[Problem]:
+    """LoRA adapters (``model.lora``) need a training engine that trains them; every target names a projection of
+    the model (matched on its skeleton, built on the meta device: no weights); both engines accept the targets
+    (e.g. an engine's own MoE layers may have no fused expert weights to wrap), and ``sync: adapter`` needs a
+    rollout engine that loads adapters on these targets."""
+    lora, config = run.config.model.lora, run.config
+    if lora is None:
+        return []
+    engine = run.registry.get("training_engine", config.trainer.engine.name).cls
+    if not engine.trains_adapters:
+        usable = run.names("training_engine", lambda cls: cls.trains_adapters)
+        return [("trainer.engine.name", f"{engine.name!r} cannot train LoRA adapters (model.lora); use one of {usable}")]
+    try:
+        model = skeleton(Path(config.model.path) if config.model.path else None, config.model.tiny)
+    except (OSError, ValueError, ConfigError):
+        return []  # an unreadable model is reported as the model's problem
+    modules, parameters, unknown = split_targets(model, lora.target_modules)
+    if unknown:
+        return [("model.lora.target_modules", f"{unknown} name no projection of this {type(model).__name__}; use "
+                 f"some of {target_names(model)} (module names, or expert parameters of a mixture-of-experts block)")]
+    problems: list[Problem] = []
+    training = run.training_engine
+    reason = training.adapter_targets_supported(parameters) if training is not None else None
+    if reason:
+        problems.append(("model.lora.target_modules", reason))
+    rollout = run.rollout_engine
+    reason = rollout.adapter_targets_supported(lora.target_modules, bool(run.model.moe)) if rollout is not None else None
+    if lora.sync == "adapter" and reason:
+        problems.append(("model.lora.sync", f"'adapter': {reason}; use 'auto' or 'merged' (the merged weights)"))
+    return problems
