@@ -13,6 +13,11 @@ MoE routing is stitched into one tensor over the whole sequence (:func:`stitch_r
 rendered by the tokenizer's chat template when prompts are chat messages (the text between the policy's
 end-of-turn and the next generation prompt), otherwise by :meth:`Environment.plain_text`.
 
+An environment's fault never ends the run: an episode whose ``reset`` or ``step`` raised (or answered with something
+other than an :class:`Observation`) ends there with reward 0 whatever the verifier says (:meth:`EpisodeBatch.scored`),
+counted and named once on the console (:mod:`rlzoo.episodes.faults`); a demonstration it fails on is left out of the
+cold start.
+
 References: verl ``verl/experimental/agent_loop/tool_agent_loop.py`` (one agent loop per episode, observation
 tokens with response mask 0); TRL ``GRPOTrainer(tools=..., environment_factory=...)``.
 """
@@ -30,10 +35,12 @@ import torch
 from rlzoo.config.schema import PromptConfig, RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.episodes.prompts import chat_messages, prompt_ids
+from rlzoo.episodes.faults import DEMONSTRATION_LEFT_OUT, EPISODE_ENDS, EnvironmentFailure, FaultNotices, Raised
+from rlzoo.episodes.faults import error_key, observation_problem
 from rlzoo.errors import RlzooError
-from rlzoo.interfaces import Environment, Observation, Sample, Tool
+from rlzoo.interfaces import Environment, Observation, Sample, Tool, Verdict
 from rlzoo.util.decode import response_text
-from rlzoo.util.reductions import Mean, Sum
+from rlzoo.util.reductions import FailedEpisodes, Mean, Sum
 
 #: worker threads answering one turn's episodes (each may run several tool calls concurrently itself)
 ENVIRONMENT_THREADS = 16
@@ -46,14 +53,26 @@ class EpisodeBatch:
 
     groups: list[list[Generation]]
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: why the episodes whose environment failed ended, by their index in the flattened ``groups``
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def scored(self, verdicts: list[Verdict]) -> list[Verdict]:
+        """``verdicts`` of the flattened ``groups``, those of the failed episodes replaced by reward 0."""
+        if not self.errors:
+            return verdicts
+        return [Verdict(0.0, reason=self.errors[i]) if i in self.errors else v for i, v in enumerate(verdicts)]
 
 
 class EpisodeRunner:
     """Runs a batch of episodes of ``environment`` on a rollout engine (see the module docstring)."""
 
-    def __init__(self, environment: Environment, tokenizer: Any, max_turns: int = 1, max_tokens: int = 0) -> None:
+    def __init__(
+        self, environment: Environment, tokenizer: Any, max_turns: int = 1, max_tokens: int = 0,
+        distributions: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
         self.environment, self.tokenizer = environment, tokenizer
         self.max_turns, self.max_tokens = max_turns, max_tokens
+        self.notices = FaultNotices(environment, distributions)  # names failing components, with their distributions
 
     @property
     def multi_turn(self) -> bool:
@@ -74,7 +93,7 @@ class EpisodeRunner:
         if not self.multi_turn:  # exactly the single-turn rollouts
             return EpisodeBatch(first)
         episodes = [
-            _Episode(sample, self.environment.reset(sample), chat_messages(sample, prompt))
+            self._start(sample, chat_messages(sample, prompt))
             for sample, group in zip(samples, first, strict=True) for _ in group
         ]
         turn = [g for group in first for g in group]
@@ -82,10 +101,16 @@ class EpisodeRunner:
         for index in range(self.max_turns):
             for episode, generation in zip(live, turn, strict=True):
                 episode.add_turn(generation, self.max_tokens)
+                if episode.error is not None:  # its reset failed: the episode is its first turn
+                    episode.end(truncated=False)
             answering = [e for e in live if not e.ended]
-            observations = self._answer(answering)
+            answers = self._answer(answering)
             live = []
-            for episode, observation in zip(answering, observations, strict=True):
+            for episode, observation in zip(answering, answers, strict=True):
+                if isinstance(observation, Raised):
+                    episode.error = self.notices.environment_failed(observation, EPISODE_ENDS)
+                    episode.end(truncated=False)
+                    continue
                 episode.add_answer(observation)
                 if observation.done:
                     episode.end(truncated=False)
@@ -111,14 +136,32 @@ class EpisodeRunner:
         for group in first:
             groups.append(generations[start : start + len(group)])
             start += len(group)
-        return EpisodeBatch(groups, episode_metrics(episodes, list(self.environment.tools)))
+        self.notices.tools_failed([o for e in episodes for o in e.outcomes])
+        errors = {i: e.error for i, e in enumerate(episodes) if e.error is not None}
+        return EpisodeBatch(groups, episode_metrics(episodes, self.environment), errors)
 
-    def _answer(self, episodes: list[_Episode]) -> list[Observation]:
-        """The environment's answer to each episode's last turn, the episodes answered concurrently."""
+    def _start(self, sample: Sample, messages: list[dict[str, Any]] | None) -> _Episode:
+        """A new episode of ``sample``; one whose ``reset`` raised carries its error from the start."""
+        episode = _Episode(sample, None, messages)
+        try:
+            episode.state = self.environment.reset(sample)
+        except Exception as exc:  # noqa: BLE001 - whatever the environment does, the run goes on
+            episode.error = self.notices.environment_failed(Raised("reset", exc), EPISODE_ENDS)
+        return episode
+
+    def _answer(self, episodes: list[_Episode]) -> list[Observation | Raised]:
+        """The environment's answer to each episode's last turn, the episodes answered concurrently; what it did
+        wrong instead, where it failed."""
         env = self.environment
 
-        def answer(episode: _Episode) -> Observation:
-            return env.step(episode.state, episode.sample, episode.last_text(self.tokenizer))
+        def answer(episode: _Episode) -> Observation | Raised:
+            text = episode.last_text(self.tokenizer)
+            try:
+                observation = env.step(episode.state, episode.sample, text)
+            except Exception as exc:  # noqa: BLE001 - whatever the environment does, the run goes on
+                return Raised("step", exc)
+            problem = observation_problem(observation)
+            return observation if problem is None else Raised("step", problem)
 
         if len(episodes) <= 1:
             return [answer(e) for e in episodes]
@@ -140,19 +183,23 @@ class EpisodeRunner:
         """``sample.demonstration_turns`` as an episode for the cold start: ``(prompt ids, response ids, policy
         mask)``. Each demonstrated turn is rendered by the environment (its tool calls through the parser) and
         ends with end-of-sequence; the observations between turns come from the environment itself (the real
-        tools), so the cold start sees exactly the tokens a rollout would."""
+        tools), so the cold start sees exactly the tokens a rollout would. Raises :class:`EnvironmentFailure`
+        (named once on the console) when the environment fails on it."""
         tokenizer, env = self.tokenizer, self.environment
         prompt_tokens = prompt_ids(tokenizer, sample, prompt)
         history = chat_messages(sample, prompt)
-        state, response, mask = env.reset(sample), [], []
+        state, response, mask = self._demonstrated("reset", env.reset, sample), [], []
         turns = list(sample.demonstration_turns or [])
         for index, turn in enumerate(turns):
-            text = env.render_turn(turn)
+            text = self._demonstrated("render_turn", env.render_turn, turn)
             ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
             response, mask = response + ids, mask + [1] * len(ids)
             if index + 1 == len(turns):
                 break
-            observation = env.step(state, sample, text)
+            observation = self._demonstrated("step", env.step, state, sample, text)
+            problem = observation_problem(observation)
+            if problem is not None:
+                raise self._left_out(Raised("step", problem))
             if observation.done:
                 raise RlzooError(
                     f"the demonstration of {sample.prompt!r} has {len(turns)} turns but the environment "
@@ -163,6 +210,16 @@ class EpisodeRunner:
             if history is not None:
                 history = [*history, {"role": "assistant", "content": text}, *observation.messages]
         return prompt_tokens, response, mask
+
+    def _demonstrated(self, where: str, call: Any, *args: Any) -> Any:
+        """``call(*args)``, one of the environment's methods, while replaying a demonstration."""
+        try:
+            return call(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever the environment does, the cold start goes on
+            raise self._left_out(Raised(where, exc)) from exc
+
+    def _left_out(self, raised: Raised) -> EnvironmentFailure:
+        return EnvironmentFailure(self.notices.environment_failed(raised, DEMONSTRATION_LEFT_OUT))
 
 
 def chat_observation_text(
@@ -200,6 +257,7 @@ class _Episode:
         self.rewards: list[float] = []
         self.routing: torch.Tensor | None = None
         self.outcomes: list[Any] = []
+        self.error: str | None = None  # why its environment failed (the episode then ends there, with reward 0)
         self.ended = False
         self.truncated = False
         self.finished = False
@@ -246,8 +304,11 @@ class _Episode:
 
     def generation(self) -> Generation:
         rewards = self.rewards + [0.0] * (len(self.turns) - len(self.rewards))  # a cut turn got no answer
+        if self.error is not None:  # a failed episode scores 0, its earlier turns' rewards too
+            rewards = [0.0] * len(self.turns)
+        finished = self.finished and not self.truncated and self.error is None
         return Generation(
-            self.prompt, self.response, self.logprobs, self.finished and not self.truncated, self.routing,
+            self.prompt, self.response, self.logprobs, finished, self.routing,
             policy_mask=self.mask, turns=self.turns, turn_rewards=rewards, truncated=self.truncated,
         )
 
@@ -267,9 +328,11 @@ def stitch_routing(stitched: torch.Tensor | None, turn: torch.Tensor, positions:
     return new.clone() if stitched is None else torch.cat([stitched, new])
 
 
-def episode_metrics(episodes: Sequence[_Episode], tools: Sequence[str] = ()) -> dict[str, Any]:
-    """``episode/*`` and ``tool/*`` of a batch of finished episodes (tool counts summed over ranks); per-tool counts
-    for the episode's ``tools`` only (a name the model made up is an ``unknown`` call, counted in ``tool/errors``)."""
+def episode_metrics(episodes: Sequence[_Episode], environment: Environment) -> dict[str, Any]:
+    """``episode/*`` and ``tool/*`` of a batch of finished episodes of ``environment`` (tool counts summed over
+    ranks); per-tool counts for its tools only (a name the model made up is an ``unknown`` call, counted in
+    ``tool/errors``). The fault counts, ``episode/errors`` with the environment's own (:func:`error_key`) and
+    ``tool/abandoned``, only where there were any: a run without faults logs what it always did."""
     count = len(episodes)
     outcomes = [o for e in episodes for o in e.outcomes]
     statuses = Counter(o.status for o in outcomes)
@@ -282,11 +345,18 @@ def episode_metrics(episodes: Sequence[_Episode], tools: Sequence[str] = ()) -> 
         "tool/errors": Sum(float(statuses["error"] + statuses["unknown"] + statuses["malformed"])),
         "tool/timeouts": Sum(float(statuses["timeout"])),
     }
-    for name in sorted(tools):
+    for name in sorted(environment.tools):
         mine = Counter(o.status for o in outcomes if o.name == name)
         metrics[f"tool/{name}/calls"] = Sum(float(sum(mine.values())))
         metrics[f"tool/{name}/errors"] = Sum(float(mine["error"]))
         metrics[f"tool/{name}/timeouts"] = Sum(float(mine["timeout"]))
+    failed = sum(e.error is not None for e in episodes)
+    if failed:
+        metrics["episode/errors"] = Sum(float(failed))
+        metrics[error_key(environment)] = FailedEpisodes(float(failed))  # the one the failure policy reads
+    abandoned = sum(o.abandoned for o in outcomes)
+    if abandoned:
+        metrics["tool/abandoned"] = Sum(float(abandoned))
     return metrics
 
 
@@ -310,8 +380,8 @@ def build_episode_runner(
     config: RunConfig, registry: Any, tokenizer: Any, context: int | None, tools: Mapping[str, Tool] | None = None
 ) -> EpisodeRunner:
     """The run's episode runner: its environment (given ``tools``, else ``episode.tools`` constructed, and the
-    parser when it uses them) and limits; ``context`` is the model's (or rollout engine's) token limit, the budget
-    when ``episode.max_tokens`` is null."""
+    parser when it uses them), limits and the components' distributions (named in fault warnings); ``context`` is
+    the model's (or rollout engine's) token limit, the budget when ``episode.max_tokens`` is null."""
     episode = config.episode
     environment: Environment = registry.create("environment", episode.environment.name, episode.environment.params)
     if environment.uses_tools:
@@ -320,4 +390,6 @@ def build_episode_runner(
     budget = episode.max_tokens or context
     if budget is None:
         budget = (config.prompt.max_prompt_tokens or 0) + episode.max_turns * config.rollout.max_new_tokens
-    return EpisodeRunner(environment, tokenizer, episode.max_turns, budget)
+    components = [("environment", episode.environment.name), *(("tool", spec.name) for spec in episode.tools)]
+    distributions = {(kind, name): registry.get(kind, name).distribution for kind, name in components}
+    return EpisodeRunner(environment, tokenizer, episode.max_turns, budget, distributions)

@@ -241,19 +241,21 @@ def start_summary(
 
 
 def final_summary(run_dir: Path, config_file: str, console: Console) -> list[str]:
-    """How it went (held-out accuracy first and last evaluation) and where the results are."""
+    """How it went (held-out accuracy first and last evaluation, the faults it rode out) and where the results are."""
     from rlzoo.reporting.metrics_log import read_metrics
 
     run_dir = Path(run_dir)
     lines = []
     metrics = run_dir / "metrics.jsonl"
-    evals = [r for r in read_metrics(metrics) if "eval/accuracy" in r] if metrics.is_file() else []
+    rows = read_metrics(metrics) if metrics.is_file() else []
+    evals = [r for r in rows if "eval/accuracy" in r]
     if evals:
         first, last = evals[0], evals[-1]
         lines.append(
             f"held-out accuracy: {first['eval/accuracy']:.3f} (step {first['step']}) -> "
             f"{last['eval/accuracy']:.3f} (step {last['step']})"
         )
+    lines += fault_summary(rows)
     lines.append(f"results in {run_dir}:")
     lines.append(f"  metrics      {metrics}")
     pointer = run_dir / "checkpoints" / "latest"
@@ -265,4 +267,27 @@ def final_summary(run_dir: Path, config_file: str, console: Console) -> list[str
     if console.log_file is not None:
         lines.append(f"  log          {console.log_file}")
     lines.append(f"  plot         rlzoo plot {run_dir}")
+    return lines
+
+
+def fault_summary(rows: list[dict[str, float]]) -> list[str]:
+    """The faults a run rode out that its metrics counted, in a line each (none: no line): episodes ended by their
+    environment failing, and tool calls abandoned past their time budget with their threads still running in this
+    process (:func:`rlzoo.tools.abandoned_calls`: Python cannot stop a thread)."""
+    from rlzoo.tools import abandoned_calls
+
+    lines = []
+    failed = sum(r.get("episode/errors", 0.0) for r in rows)
+    held_out = sum(r.get("eval/episode_errors", 0.0) for r in rows)
+    if failed or held_out:
+        lines.append(
+            f"environment errors: {failed:g} training and {held_out:g} held-out episodes ended with reward 0 because "
+            f"their environment failed (episode/errors, eval/episode_errors; the run's log has the first traceback)"
+        )
+    abandoned, running = sum(r.get("tool/abandoned", 0.0) for r in rows), abandoned_calls()
+    if abandoned or running:
+        lines.append(
+            f"abandoned tool calls: {abandoned:g} in training ran past their time budget and were left running "
+            f"(tool/abandoned), {running} thread(s) still running now; a tool that may hang should bound itself"
+        )
     return lines

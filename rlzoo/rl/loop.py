@@ -260,7 +260,8 @@ def evaluate(
 ) -> dict[str, float]:
     """Held-out accuracy: share of correct responses (episodes: of correct last turns), ``train.eval_samples_per_
     prompt`` per prompt, sampled at ``train.eval_temperature`` (0 = greedy) with a fixed seed, so every evaluation
-    sees the same random stream; ``eval/pass@k`` counts an episode as one attempt."""
+    sees the same random stream; ``eval/pass@k`` counts an episode as one attempt, and an episode whose environment
+    failed as a wrong one (``eval/episode_errors``)."""
     sampling = SamplingSettings(
         n=config.train.eval_samples_per_prompt,
         max_new_tokens=config.rollout.max_new_tokens,
@@ -274,8 +275,9 @@ def evaluate(
     responses = [response_text(tokenizer, g.last_turn_ids) for group in groups for g in group]
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
     scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
-    rewards = torch.tensor([v.reward for v in scores.verdicts])
-    verdict_correct = torch.tensor([bool(v.correct) for v in scores.verdicts])
+    verdicts = ran.scored(scores.verdicts)  # an episode whose environment failed scores 0
+    rewards = torch.tensor([v.reward for v in verdicts])
+    verdict_correct = torch.tensor([bool(v.correct) for v in verdicts])
     correct = [int(part.sum()) for part in torch.split(verdict_correct, [len(g) for g in groups])]  # per prompt
     return {
         "eval/accuracy": verdict_correct.float().mean().item(),
@@ -286,8 +288,9 @@ def evaluate(
     }
 
 
-#: the episode metrics an evaluation logs too (as eval/episode_turns_mean, ...)
-EVAL_EPISODE_KEYS = ("episode/turns_mean", "episode/truncated", "tool/calls_per_episode")
+#: the episode metrics an evaluation logs too (as eval/episode_turns_mean, ...; eval/episode_errors only when an
+#: environment failed)
+EVAL_EPISODE_KEYS = ("episode/turns_mean", "episode/truncated", "tool/calls_per_episode", "episode/errors")
 
 
 def mismatch_metrics(

@@ -179,7 +179,9 @@ def generate_and_score(
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
         responses = [response_text(parts.tokenizer, g.last_turn_ids) for group in local for g in group]
-        all_scores = ranks.all_gather_object(score(parts.verifier, samples, responses, config.train.verifier_timeout_s))
+        scores = score(parts.verifier, samples, responses, config.train.verifier_timeout_s)
+        # an episode whose environment failed scores 0 (its verdict replaced; the verifier's faults stay counted)
+        all_scores = ranks.all_gather_object(replace(scores, verdicts=ran.scored(scores.verdicts)))
     groups = [group for share, _ in shares for group in share]
     generations = [g for group in groups for g in group]
     verdicts = [v for scores in all_scores for v in scores.verdicts]

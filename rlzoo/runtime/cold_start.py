@@ -4,7 +4,8 @@ Loss: mean token cross-entropy of ``demonstration + <eos>`` given the prompt (pr
 the prompt is encoded by :func:`rlzoo.episodes.prompts.prompt_ids`, as RL encodes it. With multi-turn episodes
 (``episode.max_turns`` > 1) a sample's ``demonstration_turns`` are trained instead, as the episode a rollout
 would hold: every turn + ``<eos>`` trained, the environment's observations between them in the context only
-(:meth:`rlzoo.episodes.runner.EpisodeRunner.demonstration`).
+(:meth:`rlzoo.episodes.runner.EpisodeRunner.demonstration`); one the environment fails on is left out and counted
+(``demonstration_errors`` in ``cold_start.json``), and an environment that fails on all of them stops the build.
 The result is an HF model folder with ``cold_start.json`` recording its held-out accuracy; a folder built from
 the same settings is reused instead of trained again.
 """
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines.tokens import make_token_batch, response_logprobs
 from rlzoo.episodes.prompts import fit_prompts, prompt_budget, prompt_ids
-from rlzoo.episodes.runner import build_episode_runner
+from rlzoo.episodes.runner import EnvironmentFailure, build_episode_runner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
@@ -96,7 +97,7 @@ def train_cold_start(
     cs = config.cold_start
     torch.manual_seed(config.seed)
     tokenizer = build_char_tokenizer(task.alphabet())
-    examples = demonstrations(config, task, tokenizer, registry or default_registry())
+    examples, left_out = _demonstrations(config, task, tokenizer, registry or default_registry())
     model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cs.lr, weight_decay=0.0)
     schedule = one_cycle(optimizer, cs.lr, cs.steps)
@@ -119,6 +120,8 @@ def train_cold_start(
         bar.set_postfix(loss=f"{loss.item():.3f}")
     elapsed = time.perf_counter() - start
     result: dict[str, Any] = {"fingerprint": fingerprint, "steps": cs.steps, "seconds": round(elapsed, 1), "final_loss": loss.item() if cs.steps else None}
+    if left_out:  # demonstrations the environment failed on (only then: a cold start without faults is as it was)
+        result["demonstration_errors"] = left_out
     with atomic_directory(directory) as tmp:
         save_model(model, tokenizer, tmp)
         if evaluate_fn is not None:
@@ -132,21 +135,41 @@ def demonstrations(
     config: RunConfig, task: Task, tokenizer: Any, registry: Any
 ) -> list[tuple[list[int], list[int], list[int] | None]]:
     """``(prompt ids, response ids, policy mask)`` of each demonstration: ``demonstration + <eos>`` (mask
-    ``None``: all trained), or with multi-turn episodes the sample's ``demonstration_turns`` as an episode."""
+    ``None``: all trained), or with multi-turn episodes the sample's ``demonstration_turns`` as an episode (those the
+    environment fails on left out)."""
+    return _demonstrations(config, task, tokenizer, registry)[0]
+
+
+def _demonstrations(
+    config: RunConfig, task: Task, tokenizer: Any, registry: Any
+) -> tuple[list[tuple[list[int], list[int], list[int] | None]], int]:
+    """:func:`demonstrations`, and how many the environment failed on (left out, its first failure warned)."""
     budget = prompt_budget(config.model.tiny.max_position_embeddings, config.rollout.max_new_tokens)
     samples = fit_prompts(task.samples("train", config.cold_start.examples, config.seed), tokenizer, config.prompt,
                           "cold-start", budget)
     runner = build_episode_runner(config, registry, tokenizer, config.model.tiny.max_position_embeddings)
     encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     out: list[tuple[list[int], list[int], list[int] | None]] = []
+    failures: list[str] = []
     for sample in samples:
         if runner.multi_turn and sample.demonstration_turns:
-            out.append(runner.demonstration(sample, config.prompt))
+            try:
+                out.append(runner.demonstration(sample, config.prompt))
+            except EnvironmentFailure as failure:
+                failures.append(str(failure))
         elif sample.demonstration is not None:
             out.append((prompt_ids(tokenizer, sample, config.prompt), encode(sample.demonstration) + [tokenizer.eos_token_id], None))
+    if failures and not out:
+        raise RlzooError(
+            f"the cold start has nothing to train on: the environment failed on all {len(failures)} of its "
+            f"demonstrations ({failures[0]}); fix it, or start from a trained model (model.path)"
+        )
+    if failures:
+        log.info("cold start: %d of %d demonstrations left out: the environment failed on them", len(failures),
+                 len(failures) + len(out))
     if not out:
         raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
-    return out
+    return out, len(failures)
 
 
 def one_cycle(optimizer: torch.optim.Optimizer, lr: float, steps: int) -> torch.optim.lr_scheduler.OneCycleLR:

@@ -7,14 +7,16 @@ fault counts (:mod:`rlzoo.reporting.metrics_log`); the policy reads those declar
   scores 0 (:mod:`rlzoo.rl.scoring`; ``verifier/errors``, ``verifier/timeouts``, ``verifier/nonfinite_rewards``,
   declared :class:`~rlzoo.util.reductions.UnscoredResponses`);
 - a loss or gradient norm that is not finite: the training engine skips that update (``train/nonfinite_steps``,
-  declared :class:`~rlzoo.util.reductions.SkippedUpdates`).
+  declared :class:`~rlzoo.util.reductions.SkippedUpdates`);
+- an environment that raises in ``reset`` or ``step``: that episode ends there with reward 0
+  (:mod:`rlzoo.episodes.runner`; ``env/<name>/errors``, declared :class:`~rlzoo.util.reductions.FailedEpisodes`).
 
-A step *fails* when any of its updates was skipped, or when not one response of its batch could be scored (the
-update then learns from nothing but zeros). The driver asks :meth:`FaultPolicy.check` once per step, after logging
-its metrics and before writing its checkpoint: ``train.max_consecutive_failures`` failed steps in a row stop the run
-with :class:`StepFailure`, so the newest checkpoint is the one written before the streak went bad. With several
-processes every rank sees the same (rank-averaged) metrics and stops at the same step. The streak is not
-checkpointed: a resumed run starts with none.
+A step *fails* when any of its updates was skipped, or when not one response of its batch could be scored, or
+when every one of its episodes failed in its environment (the update then learns from nothing but zeros). The
+driver asks :meth:`FaultPolicy.check` once per step, after logging its metrics and before writing its checkpoint:
+``train.max_consecutive_failures`` failed steps in a row stop the run with :class:`StepFailure`, so the newest
+checkpoint is the one written before the streak went bad. With several processes every rank sees the same
+(rank-averaged) metrics and stops at the same step. The streak is not checkpointed: a resumed run starts with none.
 
 Nothing non-finite is saved: before each checkpoint the driver asks :meth:`FaultPolicy.check_weights`, which asks
 every engine the checkpoint would hold (the policy's, a critic's) whether its weights are all finite
@@ -31,7 +33,7 @@ from typing import Any
 
 from rlzoo.errors import RlzooError
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
-from rlzoo.util.reductions import Declared, SkippedUpdates, UnscoredResponses
+from rlzoo.util.reductions import Declared, FailedEpisodes, SkippedUpdates, UnscoredResponses
 
 log = logging.getLogger("rlzoo.runtime.faults")
 
@@ -55,8 +57,9 @@ class FaultPolicy:
 
     def failure(self, metrics: dict[str, float]) -> str | None:
         """Why the step that logged ``metrics`` failed, or ``None`` if it did not: the values declared
-        :class:`SkippedUpdates` sum to more than 0, or those declared :class:`UnscoredResponses` to the step's
-        responses. Plain numbers are never faults, whatever their keys."""
+        :class:`SkippedUpdates` sum to more than 0, or those declared :class:`UnscoredResponses` (or
+        :class:`FailedEpisodes`: an episode is one response) to the step's responses. Plain numbers are never
+        faults, whatever their keys."""
         skipped = declared_as(metrics, SkippedUpdates)
         if sum(skipped.values()) > 0:
             detail = ", ".join(skipped)
@@ -65,6 +68,10 @@ class FaultPolicy:
         if unscored and sum(unscored.values()) >= self.responses_per_step:
             detail = ", ".join(f"{key} {value:g}" for key, value in unscored.items())
             return f"none of the {self.responses_per_step} responses could be scored ({detail})"
+        failed = declared_as(metrics, FailedEpisodes)
+        if failed and sum(failed.values()) >= self.responses_per_step:
+            detail = ", ".join(f"{key} {value:g}" for key, value in failed.items())
+            return f"every one of the {self.responses_per_step} episodes failed in its environment ({detail})"
         return None
 
     def check(self, step: int, metrics: dict[str, float]) -> None:

@@ -4,8 +4,8 @@
 - :class:`Sum`: the sum over minibatches, the mean over ranks (each rank's value is about the whole batch);
 - :class:`Min` / :class:`Max`: the minimum / maximum over both.
 
-:class:`SkippedUpdates` and :class:`UnscoredResponses` are sums that also declare a fault, which
-:class:`rlzoo.runtime.faults.FaultPolicy` reads by class, whatever the key.
+:class:`SkippedUpdates`, :class:`UnscoredResponses` and :class:`FailedEpisodes` are sums that also declare a fault,
+which :class:`rlzoo.runtime.faults.FaultPolicy` reads by class, whatever the key.
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ class SkippedUpdates(Sum):
 class UnscoredResponses(Sum):
     """Responses the verifier could not score (it raised, timed out or gave a non-finite reward): they scored 0
     (a fault: :class:`rlzoo.runtime.faults.FaultPolicy` fails a step in which none of the responses was scored)."""
+
+
+class FailedEpisodes(Sum):
+    """Episodes whose environment raised (in ``reset`` or ``step``) or answered with something not an observation:
+    each ended there with reward 0 (a fault: :class:`rlzoo.runtime.faults.FaultPolicy` fails a step in which every
+    episode failed)."""
 
 
 def declared(value: float) -> type[Declared]:
