@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import subprocess
+import sys
 
 import pytest
 
@@ -32,7 +34,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "rlzoo.tools": ("run_tool_calls", "ToolOutcome"),
     "rlzoo.registry": ("Registry", "default_registry"),
     "rlzoo.engines": ("Adapter", "EngineContext", "Generation", "LossFn", "ModuleTrainingEngine", "RolloutEngine",
-                      "RoutingPass", "SamplingSettings", "TokenBatch", "TrainingEngine"),
+                      "RoutingPass", "SamplingSettings", "TokenBatch", "TrainingEngine", "TorchTrainingEngine",
+                      "DeepSpeedTrainingEngine", "HFRolloutEngine", "VLLMRolloutEngine"),
     "rlzoo.engines.hf_rollout": ("HFRolloutEngine",),
     "rlzoo.engines.torch_trainer": ("TorchTrainingEngine",),
     "rlzoo.engines.deepspeed.trainer": ("DeepSpeedTrainingEngine",),
@@ -53,6 +56,38 @@ def test_interfaces_export_exactly_the_listed_names():
     import rlzoo.interfaces
 
     assert sorted(rlzoo.interfaces.__all__) == sorted(PUBLIC["rlzoo.interfaces"])
+
+
+def test_engines_export_exactly_the_listed_names():
+    import rlzoo.engines
+
+    assert sorted(rlzoo.engines.__all__) == sorted(PUBLIC["rlzoo.engines"])
+
+
+def test_the_built_in_engines_import_from_rlzoo_engines_and_are_the_registered_ones():
+    import rlzoo.engines
+    from rlzoo.registry import default_registry
+
+    registry = default_registry()
+    for kind, name, cls in [("training_engine", "torch", "TorchTrainingEngine"),
+                            ("training_engine", "deepspeed", "DeepSpeedTrainingEngine"),
+                            ("rollout_engine", "hf", "HFRolloutEngine"),
+                            ("rollout_engine", "vllm", "VLLMRolloutEngine")]:
+        assert registry.get(kind, name).cls is getattr(rlzoo.engines, cls)
+
+
+def test_importing_the_engines_loads_neither_deepspeed_nor_vllm():
+    """``rlzoo.engines`` is imported by every run and plugin discovery: its built-in engines load on first use, and
+    even then DeepSpeed and vLLM only when an engine starts."""
+    code = (
+        "import sys, rlzoo.engines\n"
+        "assert not [m for m in sys.modules if m.startswith(('rlzoo.engines.deepspeed', 'rlzoo.engines.vllm'))]\n"
+        "from rlzoo.engines import DeepSpeedTrainingEngine, HFRolloutEngine, TorchTrainingEngine, VLLMRolloutEngine\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'deepspeed', 'vllm'}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 def test_entry_points_load():

@@ -82,9 +82,10 @@ class Component:
         The core collects the reports right after each call (:func:`rlzoo.interfaces.base.take_reports`): the objective's
         after each minibatch (ratio estimator, clipper, aggregation, KL estimator, regularisers), the loop's after
         each use of the advantage source, batch filter, reward shapers and train-inference correction; the router
-        policy's are collected by the routing learner. Verifiers' reports are not collected: a verifier runs in a
-        worker thread that may outlive its time limit, so its reports would be racy or lost; its faults are
-        counted by :mod:`rlzoo.rl.scoring`, and it records its phases' metrics with
+        policy's are collected by the routing learner; the engines' after each generation batch (rollout engine),
+        each update, the old-log-prob pass and the weight sync (:mod:`rlzoo.rl.learner`). Verifiers' reports are
+        not collected: a verifier runs in a worker thread that may outlive its time limit, so its reports would be
+        racy or lost; its faults are counted by :mod:`rlzoo.rl.scoring`, and it records its phases' metrics with
         :meth:`rlzoo.interfaces.Verifier.record_phase` instead.
         """
         self.__dict__.setdefault("_metric_reports", {})[metric] = value

@@ -72,9 +72,12 @@ class Critic:
 
 
 def _critic_key(key: str) -> str:
-    """The critic engine's ``train/grad_norm`` is ``critic/grad_norm``; the loss's own ``critic/*`` stay."""
+    """The critic engine's ``train/grad_norm`` is ``critic/grad_norm``; the loss's own ``critic/*`` stay; what the
+    engine reported (``training_engine/<name>/<metric>``) is ``critic/training_engine/<name>/<metric>``."""
     if key.startswith("critic/"):
         return key
+    if key.startswith("training_engine/"):
+        return "critic/" + key
     return "critic/" + key.split("/", 1)[1] if key.startswith("train/") else "critic/" + key.replace("/", "_")
 
 

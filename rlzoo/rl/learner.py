@@ -18,6 +18,11 @@ The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:
 
 In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
 :class:`rlzoo.rl.routing_learner.RoutingLearner`, which adds the router policy's record/replay around the same calls.
+
+The engines' own metrics (``Component.report``, :func:`~rlzoo.interfaces.base.take_reports`): the training engine's
+are taken after each :meth:`Learner.update` (part of that minibatch's metrics, so they combine over the step's
+minibatches as declared), after :meth:`Learner.old_logprobs` and after :meth:`Learner.push_weights`, which also
+takes the rollout engine's (its weight sync); the last two reach the step through :meth:`Learner.step_metrics`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from rlzoo.engines import LossFn, RolloutEngine, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import select_rows
+from rlzoo.interfaces.base import take_reports
 from rlzoo.runtime.distributed import SINGLE, Dist
 
 
@@ -37,6 +43,7 @@ class Learner:
         self.dist = dist
         self.sends_adapters = False  # set by the run's assembly (model.lora.sync); else the (merged) weights
         self._adapter_version = 0
+        self.reports: dict[str, float] = {}  # the engines' reports outside the updates, until step_metrics
 
     def old_logprobs(
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
@@ -45,7 +52,9 @@ class Learner:
 
         ``rollout_logp`` are the rollout engine's log-probs and ``rollout_routing`` each row's
         ``Generation.routing`` (``None`` where the engine recorded none); MoE learners use them."""
-        return self.logprobs_and_entropy(batch)
+        logp, entropy = self.logprobs_and_entropy(batch)
+        self.reports.update(take_reports(self.engine))
+        return logp, entropy
 
     def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
         """Instead of :meth:`old_logprobs` when the rollout engine's log-probs are the old ones and nothing needs
@@ -75,7 +84,8 @@ class Learner:
         """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``, or
         ``loss_fn(logp, entropy)`` with ``with_entropy`` (both with gradient)."""
         local = select_rows(batch, self.dist.share(rows))
-        return self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
+        metrics = self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
+        return {**metrics, **take_reports(self.engine)}
 
     def _global_loss(self, loss_fn: LossFn, count: int) -> LossFn:
         if not self.dist.active:
@@ -98,11 +108,14 @@ class Learner:
             adapter = self.engine.adapter(self._adapter_version)
             if receives:
                 rollout.sync_adapter(adapter)
-            return
-        weights = self.engine.named_weights()
-        if receives:
-            rollout.sync_weights(weights)
+        else:
+            weights = self.engine.named_weights()
+            if receives:
+                rollout.sync_weights(weights)
+        self.reports.update({**take_reports(self.engine), **take_reports(rollout)})
 
     def step_metrics(self) -> dict[str, float]:
-        """Diagnostics of the rollout batch just trained on (none for a dense policy)."""
-        return {}
+        """Diagnostics of the rollout batch just trained on (none for a dense policy), and the engines' reports
+        since the last call outside the updates (the old-log-prob pass, the weight push)."""
+        reports, self.reports = self.reports, {}
+        return reports

@@ -155,7 +155,8 @@ def generate_and_score(
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """One generation batch: ``group_size`` responses per prompt, the verifier's rewards and the shapers' terms;
     also the verifier's fault counts (``verifier/errors``, ``/timeouts``, ``/nonfinite_rewards``, summed over the
-    ranks' shares) and what the reward shapers reported.
+    ranks' shares) and what the rollout engine (``rollout_engine/<name>/*``, each rank's share combined as the
+    values declare) and the reward shapers reported.
 
     With ``parts.per_rank`` rank ``r`` samples and scores ``Dist.share_items(prompts)`` (whole groups, so
     group-relative advantages are unchanged) with seed ``rank_seed(seed, r)``; the shares are all-gathered in rank
@@ -172,10 +173,11 @@ def generate_and_score(
     mine = ranks.share_items(prompts)
     if ranks.active:  # in every rank's log file: which ranks sampled what
         _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
+    take_reports(parts.engine)  # what it reported since (an evaluation's generate, start) is not this batch's
     with timer("rollout"):  # includes waiting for the slowest rank's share (episodes: tools and all turns)
         ran = parts.episodes.run(parts.engine, mine, sampling, config.prompt) if mine else EpisodeBatch([])
         local = ran.groups
-        shares = ranks.all_gather_object((local, ran.metrics))
+        shares = ranks.all_gather_object((local, {**ran.metrics, **take_reports(parts.engine)}))
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
         responses = [response_text(parts.tokenizer, g.last_turn_ids) for group in local for g in group]

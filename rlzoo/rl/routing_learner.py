@@ -79,6 +79,7 @@ class RoutingLearner(Learner):
         self.recorded = RecordedRouting(old=old, rollout=rollout)
         self.replayed = self.policy.update_routing(self.recorded)
         self.metrics.update(take_reports(self.policy))
+        self.reports.update(take_reports(self.engine))  # the training engine's, from its old-pass forwards
         return logp, entropy
 
     def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
@@ -126,7 +127,7 @@ class RoutingLearner(Learner):
         return metrics
 
     def step_metrics(self) -> dict[str, float]:
-        return dict(self.metrics)
+        return {**self.metrics, **super().step_metrics()}
 
     @contextmanager
     def _recording(
