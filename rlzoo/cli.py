@@ -163,23 +163,30 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """A checkpoint's LoRA adapters merged into their base, as a plain Hugging Face folder."""
-    from rlzoo.engines.lora import export_merged
+    """A checkpoint's LoRA adapters merged into their base, as a plain Hugging Face folder; the checkpoint's files
+    verified against its digests.json first, as --resume does (the checks of the adapters and the base:
+    rlzoo.engines.lora.export_merged)."""
+    from rlzoo.engines.lora import ADAPTER_CONFIG, export_merged
+    from rlzoo.runtime.checkpoint.digests import MANIFEST, verify_checkpoint
 
     source, output = Path(args.checkpoint), Path(args.output)
+    if not source.is_dir():
+        raise RlzooError(f"export: {source} is not a folder; name a checkpoint (checkpoints/step_N) or its model/")
     if source.name != "model" and (source / "model").is_dir():
         source = source / "model"  # a checkpoints/step_N folder
-    config = source / "adapter_config.json"
-    if not config.is_file():
+    if not (source / ADAPTER_CONFIG).is_file():
         hint = " (already a plain Hugging Face folder: use it as it is)" if (source / "config.json").is_file() else ""
-        raise RlzooError(f"export: {source} holds no LoRA adapters (no adapter_config.json){hint}")
-    base = Path(args.base) if args.base else Path(json.loads(config.read_text()).get("base_model_name_or_path") or "")
-    if not (base / "config.json").is_file():
-        raise RlzooError(f"export: the adapters' base model {str(base) or '(not recorded)'} is not a Hugging Face "
-                         "folder; pass --base DIR")
+        raise RlzooError(f"export: {source} holds no LoRA adapters (no {ADAPTER_CONFIG}){hint}")
+    if (source.parent / MANIFEST).is_file():  # a checkpoint's model/ folder: only its files are read
+        check = verify_checkpoint(source.parent, within=source.name)
+        if not check.intact:
+            raise RlzooError(f"export: checkpoint {source.parent} is damaged ({'; '.join(check.problems)}); export "
+                             "an earlier checkpoint, or restore the files from a copy")
+    if output.exists() and not output.is_dir():
+        raise RlzooError(f"export: {output} is a file; choose a new or empty folder")
     if output.exists() and any(output.iterdir()):
         raise RlzooError(f"export: {output} exists and is not empty; choose another folder")
-    print(export_merged(source, output, base))
+    print(export_merged(source, output, Path(args.base) if args.base else None))
     return 0
 
 

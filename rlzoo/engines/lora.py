@@ -16,13 +16,15 @@ reference is the base with the adapters disabled, and a resumed run reloads the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlzoo.errors import ConfigError
+from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.util.safetensors_header import HeaderProblem, read_header
 
 if TYPE_CHECKING:
     from peft import LoraConfig as PeftLoraConfig
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from rlzoo.engines.base import Adapter
     from rlzoo.interfaces import Problem, RunFacts
 
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names, in model/
 #: linear modules that are no layer's projection (the output layer, MoE routers): never targets, whatever a name says
 NEVER_TARGETED = frozenset({"lm_head", "gate", "router", "score"})
 
@@ -140,7 +143,7 @@ def load_adapter(model: PeftModel, directory: Path) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    file = Path(directory) / "adapter_model.safetensors"
+    file = Path(directory) / ADAPTER_WEIGHTS
     if not file.is_file():
         raise FileNotFoundError(f"{directory} holds no adapter_model.safetensors: not a LoRA checkpoint")
     result = set_peft_model_state_dict(model, load_file(str(file)))
@@ -178,22 +181,135 @@ def merged_weights(model: PeftModel) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def export_merged(adapter_dir: Path, output: Path, base: Path | None = None) -> Path:
-    """A plain Hugging Face folder at ``output`` with the adapters of ``adapter_dir`` merged into their base (its
-    ``adapter_config.json``'s ``base_model_name_or_path``, or ``base``)."""
-    import json
-
-    from peft import PeftModel
-    from transformers import AutoTokenizer
+    """A plain Hugging Face folder at ``output`` with the adapters of ``adapter_dir`` merged into their base (``base``,
+    the ``--base`` flag, or the folder ``adapter_config.json`` records), written whole or not at all
+    (:func:`rlzoo.runtime.checkpoint.files.atomic_directory`). Before anything is written, refused with one line
+    (:class:`rlzoo.errors.RlzooError`) naming the file: an adapter config that is no readable LoRA config; adapter
+    weights that are damaged (:func:`rlzoo.util.safetensors_header.read_header`) or not finite; a base that is no
+    whole model folder (:class:`rlzoo.models.folder.ModelFolder`), of another model class than the adapters record,
+    or whose shapes do not fit the adapters (:func:`fit_problem`)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
     from rlzoo.models import load_model
+    from rlzoo.runtime.checkpoint.files import atomic_directory, one_line
 
-    base = Path(base or json.loads((Path(adapter_dir) / "adapter_config.json").read_text())["base_model_name_or_path"])
-    model = PeftModel.from_pretrained(load_model(base, "float32")[0], str(adapter_dir))
-    merged = model.merge_and_unload()
-    output.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(output, safe_serialization=True)
-    AutoTokenizer.from_pretrained(base).save_pretrained(output)
-    return output
+    adapter_dir = Path(adapter_dir)
+    config_file, weights_file = adapter_dir / ADAPTER_CONFIG, adapter_dir / ADAPTER_WEIGHTS
+    recorded = read_adapter_config(config_file)
+    shapes = _adapter_shapes(weights_file)
+    base_dir, base_name = _base(recorded, config_file, base)
+    try:
+        lora = PeftLoraConfig.from_pretrained(str(adapter_dir))
+        model, tokenizer = load_model(base_dir, "float32")
+    except Exception as err:  # a library's error on a file that passed the checks above: one line, naming both
+        problem = one_line(err)
+        raise RlzooError(f"export: the adapters of {adapter_dir} could not be put on {base_name}: {problem}") from err
+    lora.base_model_name_or_path = model.name_or_path  # --base: peft would warn of the rename; the file told already
+    try:
+        with torch.random.fork_rng(devices=[]):  # fresh adapters, replaced by the file's below
+            wrapped = get_peft_model(model, lora)
+    except ValueError as err:  # peft: "Target modules ... not found in the base model"
+        raise RlzooError(f"export: {base_name} does not fit the adapters of {adapter_dir}: {one_line(err)}; pass "
+                         f"--base the model they were trained on") from err
+    problem = fit_problem(shapes, {k: tuple(v.shape) for k, v in get_peft_model_state_dict(wrapped).items()})
+    if problem:
+        raise RlzooError(f"export: {base_name} does not fit the adapters in {weights_file}: {problem}; pass --base the "
+                         f"model they were trained on ({recorded.get('base_model_name_or_path') or 'not recorded'})")
+    set_peft_model_state_dict(wrapped, _finite_tensors(weights_file))
+    merged = wrapped.merge_and_unload()
+    try:
+        with atomic_directory(Path(output)) as folder:
+            merged.save_pretrained(folder, safe_serialization=True)
+            tokenizer.save_pretrained(folder)
+    except Exception as err:  # a full disk, a quota, a permission: the temporary folder is gone, output untouched
+        raise RlzooError(f"export: could not write {output}: {one_line(err)}; nothing was written") from err
+    return Path(output)
+
+
+def read_adapter_config(file: Path) -> dict[str, Any]:
+    """A peft ``adapter_config.json`` as a dict; :class:`RlzooError` naming it when it is missing or no JSON object."""
+    try:
+        config = json.loads(Path(file).read_text())
+    except FileNotFoundError as err:
+        raise RlzooError(f"export: {file.parent} holds no LoRA adapters (no {ADAPTER_CONFIG})") from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RlzooError(f"export: {file} is not readable JSON ({type(err).__name__}: {err})") from err
+    if not isinstance(config, dict):
+        raise RlzooError(f"export: {file} is not a JSON object (not a peft adapter config)")
+    return config
+
+
+def fit_problem(adapters: dict[str, tuple[int, ...]], needed: dict[str, tuple[int, ...]]) -> str | None:
+    """How the adapter tensors (name -> shape, as saved) differ from those a base model needs (``None``: they fit):
+    tensors of another shape (both shapes named), tensors for modules the base lacks, adapted modules of the base
+    that the adapters hold nothing for (a deeper model)."""
+    other = sorted(k for k in adapters.keys() & needed.keys() if adapters[k] != needed[k])
+    if other:
+        key = other[0]
+        return (f"{len(other)} of {len(adapters)} adapter tensors have another shape than this base needs, e.g. {key} "
+                f"is {list(adapters[key])} in the adapters and {list(needed[key])} for this base")
+    extra, missing = sorted(adapters.keys() - needed.keys()), sorted(needed.keys() - adapters.keys())
+    if extra:
+        return f"the adapters hold {len(extra)} tensors for modules this base lacks, e.g. {extra[0]}"
+    if missing:
+        return f"this base has {len(missing)} adapted weights the adapters hold nothing for, e.g. {missing[0]}"
+    return None
+
+
+def _adapter_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """The adapter tensors' shapes from the file's header (nothing loaded); :class:`RlzooError` when it is missing or
+    damaged."""
+    if not file.is_file():
+        raise RlzooError(f"export: {file.parent} holds no {ADAPTER_WEIGHTS}: not a LoRA checkpoint")
+    try:
+        return {name: info.shape for name, info in read_header(file).items()}
+    except (HeaderProblem, OSError) as err:
+        raise RlzooError(f"export: {file} is damaged: {err}; export another checkpoint, or restore the file") from err
+
+
+def _finite_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """The adapter tensors, every value finite (a flipped exponent bit in a file without digests shows here)."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(file))
+    except Exception as err:  # what a header cannot show, e.g. a dtype this safetensors does not know
+        raise RlzooError(f"export: {file} could not be read: {' '.join(str(err).split())}") from err
+    bad = sorted(name for name, tensor in tensors.items() if not torch.isfinite(tensor).all())
+    if bad:
+        raise RlzooError(f"export: {file} holds values that are not finite (NaN or infinite) in {len(bad)} tensors, "
+                         f"e.g. {bad[0]}: a damaged file, or adapters of a run that diverged; export an earlier "
+                         "checkpoint")
+    return tensors
+
+
+def _base(recorded: dict[str, Any], config_file: Path, flag: Path | None) -> tuple[Path, str]:
+    """The base model folder and how messages name it; :class:`RlzooError` when it is no whole model folder (the
+    policy's check) or of another model class than the adapters record (peft's ``auto_mapping``)."""
+    from rlzoo.models.folder import ModelFolder
+
+    where = recorded.get("base_model_name_or_path")
+    if flag is None and not where:
+        raise RlzooError(f"export: {config_file} records no base model (base_model_name_or_path); pass --base DIR")
+    path = Path(flag) if flag is not None else Path(str(where))
+    name = f"--base {path}" if flag is not None else f"the adapters' base model {path} ({ADAPTER_CONFIG})"
+    folder = ModelFolder.read(path)
+    if folder.absent is not None:
+        hint = "" if flag is not None else "; pass --base DIR if the base moved"
+        raise RlzooError(f"export: {name} {folder.absent}, not a Hugging Face model folder{hint}")
+    if folder.config is None:
+        raise RlzooError(f"export: {name}: {folder.unreadable}")
+    problems = folder.problems(tokenizer="; the merged folder takes its tokenizer from the base")
+    if problems:
+        raise RlzooError(f"export: {name}: {'; '.join(problems)}")
+    mapping = recorded.get("auto_mapping")
+    trained_on = mapping.get("base_model_class") if isinstance(mapping, dict) else None
+    classes = [c for c in folder.config.get("architectures") or [] if isinstance(c, str)]
+    if isinstance(trained_on, str) and classes and trained_on not in classes:
+        raise RlzooError(f"export: {name} is a {', '.join(classes)}, but the adapters were trained on a {trained_on} "
+                         f"({ADAPTER_CONFIG} auto_mapping); pass --base the model they were trained on")
+    return path, name
 
 
 def lora_rule(run: RunFacts) -> list[Problem]:

@@ -2,8 +2,9 @@
 
 The policy's folder (``model.path``), a critic's (``algorithm.critic.model``), a teacher's (``teacher.model``) and a
 reward model's (the ``reward-model`` verifier's ``path``) are all read by :class:`ModelFolder`: the folder and its
-``config.json`` (readable, a JSON object), the weight files, the tokenizer files, the token ids of its
-``tokenizer.json`` against ``config.json``'s ``vocab_size``, and the chat template. Each caller words what a missing
+``config.json`` (readable, a JSON object), the weight files (present, and whole as far as their safetensors headers
+show: nothing is loaded), the tokenizer files, the token ids of its ``tokenizer.json`` against ``config.json``'s
+``vocab_size``, and the chat template. Each caller words what a missing
 folder means for it (the field it reports at, what to use instead); what is wrong inside a folder reads the same for
 every model. :class:`ModelFacts` are what the start-up check keeps of the policy (:class:`rlzoo.interfaces.RunFacts`).
 """
@@ -17,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.models.memory import MOE_KEYS, ModelShape
+from rlzoo.util.safetensors_header import header_problem
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+SHARD_INDEX = ".safetensors.index.json"  # a sharded model's map from tensor names to its weight files
 UNREADABLE_TOKENIZER = (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError)
 
 # why a path is no model folder (:attr:`ModelFolder.absent`), as "<path> <reason>"
@@ -132,17 +135,40 @@ class ModelFolder:
         return facts
 
     def problems(self, tokenizer: str | None = None, ids: bool = False) -> list[str]:
-        """What is wrong inside a folder with a readable ``config``: no weights; with ``tokenizer`` (what to do about
-        it, appended to the message), no tokenizer files; with ``ids`` too, token ids beyond ``vocab_size``."""
+        """What is wrong inside a folder with a readable ``config``: no weights, or damaged ones
+        (:meth:`weight_problems`); with ``tokenizer`` (what to do about it, appended to the message), no tokenizer
+        files; with ``ids`` too, token ids beyond ``vocab_size``."""
         problems = []
         if not any(any(self.path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
             problems.append(f"{self.path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})")
+        problems += self.weight_problems()
         if tokenizer is None:
             return problems
         if not any((self.path / name).is_file() for name in TOKENIZER_FILES):
             problems.append(f"{self.path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}){tokenizer}")
         elif ids and (problem := self.vocab_problem()):
             problems.append(problem)
+        return problems
+
+    def weight_problems(self) -> list[str]:
+        """What the safetensors weights show of themselves, no tensor loaded: each file's header whole and covering
+        the file exactly (:func:`rlzoo.util.safetensors_header.header_problem`: truncated, a damaged header, longer
+        than its header says), and each shard that a ``*.safetensors.index.json`` names present."""
+        problems = []
+        for file in sorted(self.path.glob("*.safetensors")):
+            if (problem := header_problem(file)) is not None:
+                problems.append(f"{file} is damaged: {problem}; the weights cannot be loaded: copy or save the model "
+                                "again")
+        for index in sorted(self.path.glob(f"*{SHARD_INDEX}")):
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                problems.append(f"{index} is not a readable shard index ({type(err).__name__}: {err})")
+                continue
+            missing = sorted(str(shard) for shard in shards if not (self.path / str(shard)).is_file())
+            if missing:
+                problems.append(f"{index} names {len(missing)} weight file(s) the folder lacks, e.g. {missing[0]}: "
+                                "copy the model again")
         return problems
 
     def vocab(self) -> tuple[dict[str, int] | None, str | None]:

@@ -5,14 +5,13 @@ it holds, written by rank 0 once every rank has written its part (:func:`write_m
 reports a damaged or incomplete checkpoint file by file: a file truncated, changed, missing or unreadable, or
 ``digests.json`` itself damaged. A checkpoint written before digests were recorded (no ``digests.json``) cannot be
 verified: :func:`structure_problems` checks what its files' own structure shows (JSON that parses, safetensors files
-as long as their header says).
+whose header is whole and covers the file exactly: :func:`rlzoo.util.safetensors_header.read_header`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from rlzoo.runtime.checkpoint.files import one_line
 from rlzoo.util.atomic import atomic_write_text
+from rlzoo.util.safetensors_header import HeaderProblem, read_header
 
 #: the digests of a checkpoint's files, written last: ``{"format": ..., "files": {relative path: {sha256, size}}}``
 MANIFEST = "digests.json"
@@ -66,16 +66,21 @@ class CheckpointCheck:
         return not self.problems
 
 
-def verify_checkpoint(checkpoint: Path) -> CheckpointCheck:
+def verify_checkpoint(checkpoint: Path, within: str | None = None) -> CheckpointCheck:
     """Check every file of ``checkpoint`` against ``digests.json``: missing, truncated (or grown), content that
     differs from its digest, unreadable, or not written with the checkpoint. Without ``digests.json`` (written
-    before digests were recorded): :func:`structure_problems` only, ``verified`` False."""
+    before digests were recorded): :func:`structure_problems` only, ``verified`` False. ``within`` (a sub-folder,
+    e.g. ``"model"``): only the files under it, for a command that reads nothing else (``rlzoo export``);
+    ``digests.json`` itself is checked whole either way."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         return CheckpointCheck(checkpoint, ["the folder is missing"])
     manifest = checkpoint / MANIFEST
     if not manifest.exists():
-        return CheckpointCheck(checkpoint, structure_problems(checkpoint, required=True), verified=False)
+        if within is None:
+            return CheckpointCheck(checkpoint, structure_problems(checkpoint, required=True), verified=False)
+        problems = [f"{within}/{problem}" for problem in structure_problems(checkpoint / within)]
+        return CheckpointCheck(checkpoint, problems, verified=False)
     try:
         data = json.loads(manifest.read_bytes())
         files = data["files"]
@@ -88,12 +93,14 @@ def verify_checkpoint(checkpoint: Path) -> CheckpointCheck:
         return CheckpointCheck(checkpoint, [f"{MANIFEST}: unreadable ({one_line(err)})"])
     except (ValueError, KeyError, TypeError, AttributeError):
         return CheckpointCheck(checkpoint, [f"{MANIFEST}: damaged (not the file of digests that was written)"])
-    problems = [] if "state.json" in files else ["state.json: missing (not in digests.json)"]
+    problems = [] if "state.json" in files or within is not None else ["state.json: missing (not in digests.json)"]
     for relative, entry in sorted(files.items()):
+        if within is not None and not relative.startswith(f"{within}/"):
+            continue
         problem = _file_problem(checkpoint / relative, entry["size"], entry["sha256"])
         if problem:
             problems.append(f"{relative}: {problem}")
-    for path in sorted(checkpoint.rglob("*")):
+    for path in sorted((checkpoint / within if within is not None else checkpoint).rglob("*")):
         relative = path.relative_to(checkpoint).as_posix()
         if path.is_file() and relative != MANIFEST and relative not in files:
             problems.append(f"{relative}: not written with the checkpoint (not in {MANIFEST})")
@@ -136,34 +143,11 @@ def structure_problems(directory: Path, required: bool = False) -> list[str]:
             if path.suffix == ".json":
                 json.loads(path.read_bytes())
             elif path.suffix == ".safetensors":
-                problem = _safetensors_problem(path)
-                if problem:
-                    problems.append(f"{relative}: {problem}")
+                read_header(path)
+        except HeaderProblem as problem:
+            problems.append(f"{relative}: {problem}")
         except OSError as err:
             problems.append(f"{relative}: unreadable ({one_line(err)})")
         except ValueError:
             problems.append(f"{relative}: damaged (not valid JSON)")
     return problems
-
-
-def _safetensors_problem(path: Path) -> str | None:
-    """Whether a safetensors file is as long as its header says (a truncated or overwritten header shows too)."""
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            return f"truncated ({size} bytes, not even a header)"
-        length = struct.unpack("<Q", head)[0]
-        if length > size - 8:
-            return f"truncated or damaged header ({size} bytes, header of {length} bytes)"
-        try:
-            header = json.loads(handle.read(length))
-            end = max((e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"), default=0)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            return "damaged header (not valid safetensors)"
-    expected = 8 + length + int(end)
-    if size < expected:
-        return f"truncated ({size} of {expected} bytes)"
-    if size > expected:
-        return f"longer than its header says ({size} bytes, {expected} expected)"
-    return None
