@@ -32,7 +32,10 @@ def _registry():
 
 
 def cmd_plugins_list(args: argparse.Namespace) -> int:
+    from rlzoo.local_plugins import load_plugins
+
     registry = _registry()
+    load_plugins(args.plugin or [], registry, "--plugin", Path.cwd())
     rows = [
         {"kind": i.kind, "name": i.name, "distribution": i.distribution, "plugin": i.plugin, "summary": i.summary,
          "duplicate": i.duplicate}
@@ -52,7 +55,7 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from rlzoo.config.resolution import load_config
 
-    return load_config(args.config, args.set or [], _registry())
+    return load_config(args.config, args.set or [], _registry(), plugins=args.plugin or [])
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -204,7 +207,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     options = AblateOptions(
         config=args.config, vary=args.vary or [], seeds=args.seeds, out=Path(args.out), sets=args.set or [],
         jobs=args.jobs, backend=args.backend, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run,
-        max_runs=args.max_runs, yes=args.yes,
+        max_runs=args.max_runs, yes=args.yes, plugins=args.plugin or [],
     )
     sweep, status = ablate(options, _registry())
     try:
@@ -242,15 +245,20 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = root.add_subparsers(dest="command", required=True)
 
+    def with_plugins(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--plugin", action="append", metavar="PATH", help="a Python file (or module.name) whose "
+                       "components to load, as the config's plugins: list (repeatable; docs/writing-a-plugin.md)")
+        return p
+
     plugins = sub.add_parser("plugins", help="inspect installed components").add_subparsers(dest="action", required=True)
-    listing = plugins.add_parser("list", help="every registered component")
+    listing = with_plugins(plugins.add_parser("list", help="every registered component"))
     listing.add_argument("--json", action="store_true", help="print a JSON list")
     listing.set_defaults(func=cmd_plugins_list)
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("config", help="YAML run config")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
-        return p
+        return with_plugins(p)
 
     def verbose(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         # also after the command (`rlzoo train CONFIG --verbose`); SUPPRESS keeps the root option's value otherwise

@@ -551,3 +551,59 @@ def test_the_doc_engines_report_in_a_real_run_and_a_logger_gets_the_documented_c
     assert run.config["trainer"]["engine"]["name"] == "torch-counting"
     summary = calls_seen[-2][1]
     assert summary == {**logged[2], "steps": 2.0}
+
+
+# -- the quick path: a component from a script -------------------------------------------------------------------
+
+
+def quick_path() -> str:
+    text = DOC.read_text()
+    return text[text.index("## Components from a script") : text.index("## A complete clipper plugin")]
+
+
+def test_the_quick_path_script_loads_from_its_file_and_computes_ppos_clip(tmp_path, monkeypatch):
+    """The section's file and config, as a reader saves them: the config loads the file, the clipper is found under
+    the script's origin, and it is PPO's clip with ``eps`` on both sides (loss, gradient and flags)."""
+    from rlzoo import local_plugins
+    from rlzoo.config.resolution import load_config
+
+    [code] = FENCE.findall(quick_path())
+    [config_text] = re.findall(r"^```yaml\n(.*?)^```", quick_path(), re.S | re.M)
+    (tmp_path / "my_loss.py").write_text(code)
+    (tmp_path / "run.yaml").write_text(config_text)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(local_plugins, "_LOADED", {})
+    monkeypatch.delitem(sys.modules, "my_loss", raising=False)
+    registry = Registry.discover()
+    try:
+        config = load_config(tmp_path / "run.yaml", registry=registry)
+    finally:
+        sys.modules.pop("my_loss", None)
+    assert config.plugins == [str(tmp_path / "my_loss.py")]
+    assert config.algorithm.clipper.model_dump() == {"name": "my-clip", "eps": 0.15}
+    assert registry.get("clipper", "my-clip").distribution == "script my_loss.py"
+    mine = registry.create("clipper", "my-clip", {"eps": 0.15})
+    ppo = registry.create("clipper", "ppo", {"eps_low": 0.15, "eps_high": 0.15})
+    results = []
+    for clipper in (mine, ppo):
+        ratio = torch.tensor([[0.5, 0.9, 1.0, 1.1, 1.3], [0.7, 1.2, 0.95, 1.5, 0.8]], requires_grad=True)
+        advantages = torch.tensor([[1.0, -1.0, 2.0, 1.0, 1.0], [-1.0, -2.0, 1.0, -1.0, 1.0]])
+        result = clipper.clip(ratio, advantages)
+        result.loss.sum().backward()
+        results.append((result.loss.detach(), ratio.grad, result.clipped_low, result.clipped_high))
+    for got, expected in zip(*results):
+        assert torch.equal(got, expected)
+    assert results[0][2].any() and results[0][3].any()  # both flags occur in this batch
+
+
+def test_the_quick_path_commands_parse_as_the_cli_does():
+    import shlex
+
+    from rlzoo.cli import parser
+
+    [bash] = re.findall(r"^```bash\n(.*?)^```", quick_path(), re.S | re.M)
+    lines = [line.split("#")[0].strip() for line in bash.splitlines() if line.strip()]
+    assert len(lines) == 3 and all("--plugin my_loss.py" in line for line in lines)
+    for line in lines:
+        args = parser().parse_args(shlex.split(line)[1:])
+        assert args.plugin == ["my_loss.py"]

@@ -14,7 +14,7 @@ import pytest
 
 PUBLIC: dict[str, tuple[str, ...]] = {
     "rlzoo": ("__version__", "hookimpl", "build_objective", "Objective", "load_config", "RunConfig",
-              "default_registry", "Registry"),
+              "default_registry", "Registry", "register"),
     "rlzoo.hookspecs": ("hookimpl", "hookspec", "HOOK_KINDS", "rlzoo_ratio_estimators", "rlzoo_advantage_sources",
                         "rlzoo_clippers", "rlzoo_aggregations", "rlzoo_kl_estimators", "rlzoo_kl_controllers",
                         "rlzoo_value_losses", "rlzoo_corrections", "rlzoo_batch_filters", "rlzoo_reward_shapers",
@@ -32,7 +32,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
                      "DataError"),
     "rlzoo.metrics": ("Declared", "Mean", "Sum", "Min", "Max", "SkippedUpdates", "UnscoredResponses", "declared"),
     "rlzoo.tools": ("run_tool_calls", "ToolOutcome"),
-    "rlzoo.registry": ("Registry", "default_registry"),
+    "rlzoo.registry": ("Registry", "default_registry", "register"),
     "rlzoo.engines": ("Adapter", "EngineContext", "Generation", "LossFn", "ModuleTrainingEngine", "RolloutEngine",
                       "RoutingPass", "SamplingSettings", "TokenBatch", "TrainingEngine", "TorchTrainingEngine",
                       "DeepSpeedTrainingEngine", "HFRolloutEngine", "VLLMRolloutEngine"),

@@ -4,7 +4,9 @@ config whose engines are constructed from the registry (:func:`estimate`).
 
 Validation is two-phase: pydantic checks the run's own structure (:mod:`rlzoo.config.schema`), then each component
 spec is looked up in the registry and its parameters validated against that component's ``Params`` model (unknown
-keys are errors). All problems of a phase are reported together, each with its dotted location.
+keys are errors). All problems of a phase are reported together, each with its dotted location. Before either, the
+config's ``plugins`` (and ``--plugin``) are loaded into the registry (:mod:`rlzoo.local_plugins`), so that its
+components can be named anywhere in the config.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rlzoo.config.loading import apply_overrides, read_yaml
 from rlzoo.config.presets import expand_preset
 from rlzoo.config.schema import RunConfig
 from rlzoo.errors import ConfigError, RegistryError, UnknownComponentError
+from rlzoo.local_plugins import load_plugins
 from rlzoo.registry import Registry, default_registry, format_validation_error
 
 
@@ -82,8 +85,22 @@ def build_config(
     overrides: Sequence[str] = (),
     registry: Registry | None = None,
     source: str | None = None,
+    plugins: Sequence[str] = (),
+    folder: Path | None = None,
 ) -> RunConfig:
+    """The validated config of YAML ``data`` with ``overrides``; ``plugins`` (``--plugin``, relative to the current
+    folder) join the config's own (relative to ``folder``: the config file's, by default), all loaded into the
+    registry before any component is looked up, and recorded resolved (absolute paths) in the config."""
     data = apply_overrides(data, overrides)
+    registry = registry or default_registry()
+    folder = folder if folder is not None else (Path(source).parent if source else Path.cwd())
+    try:
+        own = load_plugins(data.get("plugins") or [], registry, "plugins", folder)
+        extra = load_plugins(list(plugins), registry, "--plugin", Path.cwd())
+    except ConfigError as err:
+        raise ConfigError(err.problems, source=source) from None
+    if own or extra:
+        data["plugins"] = list(dict.fromkeys([*own, *extra]))
     algorithm = data.get("algorithm")
     if isinstance(algorithm, dict):
         data["algorithm"] = expand_preset(algorithm)
@@ -92,12 +109,15 @@ def build_config(
         config = RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err), source=source) from None
-    config, problems = resolve_components(config, registry or default_registry())
+    config, problems = resolve_components(config, registry)
     if problems:
         raise ConfigError(problems, source=source)
     return config
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None) -> RunConfig:
-    """Read a YAML run config, apply ``--set`` overrides and presets, and validate everything."""
-    return build_config(read_yaml(path), overrides, registry, source=str(path))
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), registry: Registry | None = None, plugins: Sequence[str] = ()
+) -> RunConfig:
+    """Read a YAML run config, apply ``--set`` overrides and presets, load its ``plugins`` (and ``plugins``, as
+    ``--plugin`` gives them), and validate everything."""
+    return build_config(read_yaml(path), overrides, registry, source=str(path), plugins=plugins)

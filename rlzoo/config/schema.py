@@ -334,6 +334,11 @@ class TrackingConfig(Section):
 class RunConfig(Section):
     seed: int = 0
     output_dir: str = "runs/default"
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Python files (./my_loss.py, relative to this file's folder) or modules (my_pkg.my_module) whose "
+        "components the config may name; loaded before the components are resolved (docs/writing-a-plugin.md)",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     teacher: TeacherConfig | None = Field(None, description="a frozen model scoring the policy's tokens; null: none")
     task: spec_class("task") = Field(default_factory=lambda: spec_class("task")(name="arithmetic"))

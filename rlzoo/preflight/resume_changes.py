@@ -9,6 +9,10 @@ given with the run's *effective* config (``config.yaml`` with every change recor
   section such as ``trainer`` for all its fields);
 - every change that goes ahead is appended to ``config_changes.jsonl``: the step it takes effect at, and each
   field's old and new value.
+
+The code of the run's local plugins (``plugins:``, ``--plugin``) counts as config: ``plugins.json`` in the run folder
+holds the sha256 of each plugin file as the run's latest start loaded it, compared as the field
+``plugins.<entry>``, so ``--allow-changes plugins`` lets a changed file (or a changed list) go ahead.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from rlzoo.config.resolution import iter_component_specs
 from rlzoo.config.schema import RunConfig
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Problem, RunFacts
+from rlzoo.local_plugins import digests
+from rlzoo.util.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from rlzoo.interfaces.run_facts import ComponentCatalogue
@@ -41,6 +47,7 @@ RESUMABLE = (
     "tracking",
 )
 CHANGES_FILE = "config_changes.jsonl"
+PLUGINS_FILE = "plugins.json"  # {plugin entry: "sha256:..."} of the files the run's latest start loaded
 
 Changes = dict[str, tuple[Any, Any]]  # dotted field -> (old value, new value)
 
@@ -73,7 +80,26 @@ def effective_config(run_dir: Path) -> dict[str, Any] | None:
                 for field, (_, new) in json.loads(line)["changes"].items():
                     fields = {k: v for k, v in fields.items() if not _covers(field, k)}
                     fields.update(flatten(new, field))
-    return fields
+    # the plugin files' digests: as recorded at the latest start (the changes above hold their history)
+    fields = {k: v for k, v in fields.items() if not k.startswith("plugins.")}
+    return {**fields, **_digest_fields(_recorded_digests(run_dir))}
+
+
+def _digest_fields(digests: Mapping[str, str]) -> dict[str, str]:
+    return {f"plugins.{entry}": digest for entry, digest in digests.items()}
+
+
+def _recorded_digests(run_dir: Path) -> dict[str, str]:
+    path = Path(run_dir) / PLUGINS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def record_plugins(run_dir: Path, config: RunConfig) -> None:
+    """Write ``plugins.json``: the digests of the run's plugin files as this process loaded them (at a run's start
+    and at each resume, after :func:`record_changes`)."""
+    path = Path(run_dir) / PLUGINS_FILE
+    if config.plugins or path.is_file():
+        atomic_write_text(path, json.dumps(digests(config.plugins), indent=2) + "\n")
 
 
 def config_changes(run_dir: Path, config: RunConfig, registry: ComponentCatalogue | None = None) -> Changes:
@@ -82,7 +108,7 @@ def config_changes(run_dir: Path, config: RunConfig, registry: ComponentCatalogu
     old = effective_config(run_dir)
     if old is None:
         return {}
-    new = flatten(config.model_dump(mode="json"))
+    new = {**flatten(config.model_dump(mode="json")), **_digest_fields(digests(config.plugins))}
     # a field the saved config lacks (added to rlzoo, or to a component, since the run started) is no change while
     # it keeps its default
     defaults = {**flatten(RunConfig().model_dump(mode="json")), **_parameter_defaults(config, registry)}
@@ -124,12 +150,22 @@ def refused(changes: Changes, allowed: Sequence[str] = ()) -> Changes:
 
 def refusal_problems(changes: Changes) -> list[tuple[str, str]]:
     """One ``(field, message)`` per refused change, for :class:`rlzoo.errors.ConfigError`."""
-    return [
-        (field, f"changed since the run started: {_show(old)} -> {_show(new)}; a resume keeps the run's config. "
-         f"Restore it, start a new run, or pass --allow-changes {field} to continue with the change (recorded in "
-         f"{CHANGES_FILE})")
-        for field, (old, new) in changes.items()
-    ]
+    problems = []
+    for field, (old, new) in changes.items():
+        if not field.startswith("plugins."):
+            problems.append((field, f"changed since the run started: {_show(old)} -> {_show(new)}; a resume keeps the "
+                             f"run's config. Restore it, start a new run, or pass --allow-changes {field} to continue "
+                             f"with the change (recorded in {CHANGES_FILE})"))
+        elif old is not None and new is not None:  # a file added or dropped: the change of the plugins list says so
+            problems.append(("plugins", f"{field.removeprefix('plugins.')} changed since the run started (sha256 "
+                             f"{_short(old)} -> {_short(new)}); a resume runs the code the run ran. Restore the file, "
+                             "start a new run, or pass --allow-changes plugins to continue with the change (recorded "
+                             f"in {CHANGES_FILE})"))
+    return problems
+
+
+def _short(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:12] + "..."
 
 
 def _show(value: Any) -> str:

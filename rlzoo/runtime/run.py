@@ -4,6 +4,7 @@ checkpoints, resume). The building blocks the steps use are :mod:`rlzoo.runtime.
 Run folder::
 
     config.yaml            the resolved config
+    plugins.json           the sha256 of each local plugin file (``plugins:``), as the latest start loaded it
     metrics.jsonl          one line per step (keys in docs/metrics.md); the last line is the final evaluation
     cold_start/            the cold-start model (unless model.path or cold_start.output_dir say otherwise)
     teacher_cold_start/    the tiny teacher's cold start (teacher.tiny; unless teacher.output_dir says otherwise)
@@ -39,7 +40,7 @@ from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Tool, Verifier
 from rlzoo.preflight.batches import check_data_parallel
 from rlzoo.preflight.checks import preflight
-from rlzoo.preflight.resume_changes import config_changes, record_changes
+from rlzoo.preflight.resume_changes import config_changes, record_changes, record_plugins
 from rlzoo.registry import Registry, default_registry
 from rlzoo.reporting.metrics_log import MetricsLogger, NullMetricsLogger
 from rlzoo.reporting.plot import plot_run
@@ -148,6 +149,7 @@ class TrainingRun:
             else:  # the record of the first steps stays; what this resume changes is appended beside it
                 step = int(checkpoint.name.removeprefix("step_"))
                 record_changes(run_dir, step, config_changes(run_dir, self.config, self.registry))
+            record_plugins(run_dir, self.config)  # the plugin files' digests, which a resume compares
         self.dist.barrier()  # the others wait while rank 0 builds the cold starts, then find and reuse them
         if not self.dist.is_main:
             initial = initial_model_dir(self.config, self.task, self.registry, progress=False)

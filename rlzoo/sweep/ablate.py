@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlzoo.errors import RlzooError
@@ -33,6 +33,7 @@ class AblateOptions:
     max_runs: int = DEFAULT_MAX_RUNS
     yes: bool = False
     progress: bool = True
+    plugins: list[str] = field(default_factory=list)  # --plugin: loaded here, recorded in each run's config.yaml
 
 
 def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str, int]]:
@@ -48,7 +49,7 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
         from rlzoo.sweep.ray_backend import check_ray
 
         check_ray()
-    sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry)
+    sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry, options.plugins)
     check_folder(sweep)
     threads = options.cpus_per_run or max(1, cores() // options.jobs)
     cold_jobs, jobs, done = plan(sweep.runs, registry, threads)  # every run preflighted before anything starts
