@@ -40,7 +40,9 @@ class TruncatedIS(MismatchCorrection):
 
     class Params(Params):
         level: Literal["token", "sequence"] = Field("token", description="one weight per token or per response")
-        action: Literal["truncate", "mask"] = Field("truncate", description="clamp weights into [c, C], or zero them outside")
+        action: Literal["truncate", "mask"] = Field(
+            "truncate", description="clamp weights into [c, C], or zero them outside"
+        )
         threshold: float = Field(2.0, gt=0.0, description="C, the cap (truncate) or cut-off (mask)")
         low: float | None = Field(
             None, gt=0.0, description="c, the floor (truncate) or lower cut-off (mask); null: none (TRL's clip_min)"
