@@ -12,6 +12,13 @@ verl is stubbed. The output is JSON, every float written with Python's shortest 
 values come back bit-exact.
 ``estimators/tests/test_estimators_reference.py`` feeds the same inputs to rlzoo's components.
 
+Rollout correction is recorded apart (``record_rollout_corr``), into
+``estimators/tests/reference/verl_rollout_corr.json`` (``--rollout-corr-out``): verl's ``rollout_corr_helper`` (IS
+weights, rejection masks, their metrics, and each ``RolloutCorrectionConfig`` preset through
+``compute_rollout_correction_and_rejection_mask``) and TRL's ``GRPOTrainer.get_off_policy_mask`` (a static method,
+the one TRL function recorded; ``ROLLOUT_CORR_PINS``, its imports from the environment).
+``estimators/tests/test_estimators_rollout_corr.py`` checks rlzoo's corrections against it.
+
 TRL is not recorded: its losses live inline in ``GRPOTrainer._compute_loss``, which needs a model and an
 accelerator, and TRL exposes no function that computes them on plain tensors.
 """
@@ -38,6 +45,10 @@ PINS = [
     "ray==2.60.0",
 ]
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "estimators" / "tests" / "reference" / "verl.json"
+# TRL for its off-policy sequence mask (a static method callable on tensors); transformers, accelerate, datasets and
+# pandas, which importing its trainer needs, come from the environment
+ROLLOUT_CORR_PINS = ["trl==1.16.0"]
+ROLLOUT_CORR_OUT = DEFAULT_OUT.parent / "verl_rollout_corr.json"
 
 
 def install(target: Path) -> None:
@@ -380,22 +391,214 @@ def record(out: Path) -> None:
     print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Rollout correction (verl_rollout_corr.json): verl's rollout_corr_helper and TRL's off-policy sequence mask.
+
+
+def install_rollout_corr(target: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), *ROLLOUT_CORR_PINS]
+    subprocess.run(cmd, check=True)
+
+
+def _mismatch_batch(seed: int, spread: float, *, rows: int = 8, width: int = 9):
+    """float64 (old_train, old_rollout, mask, advantages): one empty response, finite junk at padding, a
+    per-response advantage of either sign, and the training engine's log-probs ``spread`` away from the rollout's."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (rows,), generator=g)
+    lengths[rows // 2] = 0
+    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.float64)
+    rollout = -(torch.rand(rows, width, generator=g, dtype=torch.float64) * 3.0 + 0.05)
+    train = rollout + torch.randn(rows, width, generator=g, dtype=torch.float64) * spread
+    adv = torch.randn(rows, 1, generator=g, dtype=torch.float64).expand(rows, width) * mask
+    junk = torch.full_like(rollout, -1.0)
+    return torch.where(mask > 0, train, junk), torch.where(mask > 0, rollout, junk - 0.5), mask, adv
+
+
+def _batch_json(train, rollout, mask, adv=None) -> dict:
+    out = {"old_train": train.tolist(), "old_rollout": rollout.tolist(), "mask": mask.tolist()}
+    return out if adv is None else {**out, "advantages": adv.tolist()}
+
+
+def _scalars(metrics: dict) -> dict:
+    return {key.removeprefix("rollout_corr/"): float(value) for key, value in metrics.items()}
+
+
+def _exercised(case_id: str, kept, valid) -> None:
+    """A case must both keep and drop (or cap) some response tokens, else it proves nothing."""
+    kept = kept[valid > 0]
+    if kept.all() or not kept.any():
+        raise RuntimeError(f"rollout correction case {case_id} keeps all or nothing; pick other inputs")
+
+
+def _rollout_is_cases():
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    cases = []
+    specs = [("token", 2.0, False, 0.6), ("token", "0.5_5.0", False, 0.9), ("token", 1.5, True, 0.6),
+             ("sequence", 2.0, False, 0.4), ("sequence", "0.5_5.0", False, 0.5), ("sequence", 3.0, True, 0.4)]
+    for seed, (level, threshold, normalize, spread) in enumerate(specs):
+        train, rollout, mask, _ = _mismatch_batch(600 + seed, spread)
+        weights, metrics = rc.compute_rollout_correction_weights(
+            train - rollout, mask, rollout_is=level, rollout_is_threshold=threshold,
+            rollout_is_batch_normalize=normalize,
+        )
+        plain, _ = rc.compute_rollout_correction_weights(
+            train - rollout, mask, rollout_is=level, rollout_is_threshold=threshold
+        )
+        raw, _ = rc.compute_rollout_correction_weights(
+            train - rollout, mask, rollout_is=level, rollout_is_threshold=1e30
+        )
+        case_id = f"rollout_is-{level}-{threshold}" + ("-normalize" if normalize else "")
+        _exercised(case_id, plain == raw, mask)
+        cases.append({
+            "id": case_id,
+            "verl": {"rollout_is": level, "rollout_is_threshold": threshold, "rollout_is_batch_normalize": normalize},
+            "inputs": _batch_json(train, rollout, mask),
+            "outputs": {"weights": weights.tolist(), "metrics": _scalars(metrics)},
+        })
+    return cases
+
+
+def _rollout_rs_cases():
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    # one per option, thresholds that reject some of these inputs; then chains (every criterion must pass)
+    specs = [
+        ("token_k1", "0.7_1.3"), ("token_k1", 1.4), ("token_k2", 0.05), ("token_k3", 0.05),
+        ("seq_sum_k1", "0.5_2.0"), ("seq_sum_k2", 0.3), ("seq_sum_k3", 0.3),
+        ("seq_mean_k1", "0.9_1.1"), ("seq_mean_k2", 0.04), ("seq_mean_k3", 0.04),
+        ("seq_max_k2", 0.2), ("seq_max_k3", 0.2),
+        ("token_k1,seq_max_k3", "0.6_1.5,0.3"), ("seq_sum_k2,seq_mean_k1,token_k3", "0.6,0.85_1.2,0.1"),
+        ("seq_mean_k1,token_k2", 1.25),
+    ]
+    cases = []
+    for seed, (options, threshold) in enumerate(specs):
+        train, rollout, mask, _ = _mismatch_batch(700 + seed, 0.3)
+        kept, metrics = rc.compute_rollout_rejection_mask(
+            train - rollout, mask, rollout_rs=options, rollout_rs_threshold=threshold
+        )
+        case_id = f"rollout_rs-{options}-{threshold}"
+        _exercised(case_id, kept > 0, mask)
+        cases.append({
+            "id": case_id,
+            "verl": {"rollout_rs": options, "rollout_rs_threshold": threshold},
+            "inputs": _batch_json(train, rollout, mask),
+            "outputs": {"mask": kept.tolist(), "metrics": _scalars(metrics)},
+        })
+    return cases
+
+
+# verl's presets of RolloutCorrectionConfig whose correction the rollout correction computes (the bypass_pg_* ones
+# change the policy loss, not the correction); the spread of each case's mismatch suits its thresholds
+ROLLOUT_CORR_PRESETS = {
+    "decoupled_token_is": 0.6, "decoupled_seq_is": 0.4, "decoupled_token_icepop": 0.9, "decoupled_seq_is_rs": 0.4,
+    "decoupled_geo_rs": 0.002, "decoupled_geo_rs_seq_tis": 0.002, "decoupled_geo_rs_token_tis": 0.002,
+    "decoupled_k3_rs": 0.15, "decoupled_k3_rs_seq_tis": 0.15, "decoupled_k3_rs_token_tis": 0.15,
+    "bypass_ppo_clip_geo_rs": 0.002, "bypass_ppo_clip_k3_rs": 0.15,
+}
+
+
+def _rollout_corr_preset_cases():
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    cases = []
+    for seed, (preset, spread) in enumerate(ROLLOUT_CORR_PRESETS.items()):
+        config = getattr(RolloutCorrectionConfig, preset)()
+        fields = {
+            key: getattr(config, key)
+            for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                        "rollout_rs_threshold", "bypass_mode", "loss_type")
+        }
+        train, rollout, mask, _ = _mismatch_batch(800 + seed, spread)
+        weights, kept, metrics = rc.compute_rollout_correction_and_rejection_mask(
+            train, rollout, mask, **{k: v for k, v in fields.items() if k not in ("bypass_mode", "loss_type")}
+        )
+        weights = weights.batch["rollout_is_weights"] if weights is not None else None
+        if fields["rollout_rs"] is not None:
+            _exercised(preset, kept > 0, mask)
+        cases.append({
+            "id": preset,
+            "verl": fields,
+            "inputs": _batch_json(train, rollout, mask),
+            "outputs": {
+                "weights": None if weights is None else weights.tolist(),
+                "mask": kept.tolist(),
+                "metrics": _scalars(metrics),
+            },
+        })
+    return cases
+
+
+def _trl_opsm_cases():
+    import torch
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    cases = []
+    for seed, (threshold, per_token) in enumerate([(0.05, False), (0.2, False), (0.05, True)]):
+        train, rollout, mask, adv = _mismatch_batch(900 + seed, 0.4)
+        if per_token:  # per-token advantages (a process reward): the sign may change inside a response
+            g = torch.Generator().manual_seed(950 + seed)
+            adv = torch.randn(adv.shape, generator=g, dtype=torch.float64) * mask
+        kept = GRPOTrainer.get_off_policy_mask(
+            advantages=adv if per_token else adv[:, :1], per_token_logps=train, sampling_per_token_logps=rollout,
+            mask=mask, off_policy_threshold=threshold,
+        )
+        kept = kept.expand_as(mask)
+        case_id = f"opsm-{threshold}" + ("-per-token" if per_token else "")
+        _exercised(case_id, kept > 0, mask)
+        cases.append({
+            "id": case_id,
+            "trl": {"off_policy_mask_threshold": threshold},
+            "inputs": _batch_json(train, rollout, mask, adv),
+            "outputs": {"mask": kept.tolist()},
+        })
+    return cases
+
+
+def record_rollout_corr(out: Path) -> None:
+    import torch
+    import trl
+    import verl
+
+    torch.set_default_dtype(torch.float64)
+    data = {
+        "source": f"verl {verl.__version__}, trl {trl.__version__}",
+        "pins": PINS + ROLLOUT_CORR_PINS,
+        "generated_by": "scripts/record_reference.py (record_rollout_corr)",
+        "rollout_is": _rollout_is_cases(),
+        "rollout_rs": _rollout_rs_cases(),
+        "presets": _rollout_corr_preset_cases(),
+        "trl_opsm": _trl_opsm_cases(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--target", type=Path, help="folder for the pinned wheels (default: a temporary one)")
+    parser.add_argument("--rollout-corr-out", type=Path, default=ROLLOUT_CORR_OUT)
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
         record(args.out)
+        record_rollout_corr(args.rollout_corr_out)
         return
     with tempfile.TemporaryDirectory(prefix="rlzoo-reference-") as tmp:
         target = args.target or Path(tmp)
         if not (target / "verl").is_dir():
             install(target)
+        if not (target / "trl").is_dir():
+            install_rollout_corr(target)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
         env["VERL_USE_EXTERNAL_PLUGINS"] = "none"  # only verl's own code
-        subprocess.run([sys.executable, __file__, "--inside", "--out", str(args.out.resolve())], check=True, env=env)
+        outs = ["--out", str(args.out.resolve()), "--rollout-corr-out", str(args.rollout_corr_out.resolve())]
+        subprocess.run([sys.executable, __file__, "--inside", *outs], check=True, env=env)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from rlzoo_estimators.clippers.ppo import PPOClipper
 from rlzoo_estimators.clippers.sapo import SAPOClipper
 from rlzoo_estimators.corrections.icepop import IcePop
 from rlzoo_estimators.corrections.none import NoCorrection
+from rlzoo_estimators.corrections.opsm import OffPolicySequenceMask
+from rlzoo_estimators.corrections.rejection import RejectionSampling
 from rlzoo_estimators.corrections.tis import TruncatedIS
 from rlzoo_estimators.filters.dynamic_sampling import DynamicSampling
 from rlzoo_estimators.filters.none import NoFilter
@@ -82,7 +84,7 @@ def rlzoo_kl_estimators() -> list[type]:
 
 @rlzoo.hookimpl
 def rlzoo_corrections() -> list[type]:
-    return [NoCorrection, TruncatedIS, IcePop]
+    return [NoCorrection, TruncatedIS, IcePop, RejectionSampling, OffPolicySequenceMask]
 
 
 @rlzoo.hookimpl

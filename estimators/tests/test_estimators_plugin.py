@@ -19,7 +19,7 @@ EXPECTED = {
     "clipper": ["cispo", "clip-cov", "dual-clip", "gmpo", "kl-cov", "none", "ppo", "sapo"],
     "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"],
     "kl": ["k1", "k2", "k3"],
-    "correction": ["icepop", "none", "tis"],
+    "correction": ["icepop", "none", "opsm", "rejection", "tis"],
     "batch_filter": ["dynamic-sampling", "none"],
     "reward_shaper": ["length", "overlong"],
     "regulariser": ["entropy"],

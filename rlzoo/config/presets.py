@@ -78,6 +78,46 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# verl 0.9.1's rollout-correction presets (``RolloutCorrectionConfig.<name>()``) as rlzoo settings: the correction
+# and, for verl's bypass mode, the old log-probs. They set no loss, so they are no algorithm presets: write one's
+# fields beside any ``preset:`` (docs/components/correction.md). Left out: verl's bypass_pg_* presets, whose
+# REINFORCE loss is a policy loss, not a correction. estimators/tests/test_estimators_rollout_corr.py checks each
+# against verl's own output.
+_GEO_RS = {"statistic": "k1", "level": "seq_mean", "low": 0.999, "high": 1.001}  # verl's geometric rejection
+_K3_RS = {"statistic": "k3", "level": "seq_mean", "high": 0.01}
+ROLLOUT_CORRECTIONS: dict[str, dict[str, Any]] = {
+    "decoupled_token_is": {"correction": {"name": "tis", "level": "token", "threshold": 2.0}},
+    "decoupled_seq_is": {"correction": {"name": "tis", "level": "sequence", "threshold": 2.0}},
+    "decoupled_token_icepop": {"correction": {"name": "icepop", "level": "token", "low": 0.5, "high": 5.0}},
+    "decoupled_seq_is_rs": {
+        "correction": {
+            "name": "rejection",
+            "criteria": [{"statistic": "k1", "level": "seq_sum", "low": 0.5, "high": 2.0}],
+            "importance": {"level": "sequence", "threshold": 2.0},
+        }
+    },
+    "decoupled_geo_rs": {"correction": {"name": "rejection", "criteria": [_GEO_RS]}},
+    "decoupled_geo_rs_seq_tis": {
+        "correction": {"name": "rejection", "criteria": [_GEO_RS], "importance": {"level": "sequence"}}
+    },
+    "decoupled_geo_rs_token_tis": {
+        "correction": {"name": "rejection", "criteria": [_GEO_RS], "importance": {"level": "token"}}
+    },
+    "decoupled_k3_rs": {"correction": {"name": "rejection", "criteria": [_K3_RS]}},
+    "decoupled_k3_rs_seq_tis": {
+        "correction": {"name": "rejection", "criteria": [_K3_RS], "importance": {"level": "sequence"}}
+    },
+    "decoupled_k3_rs_token_tis": {
+        "correction": {"name": "rejection", "criteria": [_K3_RS], "importance": {"level": "token"}}
+    },
+    # bypass: the rollout engine's log-probs are the old ones; without a correction the training pass is skipped
+    "bypass_ppo_clip": {"old_logprobs": "rollout-only"},
+    "bypass_ppo_clip_geo_rs": {"old_logprobs": "rollout", "correction": {"name": "rejection", "criteria": [_GEO_RS]}},
+    "bypass_ppo_clip_k3_rs": {"old_logprobs": "rollout", "correction": {"name": "rejection", "criteria": [_K3_RS]}},
+    "disabled": {"correction": {"name": "none"}},
+}
+
+
 def merge_component(base: Any, override: Any) -> Any:
     """A user's component spec over a preset's: same ``name`` (or none given) merges, another name replaces."""
     if isinstance(base, dict) and isinstance(override, dict):

@@ -19,10 +19,12 @@
         advantages (rlzoo.rl.rollouts.advantages):                                  (time/advantage)
             token rewards -= kl_in_reward's beta * KL(old || reference), if configured
             advantages <- advantage source, per token (+ the critic's returns)
-        minibatch_updates: repeat `minibatches_per_rollout` times:                  (time/train)
-            loss   <- objective(logp, old logp, advantages, mask [, reference logp]) (+ regularisers)
-            training engine takes one optimizer step (not during the critic's warm-up)
-            critic takes one optimizer step on the value loss towards the returns
+        minibatch_updates:                                                          (time/train)
+            loss mask <- response mask less the tokens the correction rejects (none unless it rejects)
+            repeat `minibatches_per_rollout` times:
+                loss <- objective(logp, old logp, advantages, loss mask [, reference logp]) (+ regularisers)
+                training engine takes one optimizer step (not during the critic's warm-up)
+                critic takes one optimizer step on the value loss towards the returns
         rollout engine(s) <- the new weights                                        (time/sync)
         step_metrics: the updates', the batch's, the advantages', mismatch, entropy, critic, teacher (+ the times)
 
@@ -200,16 +202,26 @@ def minibatch_updates(
     (not during the critic's warm-up), then of the critic; the policy's and the critic's metrics per minibatch."""
     critic, mask = c.critic, batch.response_mask
     policy_learns = critic is None or step >= critic.warmup_steps
+    loss_mask = mask * kept_tokens(c.correction, old, advantages, mask)
     updates, critic_updates = [], []
     shuffle = step_seed(config.seed, step, 2)
     for index, rows in enumerate(minibatches(len(mask), config.algorithm.minibatches_per_rollout, shuffle)):
         seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
         if policy_learns:
-            loss_fn = minibatch_loss(c.objective, old, advantages, mask, rows, seed)
+            loss_fn = minibatch_loss(c.objective, old, advantages, loss_mask, rows, seed)
             updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
         if critic is not None:
             critic_updates.append(critic.update(batch, rows, values, returns))
     return updates, critic_updates
+
+
+def kept_tokens(correction: MismatchCorrection, old: OldLogprobs, advantages: Tensor, mask: Tensor) -> Tensor:
+    """The tokens the correction keeps in the policy loss (a rejected one counts as padding there); what it reported
+    joins the step's metrics with its weights' reports."""
+    train = old.rollout if old.train is None else old.train  # rollout-only: the correction reads no old_train
+    keep = correction.keep(train, old.rollout, mask, advantages)
+    old.reports.update(take_reports(correction))
+    return keep
 
 
 def minibatch_loss(
