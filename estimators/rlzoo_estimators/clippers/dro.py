@@ -1,7 +1,8 @@
-"""DRO (Direct Reward Optimization, Richemond et al. 2024): the policy gradient with a quadratic penalty on the
-log-ratio instead of a clip.
+"""DRO (Direct Reward Optimisation, Richemond et al. 2024) as verl's policy loss: the policy gradient with a
+quadratic penalty on the log-ratio instead of a clip (DRO's mean-squared regularised objective, with the advantage in
+place of its learned value baseline).
 
-    L_t = -(A_t * log rho_t - (beta / 2) * (log rho_t)^2)          (paper and verl: -(A_t logp_t - ...))
+    L_t = -(A_t * log rho_t - (beta / 2) * (log rho_t)^2)          (verl: -(A_t logp_t - ...))
 
 ``log rho`` is the ratio estimator's log-ratio (after the objective's clamp). Its gradient
 ``-(A_t - beta log rho_t) grad log rho_t`` is verl's (``compute_policy_loss_dro``, ``policy_loss.dro_beta``) with
