@@ -49,6 +49,11 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "estimators" / "tests" / 
 # pandas, which importing its trainer needs, come from the environment
 ROLLOUT_CORR_PINS = ["trl==1.16.0"]
 ROLLOUT_CORR_OUT = DEFAULT_OUT.parent / "verl_rollout_corr.json"
+# the 2026 zoo (record_2026): verl's DPPO / DRO losses and ReMax / pass@k / GDPO / optimal-token-baseline advantages
+# (verl 0.9.1 above), TRL's VESPO weights; TRL's own imports (transformers, accelerate, datasets, pandas) are the
+# environment's
+PINS_2026 = ["trl==1.16.0"]
+OUT_2026 = DEFAULT_OUT.with_name("verl_2026.json")
 
 
 def install(target: Path) -> None:
@@ -578,6 +583,176 @@ def record_rollout_corr(out: Path) -> None:
     print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
 
 
+def _policy_cases_2026():
+    """verl's dppo_tv, dppo_kl and dro through get_policy_loss_fn, as _policy_case records the others."""
+    tv = {"clip_ratio": 0.15, "clip_ratio_low": 0.15, "clip_ratio_high": 0.15}
+    kl = {"clip_ratio": 0.05, "clip_ratio_low": 0.05, "clip_ratio_high": 0.05}
+    cases = [
+        _policy_case("dppo_tv-token-mean", "dppo_tv", "token-mean", {**tv, "clip_ratio_c": 1.5}, 40, spread=0.5),
+        _policy_case(
+            "dppo_tv-asym-seq-mean-token-sum-norm", "dppo_tv", "seq-mean-token-sum-norm",
+            {"clip_ratio": 0.1, "clip_ratio_low": 0.05, "clip_ratio_high": 0.2, "clip_ratio_c": 20.0}, 41, spread=0.6,
+        ),
+        _policy_case("dppo_kl-token-mean", "dppo_kl", "token-mean", {**kl, "clip_ratio_c": 1.5}, 42, spread=0.5),
+        _policy_case(
+            "dppo_kl-asym-seq-mean-token-mean", "dppo_kl", "seq-mean-token-mean",
+            {"clip_ratio": 0.05, "clip_ratio_low": 0.02, "clip_ratio_high": 0.08, "clip_ratio_c": 20.0}, 43,
+            empty_row=False, spread=0.6,
+        ),
+        _policy_case("dro-token-mean", "dro", "token-mean", {"policy_loss": {"dro_beta": 0.1}}, 44, spread=0.5),
+        _policy_case("dro-seq-mean-token-sum", "dro", "seq-mean-token-sum", {"policy_loss": {"dro_beta": 0.5}}, 45),
+    ]
+    for case in cases:  # every trust region drops some tokens and keeps others; the c = 1.5 cases truncate weights
+        out = case["outputs"]
+        if case["id"].startswith("dppo") and not 0 < out["pg_clipfrac"] < 1:
+            raise RuntimeError(f"case {case['id']}: pg_clipfrac is {out['pg_clipfrac']}; pick inputs that exercise it")
+        if case["id"] in {"dppo_tv-token-mean", "dppo_kl-token-mean"} and not out["pg_clipfrac_lower"] > 0:
+            raise RuntimeError(f"case {case['id']}: no weight was truncated; pick inputs that exercise it")
+    return cases
+
+
+def _vespo_cases():
+    """TRL's own VESPO weights (GRPOTrainer.get_gamma_weights, a static method on plain tensors); the loss is TRL's
+    formula around them, -phi * A * logp summed over valid tokens / their count (loss_type="vespo", one process)."""
+    import torch
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    cases = []
+    for seed, (spread, params) in enumerate(
+        [(0.3, {}), (0.15, {"k_pos": 1.0, "lambda_pos": 1.5, "k_neg": 4.0, "lambda_neg": 3.0})]
+    ):
+        logp, old, adv, mask = _inputs(60 + seed, spread=spread)
+        x = logp.clone().requires_grad_()
+        phi = GRPOTrainer.get_gamma_weights(adv[:, :1], x - old, mask, None, **params)  # [B, 1], no gradient
+        loss = (-phi * adv[:, :1] * x * mask).sum() / mask.sum().clamp(min=1.0)
+        loss.backward()
+        cases.append({
+            "id": f"vespo-{seed}",
+            "trl": {"loss_type": "vespo", "params": params},
+            "inputs": {"logp": logp.tolist(), "old_logp": old.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()},
+            "outputs": {"phi": phi.flatten().tolist(), "loss": loss.item(), "grad": x.grad.tolist()},
+        })
+    return cases
+
+
+def _left_aligned(seed: int, rows: int, width: int, empty: tuple[int, ...] = ()):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    lengths[list(empty)] = 0
+    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.float64)
+    return g, lengths, mask
+
+
+def _advantage_cases_2026():
+    import numpy as np
+    import torch
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo import core_algos
+
+    cases = []
+
+    def add(case_id, name, params, inputs, adv, returns=None):
+        outputs = {"advantages": adv.tolist(), **({"returns": returns.tolist()} if returns is not None else {})}
+        cases.append({"id": case_id, "verl": {"adv_estimator": name, "params": params}, "inputs": inputs,
+                      "outputs": outputs})
+
+    # remax: token rewards (the outcome at the last token, a small dense term) and one greedy baseline per response
+    rewards, index, mask, token_rewards = _reward_batch(700)
+    g = torch.Generator().manual_seed(701)
+    token_rewards = token_rewards + torch.randn(token_rewards.shape, generator=g, dtype=torch.float64) * 0.05 * mask
+    baselines = torch.rand(len(rewards), generator=g, dtype=torch.float64)
+    adv, returns = core_algos.get_adv_estimator_fn("remax")(token_rewards, baselines, mask, config=AlgoConfig())
+    add("remax", "remax", {}, {"token_rewards": token_rewards.tolist(), "reward_baselines": baselines.tolist(),
+                              "mask": mask.tolist(), "group_index": index.tolist()}, adv, returns)
+
+    # grpo_passk: graded rewards, then binary ones with a tie for the best in a group
+    binary = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    for seed, (graded, std) in enumerate([(True, True), (True, False), (False, True)]):
+        rewards, index, mask, _ = _reward_batch(710 + seed)
+        if not graded:
+            rewards = binary
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(rewards)), mask.sum(-1).long() - 1] = rewards
+        config = AlgoConfig(norm_adv_by_std_in_grpo=std)
+        adv, _ = core_algos.get_adv_estimator_fn("grpo_passk")(token_rewards, mask, index, config=config)
+        inputs = {"rewards": rewards.tolist(), "group_index": index.tolist(), "mask": mask.tolist()}
+        add(f"grpo_passk-{seed}", "grpo_passk", {"norm_adv_by_std_in_grpo": std}, inputs, adv)
+
+    # gdpo: three reward parts of float32-exact values (verl reads parts as float32), per-part weights
+    for seed, std in enumerate([True, False]):
+        rows, width, prompt = 8, 6, 3
+        g, lengths, mask = _left_aligned(720 + seed, rows, width)
+        index = np.array([i // 4 for i in range(rows)])
+        parts = {
+            "correct": (torch.rand(rows, generator=g) > 0.5).double(),
+            "format": torch.randint(0, 5, (rows,), generator=g).double() / 4.0,
+            "length": -torch.randint(0, 9, (rows,), generator=g).double() / 8.0,
+        }
+        parts["correct"][0], parts["correct"][1] = 0.0, 1.0  # group 0 varies in every part
+        keys, weights = list(parts), [1.0, 0.5, 2.0]
+        attention = torch.cat([torch.ones(rows, prompt), mask], 1).long()  # verl indexes with its sums
+        batch = {"prompts": torch.zeros(rows, prompt, dtype=torch.long), "attention_mask": attention}
+        config = AlgoConfig(norm_adv_by_std_in_grpo=std, gdpo_reward_keys=keys, gdpo_reward_weights=weights)
+        adv, _ = core_algos.get_adv_estimator_fn("gdpo")(
+            torch.zeros_like(mask), mask, index, norm_adv_by_std_in_grpo=std, config=config,
+            non_tensor_batch={k: v.numpy() for k, v in parts.items()}, batch=batch,
+        )
+        inputs = {"parts": {k: v.tolist() for k, v in parts.items()}, "group_index": index.tolist(), "mask": mask.tolist()}
+        add(f"gdpo-{seed}", "gdpo", {"gdpo_reward_keys": keys, "gdpo_reward_weights": weights,
+                                    "norm_adv_by_std_in_grpo": std}, inputs, adv)
+
+    # optimal token baselines: left-aligned responses (groups of 4, 4 and 1, an empty response), then holes
+    def otb_inputs(g, mask):
+        old = -(torch.rand(mask.shape, generator=g, dtype=torch.float64) * 3.0 + 0.02)
+        pi = torch.exp(old)
+        sum_pi_squared = pi * pi + torch.rand(mask.shape, generator=g, dtype=torch.float64) * (1.0 - pi) ** 2
+        return old, sum_pi_squared
+
+    g, lengths, mask = _left_aligned(730, 9, 7, empty=(5,))
+    index = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2])
+    outcome = torch.rand(9, generator=g, dtype=torch.float64)
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(9), (lengths - 1).clamp(min=0)] = outcome * (lengths > 0)
+    old, spi = otb_inputs(g, mask)
+    hole_rewards, _, holes = _episode_batch(731)  # holes inside responses, a fully masked row
+    hole_index = np.array([0, 0, 0, 1, 1, 1, 2])
+    hole_old, hole_spi = otb_inputs(torch.Generator().manual_seed(732), holes)
+    for data_id, (tr, m, idx, lp, s2) in {
+        "aligned": (token_rewards, mask, index, old, spi),
+        "holes": (hole_rewards, holes, hole_index, hole_old, hole_spi),
+    }.items():
+        for name in ["optimal_token_baseline", "tir_optimal_token_baseline"]:
+            for zero_tail in [True, False]:
+                adv, returns = core_algos.get_adv_estimator_fn(name)(
+                    tr, m, idx, old_log_probs=lp, sum_pi_squared=s2, handle_zero_tail=zero_tail
+                )
+                inputs = {"token_rewards": tr.tolist(), "mask": m.tolist(), "group_index": idx.tolist(),
+                          "old_logprobs": lp.tolist(), "sum_pi_squared": s2.tolist()}
+                add(f"{name}-{data_id}-{zero_tail}", name, {"handle_zero_tail": zero_tail}, inputs, adv, returns)
+    return cases
+
+
+def record_2026(out: Path) -> None:
+    import torch
+    import trl
+    import verl
+
+    torch.set_default_dtype(torch.float64)
+    data = {
+        "source": f"verl {verl.__version__}, trl {trl.__version__}",
+        "pins": PINS + PINS_2026,
+        "generated_by": "scripts/record_reference.py (record_2026)",
+        "policy_losses": _policy_cases_2026(),
+        "vespo": _vespo_cases(),
+        "advantages": _advantage_cases_2026(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -588,6 +763,7 @@ def main() -> None:
     if args.inside:
         record(args.out)
         record_rollout_corr(args.rollout_corr_out)
+        record_2026(args.out.with_name(OUT_2026.name))
         return
     with tempfile.TemporaryDirectory(prefix="rlzoo-reference-") as tmp:
         target = args.target or Path(tmp)

@@ -171,7 +171,7 @@ CASES = [
     Case("teacher-unread", {"teacher": {"tiny": {"hidden_size": 128}}},
          ("teacher", "advantage 'group'", "reads no teacher", "reverse-kl", "teacher: null")),
     Case("distill-no-teacher", DISTILL, ("teacher", "null, but advantage 'reverse-kl'", "teacher's log-probs", "group")),
-    Case("distill-nested-unknown", {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "grpo"}}}},
+    Case("distill-nested-unknown", {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gruop"}}}},
          ("algorithm.advantage.task.name", "did you mean 'group'")),
     Case("distill-nested-gae", {"teacher": {"tiny": {}}, "algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gae"}}}},
          ("algorithm.critic", "advantage 'gae' (algorithm.advantage.task)", "reads a critic's values")),

@@ -161,6 +161,10 @@ DOCUMENTED = {
     "reinforce++": ("token", ("reinforce++", {"gamma": 1.0}), (0.2, 0.2), "token-mean", "k3", 0.0),
     "reinforce++-baseline": ("token", ("reinforce++-baseline", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
     "opo": ("token", ("opo", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "bnpo": ("token", ("group", {"std_normalize": True}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "luspo": ("sequence", ("group", {"std_normalize": True}), (3e-4, 4e-4), "seq-mean-token-sum", "k3", 0.0),
+    "gdpo": ("token", ("gdpo", {"std_normalize": True, "parts": None}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "remax": ("token", ("remax", {}), (0.2, 0.2), "token-mean", "k1", 0.0),
 }
 # presets whose clipper is not ppo: ratio, advantage, clipper spec, aggregation, kl_coef, minibatches_per_rollout
 DOCUMENTED_ZOO = {
@@ -175,6 +179,12 @@ DOCUMENTED_ZOO = {
         {"name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0},
         "token-mean", 0.0, 4,
     ),
+    "dppo-tv": ("token", "group", {"name": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15, "c": 20.0},
+                "seq-mean-token-sum-norm", 0.0, 4),
+    "dppo-kl": ("token", "group", {"name": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05, "c": 20.0},
+                "seq-mean-token-sum-norm", 0.0, 4),
+    "vespo": ("token", "group", {"name": "vespo", "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+              "token-mean", 0.0, 4),
 }
 
 

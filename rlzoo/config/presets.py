@@ -75,6 +75,43 @@ PRESETS: dict[str, dict[str, Any]] = {
     "kl-cov": {"clipper": {"name": "kl-cov"}, "aggregation": {"name": "token-mean"}},
     # Clip-Cov (same paper): PPO clip 0.2, and 0.02% of the tokens with covariance in (1, 5) detached at random.
     "clip-cov": {"clipper": {"name": "clip-cov"}, "aggregation": {"name": "token-mean"}},
+    # DPPO (arXiv:2602.04879; verl's recipe run_dppo): a trust region on the sampled token's probability (TV 0.15 /
+    # KL 0.05), Dr.GRPO's advantage and aggregation, the rollout engine's log-probs as the old ones (bypass mode).
+    "dppo-tv": {
+        "clipper": {"name": "dppo-tv"},
+        "advantage": {"std_normalize": False},
+        "aggregation": {"name": "seq-mean-token-sum-norm"},
+        "old_logprobs": "rollout",
+    },
+    "dppo-kl": {
+        "clipper": {"name": "dppo-kl"},
+        "advantage": {"std_normalize": False},
+        "aggregation": {"name": "seq-mean-token-sum-norm"},
+        "old_logprobs": "rollout",
+    },
+    # TRL's loss_type="bnpo": PPO clip 0.2, token-level loss over the (mini)batch's tokens.
+    "bnpo": {"aggregation": {"name": "token-mean"}},
+    # LUSPO (arXiv:2602.05261; TRL loss_type="luspo"): GSPO whose response losses are summed over tokens, not
+    # averaged (each response weighs by its length).
+    "luspo": {
+        "ratio": {"name": "sequence"},
+        "clipper": {"eps_low": 3e-4, "eps_high": 4e-4},
+        "aggregation": {"name": "seq-mean-token-sum"},
+    },
+    # VESPO (arXiv:2602.10693; TRL loss_type="vespo"): a Gamma-shaped weight of the sequence importance weight
+    # instead of a clip (k, lambda = 2, 3 / 3, 2); token-level loss as TRL's dapo normalisation.
+    "vespo": {"clipper": {"name": "vespo"}, "aggregation": {"name": "token-mean"}},
+    # GDPO (arXiv:2601.05242; verl's examples/gdpo): the reward parts group-normalised one by one; verl's default
+    # token-level loss.
+    "gdpo": {"advantage": {"name": "gdpo"}, "aggregation": {"name": "token-mean"}},
+    # ReMax (Li et al. 2023; verl's examples/remax_trainer): a greedy response's reward as the baseline, token-level
+    # loss, the reference KL in the reward (k1, fixed 0.001).
+    "remax": {
+        "advantage": {"name": "remax"},
+        "aggregation": {"name": "token-mean"},
+        "kl": {"name": "k1"},
+        "kl_in_reward": {"name": "fixed"},
+    },
 }
 
 

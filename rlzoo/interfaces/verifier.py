@@ -26,6 +26,9 @@ class Verdict:
     correct:      whether the response counts as correct (``reward/correct_fraction``, ``eval/accuracy``,
                   pass@k). Left out, it is ``reward >= 1.0``, the binary verifiers' convention; a verifier whose
                   rewards mean something else (a reward model's score, partial credit) says it itself.
+    parts:        named parts of the reward (e.g. ``{"correct": 1.0, "format": 0.5}``), for advantages that treat
+                  each on its own (``gdpo``) and the ``reward/parts/<name>_mean`` metrics; ``None``: none. ``reward``
+                  stays the one number the other advantages read (how the parts make it is the verifier's business).
     """
 
     reward: float
@@ -33,6 +36,7 @@ class Verdict:
     step_spans: list[tuple[int, int]] | None = None
     reason: str | None = None
     correct: bool | None = None
+    parts: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.correct is None:
@@ -61,6 +65,13 @@ class Verifier(Component):
 
     def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict]:
         return [self.verify(s, r) for s, r in zip(samples, responses, strict=True)]
+
+    def reward_parts(self) -> tuple[str, ...] | None:
+        """The names of the parts every verdict of this verifier carries (:attr:`Verdict.parts`), so that a run
+        whose advantage reads parts (``gdpo``) is checked before it starts; ``()``: it returns none. ``None`` (the
+        default): not declared, a verdict may carry parts or not, and a missing part is reported when the step that
+        needs it is scored."""
+        return None
 
     def judges_correctness(self) -> bool:
         """Whether :attr:`Verdict.correct` is this verifier's judgement. ``False`` for one that only scores (a

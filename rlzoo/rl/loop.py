@@ -118,6 +118,7 @@ class Components:
             dist=self.dist,
             per_rank=self.rollout_per_rank,
             step_rewards=self.advantage.needs_step_rewards,
+            greedy_baseline=self.advantage.needs_greedy_baseline,
         )
 
 

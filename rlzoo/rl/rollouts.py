@@ -4,7 +4,8 @@ batch filter keeps, and the :class:`RolloutSchedule` that says when that happens
     collect(step, prompts):
         repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
             generate_and_score: rollouts <- rollout engine (several processes: each rank its share, gathered)
-                                rewards  <- verifier (+ reward shapers' terms)
+                                rewards  <- verifier (+ reward shapers' terms; named reward parts, if any)
+                                baseline <- one greedy response per prompt, scored alike (needs_greedy_baseline)
             keep the groups the batch filter keeps; stop once `len(prompts)` are kept
         assemble: the kept groups as one padded TokenBatch, rewards per response and per token
     advantages (in the step, after the old log-probs and values): the KL-in-reward penalty, the advantage source
@@ -29,11 +30,12 @@ import torch
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TokenBatch
 from rlzoo.engines.tokens import make_token_batch
+from rlzoo.errors import RlzooError
 from rlzoo.episodes.runner import EpisodeBatch, EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, RewardBatch, RewardShaper, Sample, Verdict, Verifier
 from rlzoo.interfaces.base import take_reports
 from rlzoo.rl.reward_kl import KLInReward
-from rlzoo.rl.scoring import score, step_token_ends
+from rlzoo.rl.scoring import Scores, score, step_token_ends
 from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.decode import response_text, token_char_ends
 from rlzoo.util.reductions import reduce_minibatches
@@ -59,6 +61,7 @@ class RolloutParts:
     dist: Dist
     per_rank: bool  # every rank samples its share of the prompts with its own started engine
     step_rewards: bool  # the advantage source reads per-step rewards (needs_step_rewards): assemble places them
+    greedy_baseline: bool = False  # the advantage source reads a greedy response's reward (needs_greedy_baseline)
 
 
 class RolloutSchedule:
@@ -108,6 +111,7 @@ class ScoredGroup:
     verdicts: list[Verdict]
     rewards: torch.Tensor  # [n] the verifier's rewards plus the environment's turn rewards
     shaping: torch.Tensor  # [n] the sum of the reward shapers' terms
+    baseline: float | None = None  # the reward of one greedy response to the prompt (greedy_baseline), all terms
 
 
 def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer) -> RolloutBatch:
@@ -184,11 +188,14 @@ def generate_and_score(
         scores = score(parts.verifier, samples, responses, config.train.verifier_timeout_s)
         # an episode whose environment failed scores 0 (its verdict replaced; the verifier's faults stay counted)
         all_scores = ranks.all_gather_object(replace(scores, verdicts=ran.scored(scores.verdicts)))
+    baselines, greedy_scores = [], []
+    if parts.greedy_baseline:
+        baselines, greedy_scores = greedy_baselines(mine, sampling, parts, config, ranks, timer)
     groups = [group for share, _ in shares for group in share]
     generations = [g for group in groups for g in group]
     verdicts = [v for scores in all_scores for v in scores.verdicts]
     # fault and tool counts: the shares' sum
-    metrics = reduce_minibatches([scores.metrics() for scores in all_scores] + [m for _, m in shares if m])
+    metrics = reduce_minibatches([s.metrics() for s in [*all_scores, *greedy_scores]] + [m for _, m in shares if m])
     # the verifier's reward plus the environment's turn rewards
     rewards = torch.tensor([v.reward + sum(g.turn_rewards or ()) for v, g in zip(verdicts, generations, strict=True)])
     lengths = torch.tensor([g.policy_tokens for g in generations])
@@ -199,9 +206,33 @@ def generate_and_score(
     out, start = [], 0
     for sample, group in zip(prompts, groups, strict=True):
         rows = slice(start, start + len(group))
-        out.append(ScoredGroup(sample, group, verdicts[rows], rewards[rows], shaping[rows]))
+        baseline = baselines[len(out)] if baselines else None
+        out.append(ScoredGroup(sample, group, verdicts[rows], rewards[rows], shaping[rows], baseline))
         start += len(group)
     return out, metrics
+
+
+def greedy_baselines(
+    mine: Sequence[Sample], sampling: SamplingSettings, parts: RolloutParts, config: RunConfig, ranks: Dist, timer: Timer
+) -> tuple[list[float], list[Scores]]:
+    """ReMax's baselines (verl: one ``do_sample=False`` generation per prompt): the reward of one greedy response
+    to each prompt, counted as the sampled ones are (verifier, turn rewards, shapers' terms), in the order of all
+    ranks' prompts; and each rank's scores (their faults count as the step's). Timed as ``time/baseline``."""
+    with timer("baseline"):
+        greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0)
+        ran = parts.episodes.run(parts.engine, mine, greedy, config.prompt) if mine else EpisodeBatch([])
+        generations = [group[0] for group in ran.groups]
+        responses = [response_text(parts.tokenizer, g.last_turn_ids) for g in generations]
+        scores = score(parts.verifier, list(mine), responses, config.train.verifier_timeout_s)
+        turns = [sum(g.turn_rewards or ()) for g in generations]
+        rewards = torch.tensor([v.reward + t for v, t in zip(scores.verdicts, turns, strict=True)], dtype=torch.float32)
+        lengths = torch.tensor([g.policy_tokens for g in generations], dtype=torch.long)
+        shaped = rewards.clone()
+        for shaper in parts.shapers:
+            shaped = shaped + shaper.shape(rewards, lengths, config.response_budget())
+            take_reports(shaper)  # the step reports the shapers' view of the sampled responses, not of these
+        gathered = ranks.all_gather_object((shaped.tolist(), scores))
+    return [b for share, _ in gathered for b in share], [s for _, s in gathered]
 
 
 def assemble(groups: list[ScoredGroup], parts: RolloutParts, config: RunConfig, metrics: dict[str, float]) -> RolloutBatch:
@@ -234,7 +265,10 @@ def assemble(groups: list[ScoredGroup], parts: RolloutParts, config: RunConfig, 
             for v, g in zip(verdicts, generations, strict=True)
         ]
     token_rewards = token_level_rewards(turn_rewards, turn_ends, mask)
-    reward_batch = RewardBatch(rewards, group_index, mask, step_rewards, step_ends, token_rewards=token_rewards)
+    reward_batch = RewardBatch(
+        rewards, group_index, mask, step_rewards, step_ends, token_rewards=token_rewards,
+        reward_parts=reward_parts(groups, parts), reward_baselines=_baselines(groups) if parts.greedy_baseline else None,
+    )
     return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), reward_batch, metrics)
 
 
@@ -259,6 +293,38 @@ def advantages(
     advantage, returns = source.advantages_and_returns(replace(rewards, values=values))
     metrics = {**metrics, "advantage/abs_mean": masked_mean(advantage.abs(), rewards.mask).item()}
     return advantage, returns, {**metrics, **take_reports(source)}
+
+
+def verdict_parts(verdicts: Sequence[Verdict]) -> dict[str, torch.Tensor] | None:
+    """Each named reward part of the verdicts (sorted by name), ``[n]``, 0 where a verdict lacks it (as a verifier
+    fault scores 0); ``None`` when no verdict carries parts."""
+    names = sorted({name for v in verdicts for name in (v.parts or {})})
+    if not names:
+        return None
+    return {name: torch.tensor([float((v.parts or {}).get(name, 0.0)) for v in verdicts]) for name in names}
+
+
+def reward_parts(groups: list[ScoredGroup], parts: RolloutParts) -> dict[str, torch.Tensor] | None:
+    """The verdicts' reward parts and, beside them, the other terms of the reward as parts of their own: ``shaping``
+    (the shapers' terms) when there are shapers, ``turns`` (the environment's turn rewards) when it gives them; so
+    that an advantage normalising parts one by one (``gdpo``) loses no term. ``None`` without verdict parts."""
+    out = verdict_parts([v for group in groups for v in group.verdicts])
+    if out is None:
+        return None
+    extra = {}
+    if parts.shapers:
+        extra["shaping"] = torch.cat([g.shaping for g in groups])
+    if parts.episodes.environment.gives_turn_rewards:
+        extra["turns"] = torch.tensor([float(sum(g.turn_rewards or ())) for group in groups for g in group.generations])
+    clash = sorted(set(extra) & set(out))
+    if clash:
+        raise RlzooError(f"verifier: its verdicts carry a reward part named {clash[0]!r}, a name kept for the reward's "
+                         f"{'shapers' if clash[0] == 'shaping' else 'turn rewards'}: rename the verifier's part")
+    return {**out, **extra}
+
+
+def _baselines(groups: list[ScoredGroup]) -> torch.Tensor:
+    return torch.tensor([float(group.baseline) for group in groups for _ in group.generations])
 
 
 def token_level_rewards(step_rewards: list[list[float]], step_ends: list[list[int]], mask: torch.Tensor) -> torch.Tensor:
@@ -295,6 +361,10 @@ def rollout_metrics(groups: list[ScoredGroup], batch_metrics: dict[str, float]) 
     generations = [g for group in groups for g in group.generations]
     correct = [v.correct for group in groups for v in group.verdicts]
     lengths = torch.tensor([g.policy_tokens for g in generations], dtype=torch.float32)
+    named = verdict_parts([v for group in groups for v in group.verdicts]) or {}
+    extra = {f"reward/parts/{name}_mean": values.mean().item() for name, values in named.items()}
+    if groups[0].baseline is not None:
+        extra["reward/baseline_mean"] = sum(g.baseline for g in groups) / len(groups)
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
@@ -303,6 +373,7 @@ def rollout_metrics(groups: list[ScoredGroup], batch_metrics: dict[str, float]) 
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/finished_fraction": sum(g.finished for g in generations) / len(generations),
+        **extra,
         **batch_metrics,
     }
 

@@ -1,7 +1,8 @@
 """Scoring responses with a verifier, robustly, and placing process-reward steps on response tokens.
 
 A verifier's faults cost the affected responses their reward, never the run: a response whose verifier raised,
-was not scored within the batch's time limit, or got a non-finite reward (or step reward) scores 0 and is counted
+was not scored within the batch's time limit, or got a non-finite reward (or step reward, or reward part) scores 0
+(each of its reward parts too) and is counted
 (:meth:`Scores.metrics`). Whether too many of them stop the run is :mod:`rlzoo.runtime.faults`' call. What the verifier
 measured of its own phases (:meth:`rlzoo.interfaces.Verifier.take_phase_metrics`: ``time/reward_model``, ...) is
 taken after each scoring and joins the same metrics.
@@ -97,6 +98,7 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
                 verdict,
                 reward=0.0,
                 step_rewards=[0.0] * len(verdict.step_rewards) if verdict.step_rewards is not None else None,
+                parts=None,  # every part of the batch is then 0 for this response (rollouts.verdict_parts)
                 reason=f"non-finite reward {verdict.reward!r} from verifier {verifier.name}",
             )
     if nonfinite:
@@ -114,8 +116,14 @@ def _phase_metrics(verifier: Verifier) -> dict[str, float]:
 
 
 def _finite(verdict: Verdict) -> bool:
+    """The reward, step rewards and reward parts are finite numbers (parts: a dict of named numbers)."""
+    if verdict.parts is not None and not (
+        isinstance(verdict.parts, dict) and all(isinstance(name, str) for name in verdict.parts)
+    ):
+        return False
+    parts = list(verdict.parts.values()) if verdict.parts is not None else []
     try:
-        return all(math.isfinite(float(v)) for v in [verdict.reward, *(verdict.step_rewards or [])])
+        return all(math.isfinite(float(v)) for v in [verdict.reward, *(verdict.step_rewards or []), *parts])
     except (TypeError, ValueError):  # not a number at all
         return False
 
