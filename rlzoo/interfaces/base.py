@@ -74,7 +74,7 @@ class Component:
         """Report a scalar metric of the call in progress; it appears in the step's metrics as
         ``<metric_namespace>/<name>/<metric>`` (e.g. ``shaping/overlong/penalised_fraction``).
 
-        ``value`` is a plain float (averaged) or one of the declared reductions of :mod:`rlzoo.reporting.metrics_log` (``Mean``,
+        ``value`` is a plain float (averaged) or one of the declared reductions of :mod:`rlzoo.metrics` (``Mean``,
         ``Sum``, ``Min``, ``Max``, or the fault declarations ``SkippedUpdates``, ``UnscoredResponses``): that
         class says how the values of the step's several calls (its minibatches, its generation batches) and of
         the ranks combine. Reporting the same ``metric`` twice in one call keeps the last value.

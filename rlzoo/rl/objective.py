@@ -78,7 +78,7 @@ class Objective:
         The metrics include what the ratio estimator, clipper, aggregation, KL estimator and regularisers
         reported during the call (``Component.report``, keyed ``<namespace>/<name>/<metric>``) and the clipper's
         ``ClipResult.metrics`` as they are; each value's class declares how a step combines its minibatches'
-        values (:mod:`rlzoo.reporting.metrics_log`).
+        values (:mod:`rlzoo.util.reductions`).
 
         ``weights`` (optional, no gradient) multiply the per-token loss, e.g. truncated importance-sampling
         corrections for a training-inference mismatch. ``seed`` seeds the generator handed to the clipper for

@@ -1,7 +1,7 @@
 """The run's failure policy: which faults inside a step the run rides out, and when it stops.
 
 Faults are contained where they happen and counted in the step's metrics (docs/faults.md), as values declared
-fault counts (:mod:`rlzoo.reporting.metrics_log`); the policy reads those declarations, whatever the keys:
+fault counts (:mod:`rlzoo.util.reductions`); the policy reads those declarations, whatever the keys:
 
 - a verifier that raises, hangs past ``train.verifier_timeout_s`` or returns a non-finite reward: that response
   scores 0 (:mod:`rlzoo.rl.scoring`; ``verifier/errors``, ``verifier/timeouts``, ``verifier/nonfinite_rewards``,
@@ -113,5 +113,5 @@ class FaultPolicy:
 
 
 def declared_as(metrics: dict[str, float], fault: type[Declared]) -> dict[str, float]:
-    """The values of ``metrics`` declared as ``fault`` (a class of :mod:`rlzoo.reporting.metrics_log`), by key."""
+    """The values of ``metrics`` declared as ``fault`` (a class of :mod:`rlzoo.util.reductions`), by key."""
     return {key: value for key, value in metrics.items() if isinstance(value, fault)}
