@@ -16,16 +16,16 @@ from rlzoo.registry import default_registry
 ARITHMETIC = "0123456789+-*="  # the arithmetic task's alphabet: the tiny policy's tokenizer
 
 
-def model_folder(root: Path, vocab: dict[str, int], model_type: str = "qwen3_moe", vocab_size: int | None = None) -> str:
+def model_folder(root: Path, vocab: dict[str, int], vocab_size: int | None = None) -> str:
     """A model folder with a character-level ``tokenizer.json`` (the preflight reads files, never the weights)."""
     root.mkdir(parents=True)
-    hf = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
+    hf = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
           "num_hidden_layers": 2, "intermediate_size": 128, "max_position_embeddings": 256,
           "vocab_size": len(vocab) if vocab_size is None else vocab_size}
-    if model_type == "qwen3_moe":
-        hf.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)
+    hf.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)  # MoE, as the default tiny policy
     (root / "config.json").write_text(json.dumps(hf))
-    (root / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []}))
+    tokenizer = {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []}
+    (root / "tokenizer.json").write_text(json.dumps(tokenizer))
     (root / "model.safetensors").write_bytes(b"")
     return str(root)
 

@@ -97,14 +97,14 @@ def test_a_tool_name_the_alphabet_lacks_is_named(tmp_path):
     assert loc == "episode.tool_parser" and "(zähler)" in message and "cannot write 'ä', so" in message
 
 
-def _folder(root: Path, vocab: dict[str, int], model: str = "WordLevel") -> str:
+def _folder(root: Path, vocab: dict[str, int]) -> str:
     """A model folder whose tokenizer.json has ``vocab`` (the preflight reads files; nothing loads the weights)."""
     root.mkdir()
     hf = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
           "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": max(vocab.values()) + 1,
           "max_position_embeddings": 256}
     (root / "config.json").write_text(json.dumps(hf))
-    (root / "tokenizer.json").write_text(json.dumps({"model": {"type": model, "vocab": vocab}, "added_tokens": []}))
+    (root / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []}))
     (root / "model.safetensors").write_bytes(b"")
     return str(root)
 

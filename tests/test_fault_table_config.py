@@ -75,11 +75,11 @@ def check(extra: dict, command: str = "check", *flags: str) -> Callable[[Path, C
     return setup
 
 
-def model_folder(folder: Path, alphabet: str, model_type: str = "qwen3_moe") -> str:
+def model_folder(folder: Path, alphabet: str) -> str:
     """A model folder on the character tokenizer of ``alphabet`` (config.json, tokenizer.json, a weights file): the
     preflight reads these files' metadata, never the weights."""
     vocab = char_vocab(alphabet)
-    hf = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
+    hf = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
           "num_hidden_layers": 2, "intermediate_size": 128, "max_position_embeddings": 256, "vocab_size": len(vocab),
           "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
     folder.mkdir()
@@ -237,7 +237,8 @@ def test_a_second_sweep_on_the_same_out_is_refused_at_once_and_the_first_is_unaf
     shown = f"second: exit {second.returncode}\n{second.stderr}\nfirst: exit {first.returncode}\n{err[-3000:]}"
     assert second.returncode == 1 and "Traceback" not in second.stdout + second.stderr, shown
     (line,) = [text for text in second.stderr.splitlines() if text.startswith("error:")]
-    assert line.startswith(f"error: sweep folder sweep is in use by another rlzoo process: pid {first.pid} on host "), shown
+    in_use = f"error: sweep folder sweep is in use by another rlzoo process: pid {first.pid} on host "
+    assert line.startswith(in_use), shown
     assert "(rlzoo ablate run.yaml --vary trainer.lr=0.0001 --seeds 1 --out sweep)" in line
     assert "choose another --out" in line and "failed:" not in second.stderr, shown
     # at once: before it built its grid or preflighted a run (seconds of importing; the sweep takes minutes)

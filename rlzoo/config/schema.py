@@ -278,8 +278,8 @@ class EpisodeConfig(Section):
                            "find a tool by its name, so only one entry could be used; list it once, with the "
                            "parameters you want")
                 # raised with its index so that the problem is reported at episode.tools.<index>
-                error = PydanticCustomError("duplicate_tool", message)
-                raise ValidationError.from_exception_data("tools", [InitErrorDetails(type=error, loc=(index,), input=spec)])
+                error = InitErrorDetails(type=PydanticCustomError("duplicate_tool", message), loc=(index,), input=spec)
+                raise ValidationError.from_exception_data("tools", [error])
             first[spec.name] = index
         return tools
 

@@ -148,13 +148,13 @@ def _critic_tokenizer_problems(run: RunFacts, path: Path, folder: ModelFolder) -
     loc, problems = "algorithm.critic.model", []
     policy, source = policy_vocab(run)
     if run.model.tiny:  # model.tiny's vocab_size is a bound: the embedding has one row per token of the tokenizer
-        size = len(policy) if policy is not None else None
+        size, whose = (len(policy) if policy is not None else None), source
     else:
-        size = run.model.shape.vocab if run.model.shape is not None else None
+        size, whose = (run.model.shape.vocab if run.model.shape is not None else None), "model.path"
     if size is not None and folder.config.get("vocab_size") != size:
         problems.append((
             loc,
-            f"{path} has vocab_size {folder.config.get('vocab_size')} but the policy {size} ({source}): the critic "
+            f"{path} has vocab_size {folder.config.get('vocab_size')} but the policy {size} ({whose}): the critic "
             "reads the policy's token ids; use a critic built on the policy's tokenizer",
         ))
     critic = folder.vocab()[0] if folder.tokenizer_file.is_file() else None  # unreadable: nothing to compare

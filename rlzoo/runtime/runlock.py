@@ -297,10 +297,11 @@ def check_sweep_folder(out: Path) -> None:
 
 def hold_sweep_folder(out: Path, command: str) -> FileLock:
     """Take the sweep folder's lock (its ``.rlzoo.lock``, the file a run folder's lock uses, so a ``train`` there is
-    refused too) until this process ends, or refuse naming who holds it. The sweep's runs lock their own folders."""
+    refused too) until this process ends, or refuse naming who holds it. The sweep's runs lock their own folders.
+    Where this process holds it already, the lock returned holds nothing, as :func:`hold_run_folder`'s."""
     path = _lock_path(out)
     if path in _HELD:
-        return _HELD[path]
+        return FileLock(path, None)
     try:
         lock = acquire(path, command)
     except FolderInUse as err:

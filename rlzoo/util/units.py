@@ -21,8 +21,8 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"{text!r} is not a memory size: write e.g. 80GB, 80GiB or 80e9 (bytes)")
     size = float(match.group(1)) * _UNITS[unit]
     if not math.isfinite(size):  # 1e400GB: a float overflows to inf, which int() refuses with a traceback
-        raise ValueError(f"{text!r} is too large a memory size (beyond {sys.float_info.max:.2g} bytes): write e.g. 80GB, "
-                         "80GiB or 80e9 (bytes)")
+        raise ValueError(f"{text!r} is too large a memory size (beyond {sys.float_info.max:.2g} bytes): write e.g. "
+                         "80GB, 80GiB or 80e9 (bytes)")
     size = int(size)
     if size <= 0:
         raise ValueError(f"{text!r} is not a positive memory size")
