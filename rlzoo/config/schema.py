@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from rlzoo.config.algorithm import AlgorithmConfig
 from rlzoo.config.base import (
@@ -265,6 +266,22 @@ class EpisodeConfig(Section):
         description="token budget of one episode: prompt, every turn and every observation; a turn that would pass "
         "it is cut there and the episode ends, counted in episode/truncated; null: the model's context",
     )
+
+    @field_validator("tools")
+    @classmethod
+    def _each_tool_once(cls, tools: list[Any]) -> list[Any]:
+        # the environment finds a tool by its name: a second entry would silently replace the first
+        first: dict[str, int] = {}
+        for index, spec in enumerate(tools):
+            if spec.name in first:
+                message = (f"tool {spec.name!r} is listed twice (first at episode.tools.{first[spec.name]}): calls "
+                           "find a tool by its name, so only one entry could be used; list it once, with the "
+                           "parameters you want")
+                # raised with its index so that the problem is reported at episode.tools.<index>
+                error = InitErrorDetails(type=PydanticCustomError("duplicate_tool", message), loc=(index,), input=spec)
+                raise ValidationError.from_exception_data("tools", [error])
+            first[spec.name] = index
+        return tools
 
     @model_validator(mode="after")
     def _default_parser(self) -> EpisodeConfig:

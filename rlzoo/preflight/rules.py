@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlzoo.engines.lora import lora_rule
-from rlzoo.episodes.rules import chat_template_rule, episode_rule, prompt_room_rule, response_room_rule
+from rlzoo.episodes.rules import (
+    chat_template_rule,
+    episode_rule,
+    prompt_room_rule,
+    response_room_rule,
+    tool_markup_rule,
+)
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.preflight.batches import batch_rule
 from rlzoo.preflight.evaluation import evaluation_rule
@@ -43,6 +49,7 @@ RULES: tuple[Rule, ...] = (
     chat_template_rule,
     response_room_rule,
     episode_rule,
+    tool_markup_rule,
     prompt_room_rule,
     batch_rule,
     overlap_rule,

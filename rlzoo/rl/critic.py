@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from rlzoo.engines import TokenBatch
+from rlzoo.episodes.rules import policy_vocab
 from rlzoo.interfaces import LossAggregation, Problem, RunFacts, ValueLoss
 from rlzoo.interfaces.base import take_reports
 from rlzoo.models.folder import MISSING, NOT_A_MODEL_FOLDER, ModelFolder, config_facts
@@ -140,12 +141,36 @@ def _critic_folder_problems(run: RunFacts, path: Path) -> list[Problem]:
             f"{path} is {kinds[moe]} model but the policy is {kinds[run.model.moe]} one: the critic trains on "
             "the policy's engine configuration; use a critic of the policy's kind, or null for a copy of the policy",
         ))
-    # a tiny policy's vocab_size is a bound, not its tokenizer's size
-    policy_vocab = run.model.shape.vocab if run.model.shape is not None and not run.model.tiny else None
-    if policy_vocab is not None and folder.config.get("vocab_size") != policy_vocab:
+    return problems + _critic_tokenizer_problems(run, path, folder)
+
+
+def _critic_tokenizer_problems(run: RunFacts, path: Path, folder: ModelFolder) -> list[Problem]:
+    """The critic reads the policy's token ids, whatever the policy: its folder has the policy's ``vocab_size`` and,
+    where both are known, the policy's tokenizer (a folder policy's ``tokenizer.json``, or the character tokenizer a
+    tiny policy is built on from the task's alphabet)."""
+    loc, problems = "algorithm.critic.model", []
+    policy, source = policy_vocab(run)
+    if run.model.tiny:  # model.tiny's vocab_size is a bound: the embedding has one row per token of the tokenizer
+        size, whose = (len(policy) if policy is not None else None), source
+    else:
+        size, whose = (run.model.shape.vocab if run.model.shape is not None else None), "model.path"
+    if size is not None and folder.config.get("vocab_size") != size:
         problems.append((
             loc,
-            f"{path} has vocab_size {folder.config.get('vocab_size')} but the policy {policy_vocab}: the critic reads "
-            "the policy's token ids; use a critic built on the policy's tokenizer",
+            f"{path} has vocab_size {folder.config.get('vocab_size')} but the policy {size} ({whose}): the critic "
+            "reads the policy's token ids; use a critic built on the policy's tokenizer",
+        ))
+    critic = folder.vocab()[0] if folder.tokenizer_file.is_file() else None  # unreadable: nothing to compare
+    if critic is None or policy is None:
+        return problems
+    differ = sorted(token for token in critic.keys() | policy.keys() if critic.get(token) != policy.get(token))
+    if differ:
+        example = differ[0]
+        ids = [f"id {vocab[example]}" if example in vocab else "absent" for vocab in (critic, policy)]
+        problems.append((
+            loc,
+            f"the tokenizer of {path} differs from the policy's ({source}): {len(differ)} tokens differ, e.g. "
+            f"{example!r}: {ids[0]} in the critic's, {ids[1]} in the policy's; the critic reads the policy's token "
+            "ids: use a critic built on the policy's tokenizer",
         ))
     return problems

@@ -1,4 +1,4 @@
-"""One writer per folder: the run folder's lock, and the cold start's build lock.
+"""One writer per folder: the run folder's lock, the sweep folder's, and the cold start's build lock.
 
 **Folder locks.** A run holds an exclusive lock (``fcntl.flock``) on ``<run folder>/.rlzoo.lock`` for its whole life,
 taken before it writes anything there (``config.yaml``, ``log.txt``, the cold start). The file says who holds it (pid,
@@ -6,6 +6,8 @@ host, command, start time); the lock itself is the kernel's and goes with the pr
 (SIGKILL, power cut) never leaves a stale lock, and the file left behind means nothing once nobody holds it. A second
 ``rlzoo train`` or ``--resume`` (or ``rlzoo sft``) on a folder in use is refused at once with :class:`FolderInUse`,
 naming the holder. Under a launcher only rank 0 takes it (the ranks of one run share its folder by design).
+An ``rlzoo ablate`` sweep holds the same lock on its ``--out`` folder for the sweep's life, so a second sweep on it
+is refused at once too (:func:`hold_sweep_folder`).
 
 A cold start (``cold_start.output_dir``, which the runs of an ``rlzoo ablate`` sweep share) is built under a lock
 on the sibling file ``.<folder name>.lock`` (removed when the build ends): a second run that needs it while another
@@ -241,7 +243,7 @@ def _in_use(run_dir: Path, holder: Holder, resume: bool) -> FolderInUse:
 
 
 _HELD: dict[Path, FileLock] = {}
-"""The run folders' locks this process holds: holding one again (``rlzoo train`` holds it, then
+"""The run (and sweep) folders' locks this process holds: holding one again (``rlzoo train`` holds it, then
 :class:`rlzoo.runtime.run.TrainingRun` asks too, as it does for a run started from Python) is a no-op, not a clash."""
 
 
@@ -268,6 +270,42 @@ def hold_run_folder(run_dir: Path, command: str, resume: bool = False) -> FileLo
         lock = acquire(path, command)
     except FolderInUse as err:
         raise _in_use(Path(run_dir), err.holder, resume) from None
+    _HELD[path] = lock
+    return lock
+
+
+# -- sweep folders -------------------------------------------------------------------------------------------
+
+
+def _sweep_in_use(out: Path, holder: Holder) -> FolderInUse:
+    return FolderInUse(
+        f"sweep folder {out} is in use by another rlzoo process: {holder.describe()}; one process writes a sweep's "
+        f"--out folder at a time: wait for it to end (rerunning the same command then resumes what is left), "
+        f"{holder.stop_hint()}, or choose another --out",
+        holder,
+    )
+
+
+def check_sweep_folder(out: Path) -> None:
+    """Refuse an ``rlzoo ablate --out`` folder another process holds, without creating anything."""
+    if _lock_path(out) in _HELD:
+        return
+    holder = holder_of(Path(out) / LOCK_NAME)
+    if holder is not None:
+        raise _sweep_in_use(Path(out), holder)
+
+
+def hold_sweep_folder(out: Path, command: str) -> FileLock:
+    """Take the sweep folder's lock (its ``.rlzoo.lock``, the file a run folder's lock uses, so a ``train`` there is
+    refused too) until this process ends, or refuse naming who holds it. The sweep's runs lock their own folders.
+    Where this process holds it already, the lock returned holds nothing, as :func:`hold_run_folder`'s."""
+    path = _lock_path(out)
+    if path in _HELD:
+        return FileLock(path, None)
+    try:
+        lock = acquire(path, command)
+    except FolderInUse as err:
+        raise _sweep_in_use(Path(out), err.holder) from None
     _HELD[path] = lock
     return lock
 

@@ -28,6 +28,7 @@ from rlzoo.config.schema import RunConfig, TrackingConfig
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.local_plugins import digests
 from rlzoo.registry import Registry
+from rlzoo.runtime import runlock
 
 MANIFEST = "sweep.json"
 COLD_STARTS = "cold_start"
@@ -187,7 +188,8 @@ def check_folder(sweep: Sweep) -> None:
         return
     if sweep.out.exists() and not sweep.out.is_dir():
         raise RlzooError(f"--out {sweep.out} is a file; name a folder")
-    if sweep.out.exists() and any(sweep.out.iterdir()):
+    # a sweep's lock file alone (a sweep stopped before its manifest was written) does not make the folder taken
+    if sweep.out.exists() and any(p.name != runlock.LOCK_NAME for p in sweep.out.iterdir()):
         raise RlzooError(f"{sweep.out} is not empty and holds no {MANIFEST}: choose an empty or new --out folder")
 
 

@@ -40,6 +40,7 @@ from rlzoo_tasks._common import (
     overlong_problem,
     rng_for,
     take,
+    unreadable,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ def _type_name(value: Any) -> str:
 def path_problem(path: str, fmt: str) -> str | None:
     """Why ``path`` cannot be read in format ``fmt``, or ``None``; looks at the path only, never reads the data."""
     p = Path(path).expanduser()
+    if (problem := unreadable(p)) is not None:
+        return problem
     if p.is_dir():
         return None if fmt in ("auto", "arrow") else f"{p} is a folder; format {fmt!r} needs a file (folders: auto)"
     if not p.exists():
