@@ -31,6 +31,7 @@ from rlzoo.episodes.runner import EnvironmentFailure, build_episode_runner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.models.folder import ModelFolder
 from rlzoo.registry import default_registry
 from rlzoo.runtime.checkpoint.files import atomic_directory
 from rlzoo.runtime.runlock import building
@@ -69,25 +70,40 @@ def ensure_cold_start(
     # built under a lock (rlzoo.runtime.runlock): a run that needs the folder while another process builds it (the runs of
     # a sweep share one) waits for it, then uses it
     with building(directory):
-        if _reusable(directory, fingerprint):
+        if _reusable(directory, fingerprint, warn=False):  # a damage found above was warned about there
             print(f"cold start: using {directory}, built meanwhile by another process", file=sys.stderr, flush=True)
             return directory
         train_cold_start(config, task, directory, fingerprint, evaluate_fn, progress, registry)
     return directory
 
 
-def _reusable(directory: Path, fingerprint: str) -> bool:
-    """Whether ``directory`` holds a finished cold start of these settings; one of other settings is an error."""
+def _reusable(directory: Path, fingerprint: str, warn: bool = True) -> bool:
+    """Whether ``directory`` holds a finished, intact cold start of these settings; one of other settings is an
+    error. A damaged one (an unreadable ``cold_start.json``, weights whose safetensors header does not cover the file)
+    is derived data: it is built again, with a warning naming what was damaged, rather than loaded into a traceback."""
     report = directory / "cold_start.json"
     if not report.is_file():
         return False
-    previous = json.loads(report.read_text())
-    if previous.get("fingerprint") == fingerprint:
-        log.info("reusing cold-start model %s (held-out accuracy %.3f)", directory, previous.get("eval_accuracy", float("nan")))
-        return True
-    raise RlzooError(
-        f"{directory} holds a cold-start model built from other settings; delete it or set cold_start.output_dir"
-    )
+    try:
+        previous = json.loads(report.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        previous = f"{report} is not readable JSON ({type(err).__name__}: {err})"
+    if not isinstance(previous, dict):
+        if warn:
+            log.warning("cold-start model %s is damaged: %s; building it again", directory,
+                        previous if isinstance(previous, str) else f"{report} is not a JSON object")
+        return False
+    if previous.get("fingerprint") != fingerprint:
+        raise RlzooError(
+            f"{directory} holds a cold-start model built from other settings; delete it or set cold_start.output_dir"
+        )
+    if damaged := ModelFolder.read(directory).weight_problems():
+        if warn:
+            log.warning("cold-start model %s is damaged: %s; building it again", directory, damaged[0])
+        return False
+    accuracy = previous.get("eval_accuracy", float("nan"))
+    log.info("reusing cold-start model %s (held-out accuracy %.3f)", directory, accuracy)
+    return True
 
 
 def train_cold_start(
