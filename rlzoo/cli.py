@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -126,7 +127,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     world = distributed.launched_world_size()
     preflight(config, registry, resume=resume, world=world, allow_changes=args.allow_changes or [])  # before any file
     # one writer per run folder: rank 0 holds its lock from before the first file is written until the run ends
-    command = f"rlzoo train {args.config}" + (f" --resume {resume}" if resume is not None else "")
+    # how to run it again: the --plugin files too, since a resume reads the user's config, not the run's config.yaml
+    again = args.config + "".join(f" --plugin {shlex.quote(path)}" for path in args.plugin or [])
+    command = f"rlzoo train {again}" + (f" --resume {resume}" if resume is not None else "")
     hold = runlock.hold_run_folder(run_dir, command, resume is not None) if rank == 0 else contextlib.nullcontext()
     since = time.time()
     try:
@@ -136,14 +139,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                 console.print("\n".join(start_summary("train", args.config, config, run_dir, console, changes)))
             run_dir = TrainingRun(config, registry, resume).run()
             if rank == 0:
-                console.print("\n".join(final_summary(run_dir, args.config, console)))
+                console.print("\n".join(final_summary(run_dir, again, console)))
     except BaseException as err:  # SIGINT / SIGTERM (or an error while stopping for one): where it stopped
         signum = signals.stop_signal(err)
         if signum is None:
             raise
         if rank == 0:
             steps = config.train.steps
-            message = signals.stopped_message(signum, run_dir, args.config, steps, bool(args.set), since)
+            message = signals.stopped_message(signum, run_dir, again, steps, bool(args.set), since)
         else:
             message = f"interrupted by {signals.signal_name(signum)} (rank {rank})"
         raise signals.Interrupted(signum, message) from None

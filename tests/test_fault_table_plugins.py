@@ -85,6 +85,16 @@ def test_rlzoo_train_runs_the_script_clipper_and_records_the_file(template):
     assert json.loads((template / "out" / "plugins.json").read_text()) == {str(script): digest(script)}
 
 
+def test_the_continue_hint_repeats_the_plugin_flags(template):
+    """A resume reads the user's config, which does not name a ``--plugin`` file: the hint to continue names it."""
+    extra = {"algorithm": {"clipper": {"name": "my-clip"}}, "cold_start": {"output_dir": str(template / "cold")},
+             "output_dir": "out-flag"}
+    (template / "flag.yaml").write_text(yaml.safe_dump(merge(BASE, extra)))
+    proc = rlzoo(template, "train", "flag.yaml", "--plugin", "my_loss.py")
+    assert proc.returncode == 0, shown(proc)
+    assert "(continue: rlzoo train flag.yaml --plugin my_loss.py --resume out-flag)" in proc.stdout, shown(proc)
+
+
 def test_a_changed_file_is_refused_on_resume_and_goes_ahead_with_allow_changes(template):
     run, script = template / "run-resumed", template / "my_loss.py"
     shutil.copytree(template / "out", run)
