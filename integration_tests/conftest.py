@@ -46,6 +46,18 @@ def cold_start_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cold_start")
 
 
+# a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them
+VERIFIER_FOR = {
+    "gdpo": "verifier={name: weighted, verifiers: [{name: math, label: correct}, "
+            "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
+}
+
+
+def preset_needs(preset: str) -> list[str]:
+    """The overrides a preset needs beyond the main job's config to run at all (its verifier's reward parts)."""
+    return [VERIFIER_FOR[preset]] if preset in VERIFIER_FOR else []
+
+
 def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic", registry=None):
     cold = cold_start_root / task
     return build_config(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_finite_metrics, make_config
+from conftest import assert_finite_metrics, make_config, preset_needs
 
 import rlzoo
 from rlzoo.config.loading import dump_config
@@ -20,17 +20,9 @@ from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
 
 
-# a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them
-VERIFIER_FOR = {
-    "gdpo": "verifier={name: weighted, verifiers: [{name: math, label: correct}, "
-            "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
-}
-
-
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_runs_end_to_end(preset, tmp_path, cold_start_root):
-    extra = [VERIFIER_FOR[preset]] if preset in VERIFIER_FOR else []
-    config = make_config(tmp_path / preset, cold_start_root, f"algorithm.preset={preset}", *extra)
+    config = make_config(tmp_path / preset, cold_start_root, f"algorithm.preset={preset}", *preset_needs(preset))
     run_dir = train(config, progress=False)
     rows = assert_finite_metrics(run_dir, config.train.steps)
     steps = [r for r in rows if "reward/mean" in r]
