@@ -42,6 +42,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow  # ~30 s of Ray start-up; the local backend's script path is in the default suite
 def test_ray_tasks_load_the_script_from_each_runs_config(tmp_path):
     (tmp_path / "my_loss.py").write_text(MY_LOSS)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(TINY))
