@@ -14,7 +14,7 @@ thread count, and each system's peak memory is measured per process tree.
 - ``floor-train``: a plain transformers model: one no-grad forward over the rollout batch (the old log-probs)
   and ``minibatches_per_rollout`` x (forward + backward + grad clip + AdamW step), on a batch of the shape of the
   floor's generations, padded only to the longest row.
-- ``evaluate``: rlzoo's held-out evaluation (``rlzoo.loop.evaluate`` with the ``hf`` rollout engine) of each
+- ``evaluate``: rlzoo's held-out evaluation (``rlzoo.rl.loop.evaluate`` with the ``hf`` rollout engine) of each
   given model folder: the one evaluator every system's final weights go through.
 """
 
@@ -30,10 +30,10 @@ from typing import Any
 
 def load(spec: dict[str, Any]):
     """The run config, task, verifier, tokenizer and train prompts exactly as an rlzoo run builds them."""
-    from rlzoo.config import load_config
-    from rlzoo.prompts import fit_prompts
+    from rlzoo.config.resolution import load_config
+    from rlzoo.episodes.prompts import fit_prompts
     from rlzoo.registry import default_registry
-    from rlzoo.run import load_tokenizer, make_task, verifier_for
+    from rlzoo.runtime.assembly import load_tokenizer, make_task, verifier_for
 
     registry = default_registry()
     config = load_config(spec["config"], spec["sets"], registry)
@@ -46,7 +46,7 @@ def load(spec: dict[str, Any]):
 
 def step_prompts(config, train_set, steps: int) -> list:
     """The prompts rlzoo trains on at steps 0..steps-1, concatenated in order."""
-    from rlzoo.loop import sample_prompts
+    from rlzoo.rl.loop import sample_prompts
 
     return [s for step in range(steps) for s in sample_prompts(train_set, step, config)]
 
@@ -136,9 +136,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOTrainer
 
-    from rlzoo.decode import response_text
-    from rlzoo.prompts import prompt_ids
-    from rlzoo.scoring import score
+    from rlzoo.episodes.prompts import prompt_ids
+    from rlzoo.rl.scoring import score
+    from rlzoo.util.decode import response_text
 
     config, _, verifier, tokenizer, train_set, _ = load(spec)
     steps, out = spec["steps"], Path(spec["out"])
@@ -204,7 +204,7 @@ def floor_generate(spec: dict[str, Any]) -> dict[str, Any]:
     import vllm
     from vllm.inputs import TokensPrompt
 
-    from rlzoo.prompts import prompt_ids
+    from rlzoo.episodes.prompts import prompt_ids
 
     config, _, _, tokenizer, train_set, _ = load(spec)
     engine = spec["vllm_params"]
@@ -292,9 +292,9 @@ def floor_train(spec: dict[str, Any]) -> dict[str, Any]:
 
 def evaluate(spec: dict[str, Any]) -> dict[str, Any]:
     """rlzoo's held-out accuracy of each folder in ``spec["models"]``, with the hf engine (same seed for all)."""
-    from rlzoo import loop
-    from rlzoo.prompts import fit_prompts
-    from rlzoo.run import engine_context, load_tokenizer
+    from rlzoo.episodes.prompts import fit_prompts
+    from rlzoo.rl import loop
+    from rlzoo.runtime.assembly import engine_context, load_tokenizer
 
     config, task, verifier, _, _, registry = load(spec)
     results = {}

@@ -5,7 +5,7 @@
                                           [--cold-start-steps 400] [--set k=v ...] [--work DIR] [--out DIR | --no-write]
 
 The policy is the main job's tiny Qwen3-MoE (hidden 64, 2 layers, 8 experts, top-2), built locally and cold-started
-(``rlzoo.run.initial_model_dir``: ``rlzoo.sft`` on the task's ``demonstration_turns``) on ``calculator-arithmetic``
+(``rlzoo.runtime.assembly.initial_model_dir``: ``rlzoo.runtime.cold_start`` on the task's ``demonstration_turns``) on ``calculator-arithmetic``
 (3-digit products; 80% of the demonstrations call ``calculator`` with ``<tool_call>{...}</tool_call>``, read the
 ``<tool_response>`` and answer), so the cold-start model calls the tool in most episodes. Episodes run in the
 ``tools`` environment with ``calculator``, at most ``--max-turns`` turns of at most ``--max-new-tokens`` tokens, in
@@ -57,7 +57,7 @@ MODES = ("batched", "per-episode")
 
 
 def build_run_config(args: argparse.Namespace, registry: Any) -> Any:
-    from rlzoo.config import build_config
+    from rlzoo.config.resolution import build_config
 
     data = {
         "seed": 0,
@@ -133,8 +133,8 @@ def run_mode(mode: str, runner: Any, engine: Any, samples: list, sampling: Any, 
 
 
 def correct_answers(verifier: Any, tokenizer: Any, samples: list, groups: list) -> int:
-    from rlzoo.decode import response_text
-    from rlzoo.scoring import score
+    from rlzoo.rl.scoring import score
+    from rlzoo.util.decode import response_text
 
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
     responses = [response_text(tokenizer, g.last_turn_ids) for group in groups for g in group]
@@ -212,10 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlzoo.engines import SamplingSettings
-    from rlzoo.episodes import build_episode_runner, create_tools, with_tool_descriptions
+    from rlzoo.episodes.runner import build_episode_runner, create_tools, with_tool_descriptions
     from rlzoo.registry import default_registry
-    from rlzoo.run import engine_context, episode_context, initial_model_dir, load_tokenizer, make_task, verifier_for
-    from rlzoo.sft import cold_start_fingerprint
+    from rlzoo.runtime.assembly import (
+        engine_context,
+        episode_context,
+        initial_model_dir,
+        load_tokenizer,
+        make_task,
+        verifier_for,
+    )
+    from rlzoo.runtime.cold_start import cold_start_fingerprint
 
     started = time.perf_counter()
     load_before = os.getloadavg()

@@ -40,7 +40,7 @@ experts.gate_up_proj, experts.down_proj``); the router, norms and embeddings nev
    - full (a full fine-tuning run): rollout engine started without LoRA; ``named_weights()`` of the full engine
      (views of the live weights in checkpoint names) materialised as a list, then ``sync_weights`` of it.
    - merged (``model.lora.sync: merged``): rollout engine started with ``EngineContext(lora=...)``, sync
-     ``merged``; ``named_weights()`` of the LoRA engine, i.e. ``rlzoo.models.lora.merged_weights`` (``W + scale *
+     ``merged``; ``named_weights()`` of the LoRA engine, i.e. ``rlzoo.engines.lora.merged_weights`` (``W + scale *
      B A`` for every target, out of place, then the per-expert checkpoint layout) materialised as a list (the
      merge), then ``sync_weights`` of the merged tensors.
    - adapter (``model.lora.sync: adapter``): rollout engine started with ``EngineContext(lora=...)``, sync
@@ -101,10 +101,10 @@ def trainer_sets(engine: str, config_path: Path, sets: list[str], lora: str, mod
     The config's own spec for that engine (``memory_scaling.engine_sets``), unless the engine's
     ``adapter_targets_supported`` refuses the LoRA targets; for DeepSpeed-MoE (which replaces the fused experts an
     ``experts.*`` target names) the same spec with ``moe: none`` then, used for both points alike."""
-    from rlzoo.config import load_config
-    from rlzoo.models.lora import skeleton, split_targets, target_names
+    from rlzoo.config.resolution import load_config
+    from rlzoo.engines.lora import skeleton, split_targets, target_names
     from rlzoo.registry import default_registry
-    from rlzoo.run import create
+    from rlzoo.runtime.assembly import create
 
     chosen = engine_sets(engine, str(config_path))
     config = load_config(config_path, [*sets, *chosen, lora])
@@ -213,9 +213,9 @@ def memory_table(memory: dict[str, Any], args) -> list[str]:
 def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
     from rlzoo.registry import default_registry
-    from rlzoo.run import create, engine_context, load_tokenizer
+    from rlzoo.runtime.assembly import create, engine_context, load_tokenizer
 
     model_dir = Path(spec["model_dir"])
     config = load_config(spec["config"], spec["sets"])
@@ -453,10 +453,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
     from rlzoo.models import build_char_tokenizer
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     config_path = ROOT / "examples" / "bench" / f"{args.scale}.yaml"
     sets: list[str] = []

@@ -8,17 +8,17 @@
 
 What one point measures: the training half of an RL step with the ``long`` benchmark's policy (a 13.4M-parameter
 Qwen3-MoE built locally from the config, random weights) and its algorithm (GSPO, ``minibatches_per_rollout``
-from the config): rlzoo's own pieces as ``rlzoo.loop.rl_step`` calls them —
+from the config): rlzoo's own pieces as ``rlzoo.rl.loop.rl_step`` calls them —
 
 - a training engine (``--engine``, default ``torch``) started from the config's ``trainer`` section, wrapped in
-  the learner a run builds (``RoutingLearner`` for an MoE policy, as ``rlzoo.run`` does, else ``Learner``);
+  the learner a run builds (``RoutingLearner`` for an MoE policy, as ``rlzoo.runtime.run`` does, else ``Learner``);
 - a synthetic rollout batch: ``prompts x scale`` of the task's train prompts (the real prompt tokens), each with
   ``group_size`` responses of random tokens whose lengths are uniform in ``[length / 2, length]`` (fixed seed; the
   rows of scale 1 are the first rows of every larger scale), padded as the loop pads them
   (``make_token_batch`` with ``response_width = length``); rewards are random 0/1 and the config's advantage
   source turns them into advantages;
 - the step: ``learner.old_logprobs`` over the whole batch, then one ``learner.update`` per minibatch
-  (``rlzoo.loop.minibatches``; ``--max-updates N`` runs only the first N of them, each still of the config's
+  (``rlzoo.rl.loop.minibatches``; ``--max-updates N`` runs only the first N of them, each still of the config's
   minibatch size, so the per-forward memory is unchanged and only the time shrinks) with the objective
   ``rlzoo.build_objective`` makes of the config's algorithm.
 
@@ -74,7 +74,7 @@ BUDGET_FIELD = "max_tokens_per_micro_batch"
 
 def has_micro_batching() -> bool:
     """Whether the imported rlzoo has the token-budget setting (the micro-batched engines)."""
-    from rlzoo.config import TrainerConfig
+    from rlzoo.config.schema import TrainerConfig
 
     return BUDGET_FIELD in TrainerConfig.model_fields
 
@@ -82,7 +82,7 @@ def has_micro_batching() -> bool:
 def engine_sets(engine: str, config_path: str) -> list[str]:
     """``--set`` items that select the training engine: the config's own spec when it names that engine (its ZeRO
     stage, MoE mode...), else the benchmarks' default spec."""
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
 
     config = load_config(config_path)
     if config.trainer.engine.name == engine:
@@ -93,9 +93,9 @@ def engine_sets(engine: str, config_path: str) -> list[str]:
 def prompt_pool(config, tokenizer, count: int) -> list[list[int]]:
     """The token ids of ``count`` train prompts of the config's task, drawn with the config's seed: the same pool for
     every point of a run (a point at scale ``s`` takes the first ``prompts x s`` of it)."""
-    from rlzoo.prompts import fit_prompts, prompt_ids
+    from rlzoo.episodes.prompts import fit_prompts, prompt_ids
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     task = make_task(config, default_registry())
     samples = fit_prompts(task.samples("train", None, config.seed), tokenizer, config.prompt, "train")
@@ -124,7 +124,7 @@ def synthetic_batch(config, tokenizer, spec: dict[str, Any]):
     from rlzoo.engines.tokens import make_token_batch
     from rlzoo.interfaces import RewardBatch
     from rlzoo.registry import default_registry
-    from rlzoo.run import create
+    from rlzoo.runtime.assembly import create
 
     length, group = spec["length"], spec["group_size"]
     prompts = prompt_pool(config, tokenizer, spec["pool"])[: spec["prompts"]]
@@ -159,13 +159,13 @@ def synthetic_batch(config, tokenizer, spec: dict[str, Any]):
 
 
 def make_learner(config, engine):
-    """The learner ``rlzoo.run`` builds: a ``RoutingLearner`` over an MoE policy (with the config's router policy),
+    """The learner ``rlzoo.runtime.run`` builds: a ``RoutingLearner`` over an MoE policy (with the config's router policy),
     else a plain ``Learner``."""
     from rlzoo.interfaces import RouterPolicy
-    from rlzoo.learner import Learner
     from rlzoo.registry import default_registry
-    from rlzoo.routing_learner import RoutingLearner
-    from rlzoo.run import create
+    from rlzoo.rl.learner import Learner
+    from rlzoo.rl.routing_learner import RoutingLearner
+    from rlzoo.runtime.assembly import create
 
     spec = config.algorithm.router
     policy = create(default_registry(), "router", spec) if spec is not None else RouterPolicy()
@@ -180,12 +180,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     import rlzoo
-    from rlzoo.config import load_config
-    from rlzoo.loop import minibatches
-    from rlzoo.seeds import step_seed
-    from rlzoo.objective import build_objective
+    from rlzoo.config.resolution import load_config
     from rlzoo.registry import default_registry
-    from rlzoo.run import create, engine_context, load_tokenizer
+    from rlzoo.rl.loop import minibatches
+    from rlzoo.rl.objective import build_objective
+    from rlzoo.runtime.assembly import create, engine_context, load_tokenizer
+    from rlzoo.util.seeds import step_seed
 
     model_dir = Path(spec["model_dir"])
     sets = list(spec["sets"])
@@ -267,7 +267,7 @@ def build_model(config, directory: Path) -> dict[str, Any]:
     """The policy with random weights (``rlzoo.models.build_tiny_model``, seeded) saved as an HF folder, once."""
     from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())
     model = build_tiny_model(config.model.tiny, tokenizer, seed=config.seed)
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(result_path).write_text(json.dumps(worker(json.loads(Path(spec_path).read_text()))))
         return 0
 
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
 
     micro = has_micro_batching()
     if not micro and args.activation_checkpointing:
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     # room for the longest prompt plus the longest response in the model's positions
     from rlzoo.models import build_char_tokenizer
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     pool = args.prompts * max(args.scales)
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())

@@ -69,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
 
     config = load_config(args.config, args.set)
     responses = config.rollout.prompts_per_step * config.rollout.group_size

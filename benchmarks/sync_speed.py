@@ -33,13 +33,13 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
     from rlzoo.engines import EngineContext
-    from rlzoo.engines.vllm_rollout import VLLMRolloutEngine
+    from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
     from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
     from rlzoo.models.export import checkpoint_weights
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     registry = default_registry()
     config = load_config(ROOT / "examples" / "bench" / f"{args.scale}.yaml", [], registry)

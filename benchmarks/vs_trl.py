@@ -77,7 +77,7 @@ class Bench:
     """One invocation: the config, the shared cold start, and every system's raw measurements."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from rlzoo.config import load_config
+        from rlzoo.config.resolution import load_config
 
         self.args = args
         self.config_path = str(args.config or SCALES[args.scale])
@@ -159,7 +159,7 @@ class Bench:
         return self.rlzoo_record(measured, out)
 
     def rlzoo_record(self, measured: Measured, out: Path) -> dict[str, Any]:
-        from rlzoo.checkpoint import latest_checkpoint
+        from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
         if measured.returncode != 0:
             return {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
@@ -219,8 +219,8 @@ class Bench:
         else:
             floor["generate"] = {"status": "skipped", "reason": "vllm not installed"}
         if rows is None:  # no generations to take the shape from: every row at full length (stated in the output)
-            from rlzoo.prompts import prompt_ids
-            from rlzoo.run import load_tokenizer
+            from rlzoo.episodes.prompts import prompt_ids
+            from rlzoo.runtime.assembly import load_tokenizer
 
             tokenizer = load_tokenizer(self.cold_start)
             sys.path.insert(0, str(WORKERS.parent))
@@ -415,7 +415,7 @@ def model_size(config) -> dict[str, Any]:
     from rlzoo.models import build_char_tokenizer
     from rlzoo.models.tiny import tiny_model_config
     from rlzoo.registry import default_registry
-    from rlzoo.run import make_task
+    from rlzoo.runtime.assembly import make_task
 
     tiny = config.model.tiny
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config import build_config, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.loading import read_yaml
+from rlzoo.config.resolution import build_config
+from rlzoo.reporting.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
@@ -35,7 +36,7 @@ def _no_process_group_left_behind():
     """A module that trains with DeepSpeed in this process leaves a torch.distributed group listening on the port
     it put in ``MASTER_PORT``; later modules' subprocesses would inherit that variable and fail to bind the port."""
     yield
-    from rlzoo.engines.deepspeed_env import shutdown_distributed
+    from rlzoo.engines.deepspeed.env import shutdown_distributed
 
     shutdown_distributed()
 
@@ -43,6 +44,18 @@ def _no_process_group_left_behind():
 @pytest.fixture(scope="session")
 def cold_start_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cold_start")
+
+
+# a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them
+VERIFIER_FOR = {
+    "gdpo": "verifier={name: weighted, verifiers: [{name: math, label: correct}, "
+            "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
+}
+
+
+def preset_needs(preset: str) -> list[str]:
+    """The overrides a preset needs beyond the main job's config to run at all (its verifier's reward parts)."""
+    return [VERIFIER_FOR[preset]] if preset in VERIFIER_FOR else []
 
 
 def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic", registry=None):

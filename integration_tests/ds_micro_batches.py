@@ -39,12 +39,12 @@ def gradient(model_dir: Path, algorithm: dict, budget: int, batch, dist, engine_
     import torch.distributed
 
     import rlzoo
-    from rlzoo.config import TrainerConfig
+    from rlzoo.config.schema import TrainerConfig
     from rlzoo.engines import EngineContext
-    from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine
+    from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
     from rlzoo.engines.tokens import select_rows
     from rlzoo.engines.torch_trainer import TorchTrainingEngine
-    from rlzoo.learner import Learner
+    from rlzoo.rl.learner import Learner
 
     stage = ENGINES[engine_name]
     engine = TorchTrainingEngine() if stage is None else DeepSpeedTrainingEngine(DeepSpeedTrainingEngine.Params(zero_stage=stage))
@@ -84,8 +84,8 @@ def _zero_norm(engine) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)
-    from rlzoo.distributed import setup
-    from rlzoo.engines.deepspeed_env import init_deepspeed_distributed
+    from rlzoo.engines.deepspeed.env import init_deepspeed_distributed
+    from rlzoo.runtime.distributed import setup
 
     model_dir, out_dir, objectives = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
     init_deepspeed_distributed("gloo")

@@ -38,7 +38,7 @@ def loss_fn(logp: torch.Tensor):
 
 
 def trainer_config(grad_clip):
-    from rlzoo.config import TrainerConfig
+    from rlzoo.config.schema import TrainerConfig
 
     return TrainerConfig(lr=LR, grad_clip=grad_clip)
 
@@ -49,7 +49,7 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from rlzoo.engines import EngineContext
-    from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine
+    from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
     from rlzoo.engines.tokens import select_rows
     from rlzoo.models import load_model
 

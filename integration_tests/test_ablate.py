@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLE, FAST
 
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
 
 CELLS = ("lr-0.0001", "lr-0.0002")
 RESUME_BACKEND = "ray" if importlib.util.find_spec("ray") is not None else "local"

@@ -17,8 +17,8 @@ import sys
 import pytest
 import yaml
 
-from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed", "datasets")),
@@ -44,7 +44,7 @@ def verl_rows(pairs, split):
 def test_chat_parquet_trains_three_steps_on_vllm_and_deepspeed_moe(tmp_path):
     import datasets
 
-    from rlzoo.config import TinyModelConfig
+    from rlzoo.config.schema import TinyModelConfig
     from rlzoo.models import build_tiny_model, save_model
     from rlzoo.models.chat import build_chat_tokenizer
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from conftest import make_config
 
-from rlzoo.metrics import read_metrics
-from rlzoo.run import train
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.run import train
 
 CRITIC_KEYS = ("critic/value_mean", "critic/vf_loss", "critic/grad_norm", "critic/explained_variance", "kl/in_reward")
 

@@ -37,10 +37,10 @@ pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install
 import ds_two_process as helper  # noqa: E402  (integration_tests/ is on sys.path: pytest's rootdir-relative import)
 from safetensors.torch import load_file  # noqa: E402
 
-from rlzoo.config import TinyModelConfig, TrainerConfig  # noqa: E402
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext  # noqa: E402
-from rlzoo.engines.deepspeed_env import shutdown_distributed  # noqa: E402
-from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine  # noqa: E402
+from rlzoo.engines.deepspeed.env import shutdown_distributed
+from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
 from rlzoo.engines.tokens import response_logprobs  # noqa: E402
 from rlzoo.engines.torch_trainer import TorchTrainingEngine  # noqa: E402
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, REPO
 
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
 
 EXAMPLE = REPO / "examples" / "distill_tiny.yaml"
 STEPS = 15

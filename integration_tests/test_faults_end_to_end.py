@@ -15,9 +15,9 @@ import textwrap
 import yaml
 from conftest import EXAMPLE, FAST
 
-from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.config import apply_overrides, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.loading import apply_overrides, read_yaml
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
 # `rlzoo` with one more plugin registered: the group advantage for two calls (steps 0 and 1), NaN afterwards
 RLZOO_WITH_PLUGIN = textwrap.dedent(

@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import make_config
 
-from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.metrics import read_metrics
 from rlzoo.models import load_model
-from rlzoo.run import train
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.runtime.run import train
 
 KEYS = ("reward/mean", "train/grad_norm", "kl/ref", "policy/entropy", "clip/fraction")
 ATTENTION = "[q_proj, k_proj, v_proj, o_proj]"

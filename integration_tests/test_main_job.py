@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import EXAMPLE
 
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from rlzoo.config import TinyModelConfig  # noqa: E402
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model  # noqa: E402
 
 HELPER = Path(__file__).with_name("ds_micro_batches.py")

@@ -40,8 +40,8 @@ import pytest
 import yaml
 from conftest import EXAMPLE, FAST, metrics_without_times
 
-from rlzoo.config import apply_overrides, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.loading import apply_overrides, read_yaml
+from rlzoo.reporting.metrics_log import read_metrics
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8)")
 
@@ -237,7 +237,7 @@ def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tm
     while rank 0 is writing the second, held there by the RLZOO_TEST_CHECKPOINT_PAUSE hook): the launcher ends
     rank 0 within a minute (a rank stuck at a collective would give up after RLZOO_DIST_TIMEOUT_S), the first
     checkpoint is the latest, and the resumed run logs the uninterrupted run's metrics."""
-    from rlzoo.checkpoint import PAUSE_ENV
+    from rlzoo.runtime.checkpoint.store import PAUSE_ENV
 
     reference = run("zero2", 2)
     marker = tmp_path / "half-written"

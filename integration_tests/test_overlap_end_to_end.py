@@ -1,6 +1,6 @@
 """``rollout.overlap: 1`` end to end (transformers rollouts, torch training): a run trains with finite metrics,
 every batch after the first sampled one step stale, and resumes from a checkpoint by sampling its first batch
-afresh (staleness 0 at that step, as rlzoo.overlap documents)."""
+afresh (staleness 0 at that step, as rlzoo.rl.overlap documents)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 from conftest import assert_finite_metrics, make_config
 
-from rlzoo.run import train
+from rlzoo.runtime.run import train
 
 
 def _train_rows(rows: list[dict]) -> list[dict]:

@@ -21,9 +21,9 @@ import statistics
 import pytest
 from test_multiprocess import finish, launch, write_launch_config
 
-from rlzoo.console import log_path
-from rlzoo.distributed import Dist
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.console import log_path
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.distributed import Dist
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8)")
 

@@ -9,20 +9,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_finite_metrics, make_config
+from conftest import assert_finite_metrics, make_config, preset_needs
 
 import rlzoo
-from rlzoo.config import dump_config
+from rlzoo.config.loading import dump_config
+from rlzoo.config.presets import PRESETS
 from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.metrics import read_metrics
 from rlzoo.registry import Registry
-from rlzoo.presets import PRESETS
-from rlzoo.run import train
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.run import train
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_runs_end_to_end(preset, tmp_path, cold_start_root):
-    config = make_config(tmp_path / preset, cold_start_root, f"algorithm.preset={preset}")
+    config = make_config(tmp_path / preset, cold_start_root, f"algorithm.preset={preset}", *preset_needs(preset))
     run_dir = train(config, progress=False)
     rows = assert_finite_metrics(run_dir, config.train.steps)
     steps = [r for r in rows if "reward/mean" in r]
@@ -62,7 +62,7 @@ def test_dynamic_sampling_with_equal_rewards_skips_updates_and_finishes(tmp_path
         "train.steps=2",
         registry=registry,
     )
-    with caplog.at_level(logging.WARNING, logger="rlzoo.loop"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.rl.loop"):
         run_dir = train(config, registry=registry, progress=False)
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
     assert [r["step"] for r in rows] == [0, 1]

@@ -3,7 +3,7 @@ a checkpoint that cannot be written stops the run and keeps the previous one.
 
 The transformers/torch engines are killed right after a checkpoint; the README main job's engines (vLLM rollouts,
 DeepSpeed ZeRO-2 with DeepSpeed-MoE) at seeded random moments and in the middle of writing a checkpoint (held
-there by the ``RLZOO_TEST_CHECKPOINT_PAUSE`` hook of :mod:`rlzoo.checkpoint`). The two-process DeepSpeed run
+there by the ``RLZOO_TEST_CHECKPOINT_PAUSE`` hook of :mod:`rlzoo.runtime.checkpoint.store`). The two-process DeepSpeed run
 killed on one rank is in test_multiprocess.py.
 """
 
@@ -22,9 +22,10 @@ import pytest
 import yaml
 from conftest import EXAMPLE, FAST, metrics_without_times
 
-from rlzoo.checkpoint import PAUSE_ENV, latest_checkpoint
-from rlzoo.config import apply_overrides, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.loading import apply_overrides, read_yaml
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.runtime.checkpoint.store import PAUSE_ENV
 
 STEPS = 8
 # PPO: the critic's weights and optimizer, and an adaptive KL-in-reward coefficient that moves every step, must

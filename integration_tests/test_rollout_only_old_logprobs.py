@@ -12,13 +12,13 @@ from pydantic import Field
 from safetensors.torch import load_file
 
 import rlzoo
-from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Params, RouterPolicy
-from rlzoo.learner import Learner
-from rlzoo.preflight import preflight
+from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry, default_registry
-from rlzoo.run import train
+from rlzoo.rl.learner import Learner
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.runtime.run import train
 
 
 def _run(tmp_path, cold_start_root, mode, *overrides):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from conftest import assert_finite_metrics, make_config
+from conftest import assert_finite_metrics, make_config, preset_needs
 
 from rlzoo import hookimpl
+from rlzoo.config.presets import PRESETS
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
-from rlzoo.presets import PRESETS
 from rlzoo.registry import default_registry
-from rlzoo.run import train
+from rlzoo.runtime.run import train
 
 TRAINERS = {
     "torch": [],
@@ -35,7 +35,8 @@ def train_rows(tmp_path, cold_start_root, *overrides):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_with_router_policy(preset, policy, trainer, tmp_path, cold_start_root):
     rows = train_rows(
-        tmp_path, cold_start_root, f"algorithm.preset={preset}", f"algorithm.router.name={policy}", *TRAINERS[trainer]
+        tmp_path, cold_start_root, f"algorithm.preset={preset}", f"algorithm.router.name={policy}", *TRAINERS[trainer],
+        *preset_needs(preset),
     )
     for row in rows:
         assert row["moe/flip_rate"] == 0.0  # the update passes used exactly the replayed experts

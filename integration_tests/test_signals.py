@@ -17,10 +17,10 @@ import pytest
 import yaml
 from conftest import EXAMPLE, FAST, metrics_without_times
 
-from rlzoo import runlock
-from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.config import apply_overrides, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.loading import apply_overrides, read_yaml
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime import runlock
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
 pytestmark = pytest.mark.skipif(
     not all(__import__("importlib").util.find_spec(m) for m in ("vllm", "deepspeed")), reason="needs vLLM and DeepSpeed"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tools_calculator.yaml"
 

@@ -13,9 +13,9 @@ from conftest import make_config
 
 import rlzoo
 from rlzoo.interfaces import Logger, Params
-from rlzoo.metrics import read_metrics
 from rlzoo.registry import Registry
-from rlzoo.run import train
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.run import train
 
 CALLS: dict[str, list] = {}
 

@@ -1,6 +1,6 @@
 """The vLLM rollout engine under LoRA (``model.lora``): it samples with the adapters it receives (``sync_adapter``)
 as the peft-wrapped training model does, on a tiny dense Qwen3 (attention and MLP adapters, prefix caching on) and a
-tiny Qwen3-MoE (attention adapters; vLLM on CPU has no expert adapters, see :mod:`rlzoo.engines.vllm_lora`).
+tiny Qwen3-MoE (attention adapters; vLLM on CPU has no expert adapters, see :mod:`rlzoo.engines.vllm.lora`).
 
 Needs vLLM (``bash scripts/install_vllm_cpu.sh``). One engine per model, shared by the module's tests in order.
 """
@@ -18,11 +18,11 @@ import torch  # noqa: E402
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
-from rlzoo.config import LoraConfig, TinyModelConfig  # noqa: E402
+from rlzoo.config.schema import LoraConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, Generation, SamplingSettings  # noqa: E402
-from rlzoo.engines.vllm_rollout import VLLMRolloutEngine  # noqa: E402
+from rlzoo.engines.lora import adapter, merged_weights, wrap
+from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model  # noqa: E402
-from rlzoo.models.lora import adapter, merged_weights, wrap  # noqa: E402
 
 TOL = 1e-5  # per-token |logp_vllm - logp_peft| in fp32; measured at most 7.2e-7 on CPU (merged vs adapter: 2.4e-6)
 TARGETS = {

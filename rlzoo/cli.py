@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
-import contextlib
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlzoo import runlock, signals
 from rlzoo.errors import RlzooError
+from rlzoo.runtime import runlock, signals
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
 if TYPE_CHECKING:
-    from rlzoo.memory_estimate import MemoryEstimate
+    from rlzoo.models.memory import MemoryEstimate
 
 
 def _registry():
@@ -32,7 +33,10 @@ def _registry():
 
 
 def cmd_plugins_list(args: argparse.Namespace) -> int:
+    from rlzoo.local_plugins import load_plugins
+
     registry = _registry()
+    load_plugins(args.plugin or [], registry, "--plugin", Path.cwd())
     rows = [
         {"kind": i.kind, "name": i.name, "distribution": i.distribution, "plugin": i.plugin, "summary": i.summary,
          "duplicate": i.duplicate}
@@ -50,14 +54,15 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
 
-    return load_config(args.config, args.set or [], _registry())
+    return load_config(args.config, args.set or [], _registry(), plugins=args.plugin or [])
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from rlzoo.config import dump_config
-    from rlzoo.preflight import device_memory_limit, preflight
+    from rlzoo.config.loading import dump_config
+    from rlzoo.preflight.checks import preflight
+    from rlzoo.preflight.memory_fit import device_memory_limit
 
     device_memory = _device_memory(args.device_memory)
     config = _load(args)
@@ -78,7 +83,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def _device_memory(text: str | None) -> int | None:
     """``--device-memory`` in bytes; a bad value is a config error naming the flag."""
     from rlzoo.errors import ConfigError
-    from rlzoo.memory_estimate import parse_bytes
+    from rlzoo.util.units import parse_bytes
 
     try:
         return parse_bytes(text) if text is not None else None
@@ -89,12 +94,13 @@ def _device_memory(text: str | None) -> int | None:
 def _memory_report(memory: MemoryEstimate, processes: int, limit: tuple[str, int] | None) -> list[str]:
     """The estimate per rank as YAML comment lines (the printed config stays valid YAML): for a model of GPU size,
     or whenever a device memory is known; nothing for the tiny CPU models."""
-    from rlzoo.memory_estimate import GPU_SCALE_PARAMETERS, format_bytes
+    from rlzoo.models.memory import GPU_SCALE_PARAMETERS
+    from rlzoo.util.units import format_bytes
 
     if limit is None and memory.parameters < GPU_SCALE_PARAMETERS:
         return []
     device = f"; fits {format_bytes(limit[1])} ({limit[0]})" if limit is not None else ""
-    head = f"GPU memory per rank, estimated (rlzoo.memory_estimate), {processes} process(es){device}:"
+    head = f"GPU memory per rank, estimated (rlzoo.models.memory), {processes} process(es){device}:"
     return [head, *(f"  {line}" for line in memory.lines(limit[1] if limit is not None else None))]
 
 
@@ -106,22 +112,24 @@ ALLOW_CHANGES_HELP = (
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlzoo import distributed
-    from rlzoo.console import final_summary, log_path, run_console, start_summary
-    from rlzoo.preflight import preflight
-    from rlzoo.resume_changes import config_changes
-    from rlzoo.run import TrainingRun
+    from rlzoo.preflight.checks import preflight
+    from rlzoo.preflight.resume_changes import config_changes
+    from rlzoo.reporting.console import final_summary, log_path, run_console, start_summary
+    from rlzoo.runtime import distributed
+    from rlzoo.runtime.run import TrainingRun
 
     config, registry = _load(args), _registry()
     resume = Path(args.resume) if args.resume else None
     run_dir = resume or Path(config.output_dir)
     rank = int(os.environ.get("RANK", "0"))  # under torchrun / deepspeed every rank gets here; rank 0 reports
-    if rank == 0:  # a folder another process is writing: say by whom before anything else (rlzoo.runlock)
+    if rank == 0:  # a folder another process is writing: say by whom before anything else (rlzoo.runtime.runlock)
         runlock.check_run_folder(run_dir, resume=resume is not None)
     world = distributed.launched_world_size()
     preflight(config, registry, resume=resume, world=world, allow_changes=args.allow_changes or [])  # before any file
     # one writer per run folder: rank 0 holds its lock from before the first file is written until the run ends
-    command = f"rlzoo train {args.config}" + (f" --resume {resume}" if resume is not None else "")
+    # how to run it again: the --plugin files too, since a resume reads the user's config, not the run's config.yaml
+    again = args.config + "".join(f" --plugin {shlex.quote(path)}" for path in args.plugin or [])
+    command = f"rlzoo train {again}" + (f" --resume {resume}" if resume is not None else "")
     hold = runlock.hold_run_folder(run_dir, command, resume is not None) if rank == 0 else contextlib.nullcontext()
     since = time.time()
     try:
@@ -131,14 +139,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                 console.print("\n".join(start_summary("train", args.config, config, run_dir, console, changes)))
             run_dir = TrainingRun(config, registry, resume).run()
             if rank == 0:
-                console.print("\n".join(final_summary(run_dir, args.config, console)))
+                console.print("\n".join(final_summary(run_dir, again, console)))
     except BaseException as err:  # SIGINT / SIGTERM (or an error while stopping for one): where it stopped
         signum = signals.stop_signal(err)
         if signum is None:
             raise
         if rank == 0:
             steps = config.train.steps
-            message = signals.stopped_message(signum, run_dir, args.config, steps, bool(args.set), since)
+            message = signals.stopped_message(signum, run_dir, again, steps, bool(args.set), since)
         else:
             message = f"interrupted by {signals.signal_name(signum)} (rank {rank})"
         raise signals.Interrupted(signum, message) from None
@@ -146,9 +154,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlzoo.console import log_path, run_console, start_summary
-    from rlzoo.run import initial_model_dir, make_task
-    from rlzoo.sft import cold_start_dir
+    from rlzoo.reporting.console import log_path, run_console, start_summary
+    from rlzoo.runtime.assembly import initial_model_dir, make_task
+    from rlzoo.runtime.cold_start import cold_start_dir
 
     config, registry = _load(args), _registry()
     hold = runlock.hold_run_folder(Path(config.output_dir), f"rlzoo sft {args.config}")  # its log.txt is there
@@ -161,28 +169,35 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """A checkpoint's LoRA adapters merged into their base, as a plain Hugging Face folder."""
-    from rlzoo.models.lora import export_merged
+    """A checkpoint's LoRA adapters merged into their base, as a plain Hugging Face folder; the checkpoint's files
+    verified against its digests.json first, as --resume does (the checks of the adapters and the base:
+    rlzoo.engines.lora.export_merged)."""
+    from rlzoo.engines.lora import ADAPTER_CONFIG, export_merged
+    from rlzoo.runtime.checkpoint.digests import MANIFEST, verify_checkpoint
 
     source, output = Path(args.checkpoint), Path(args.output)
+    if not source.is_dir():
+        raise RlzooError(f"export: {source} is not a folder; name a checkpoint (checkpoints/step_N) or its model/")
     if source.name != "model" and (source / "model").is_dir():
         source = source / "model"  # a checkpoints/step_N folder
-    config = source / "adapter_config.json"
-    if not config.is_file():
+    if not (source / ADAPTER_CONFIG).is_file():
         hint = " (already a plain Hugging Face folder: use it as it is)" if (source / "config.json").is_file() else ""
-        raise RlzooError(f"export: {source} holds no LoRA adapters (no adapter_config.json){hint}")
-    base = Path(args.base) if args.base else Path(json.loads(config.read_text()).get("base_model_name_or_path") or "")
-    if not (base / "config.json").is_file():
-        raise RlzooError(f"export: the adapters' base model {str(base) or '(not recorded)'} is not a Hugging Face "
-                         "folder; pass --base DIR")
+        raise RlzooError(f"export: {source} holds no LoRA adapters (no {ADAPTER_CONFIG}){hint}")
+    if (source.parent / MANIFEST).is_file():  # a checkpoint's model/ folder: only its files are read
+        check = verify_checkpoint(source.parent, within=source.name)
+        if not check.intact:
+            raise RlzooError(f"export: checkpoint {source.parent} is damaged ({'; '.join(check.problems)}); export "
+                             "an earlier checkpoint, or restore the files from a copy")
+    if output.exists() and not output.is_dir():
+        raise RlzooError(f"export: {output} is a file; choose a new or empty folder")
     if output.exists() and any(output.iterdir()):
         raise RlzooError(f"export: {output} exists and is not empty; choose another folder")
-    print(export_merged(source, output, base))
+    print(export_merged(source, output, Path(args.base) if args.base else None))
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from rlzoo.plot import plot_run
+    from rlzoo.reporting.plot import plot_run
 
     for path in plot_run(Path(args.run_dir)):
         print(path)
@@ -195,7 +210,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     options = AblateOptions(
         config=args.config, vary=args.vary or [], seeds=args.seeds, out=Path(args.out), sets=args.set or [],
         jobs=args.jobs, backend=args.backend, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run,
-        max_runs=args.max_runs, yes=args.yes,
+        max_runs=args.max_runs, yes=args.yes, plugins=args.plugin or [],
     )
     sweep, status = ablate(options, _registry())
     try:
@@ -233,15 +248,20 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = root.add_subparsers(dest="command", required=True)
 
+    def with_plugins(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--plugin", action="append", metavar="PATH", help="a Python file (or module.name) whose "
+                       "components to load, as the config's plugins: list (repeatable; docs/writing-a-plugin.md)")
+        return p
+
     plugins = sub.add_parser("plugins", help="inspect installed components").add_subparsers(dest="action", required=True)
-    listing = plugins.add_parser("list", help="every registered component")
+    listing = with_plugins(plugins.add_parser("list", help="every registered component"))
     listing.add_argument("--json", action="store_true", help="print a JSON list")
     listing.set_defaults(func=cmd_plugins_list)
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("config", help="YAML run config")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
-        return p
+        return with_plugins(p)
 
     def verbose(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         # also after the command (`rlzoo train CONFIG --verbose`); SUPPRESS keeps the root option's value otherwise
@@ -306,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM is handled as SIGINT: the command stops, says where, and exits 128 + the signal's number; a second
-    # signal ends it at once (rlzoo.signals)
+    # signal ends it at once (rlzoo.runtime.signals)
     with signals.stop_signals():
         try:
             return _main(argv)
@@ -319,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
-    # train and sft set up their own console and log file (rlzoo.console); the other commands only need this
+    # train and sft set up their own console and log file (rlzoo.reporting.console); the other commands only need this
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)

@@ -41,7 +41,7 @@ class DuplicateComponentError(RegistryError):
         self.kind, self.name, self.first, self.second = kind, name, first, second
         super().__init__(
             f"{kind} {name!r} is registered twice: by {first} and by {second}. "
-            "Uninstall one of the two distributions or rename one component."
+            "Uninstall one of the two distributions (or drop the script from plugins) or rename one component."
         )
 
 

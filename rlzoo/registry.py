@@ -6,6 +6,11 @@ is reported together with those failures. Two plugins that register the same ``k
 (marked) and stop only a config that uses that name, with an error naming both distributions. A misspelt
 parameter is reported with the component's valid parameter names; a component whose constructor raises is
 reported as ``<config field>: <kind> <name> (<distribution>): <message>``.
+
+A plugin module contributes components through its module-level ``@rlzoo.hookimpl`` functions, or by marking a
+component class with :func:`register` (``@rlzoo.register("clipper", "my-clip")``): the marked classes of a module
+are handed to pluggy as that module's hook implementations, so every check above applies to them alike. Local
+files and modules (``plugins:``, ``--plugin``) are loaded into a registry by :mod:`rlzoo.local_plugins`.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import difflib
 import functools
 import importlib.metadata
 import traceback
-from collections.abc import Iterable, Mapping
+import types
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 from pydantic import ValidationError
@@ -26,6 +32,66 @@ from rlzoo.errors import ConfigError, DuplicateComponentError, RegistryError, Rl
 from rlzoo.interfaces.base import Component, Params
 
 ENTRY_POINT_GROUP = "rlzoo"
+
+C = TypeVar("C", bound=type)
+
+#: module name -> the (hook name, class) pairs :func:`register` marked in it, in definition order
+_MARKED: dict[str, list[tuple[str, type]]] = {}
+_HOOK_OF_KIND = {kind: hook for hook, kind in hookspecs.HOOK_KINDS.items()}
+
+
+def register(kind: str, name: str) -> Callable[[C], C]:
+    """Mark a component class for the plugin module that defines it: ``@rlzoo.register("clipper", "my-clip")``.
+
+    Sets the class's ``name``; when the module is loaded as a plugin (``plugins:`` / ``--plugin``, or an entry
+    point), the class is contributed through ``kind``'s hook, with the same checks as a class a hook returns (a
+    ``Component`` of that kind, a name unique within it). ``kind`` is one of :data:`rlzoo.hookspecs.HOOK_KINDS`.
+    """
+    if kind not in _HOOK_OF_KIND:
+        raise RegistryError(f"rlzoo.register: unknown component kind {kind!r}; kinds: {', '.join(_HOOK_OF_KIND)}")
+    if not isinstance(name, str) or not name:
+        raise RegistryError(f"rlzoo.register({kind!r}, {name!r}): the name must be a non-empty string")
+
+    def mark(cls: C) -> C:
+        here = f"@rlzoo.register({kind!r}, {name!r})"
+        if not (isinstance(cls, type) and issubclass(cls, Component)):
+            what = cls.__name__ if isinstance(cls, type) else repr(cls)
+            raise RegistryError(f"{here} marks {what}, which is not a component class (subclass one of "
+                                "rlzoo.interfaces' base classes)")
+        if cls.kind != kind:  # said here, at the class, rather than when the registry collects it
+            raise RegistryError(f"{here} marks {cls.__name__}, whose base class makes it a {cls.kind!r}, not {kind!r}")
+        cls.name = name
+        marks = _MARKED.setdefault(cls.__module__, [])
+        # a module run again (a notebook cell, a reload) marks its classes again: the newer class replaces the older
+        marks[:] = [(hook, c) for hook, c in marks if (hook, c.name) != (_HOOK_OF_KIND[kind], name)]
+        marks.append((_HOOK_OF_KIND[kind], cls))
+        return cls
+
+    return mark
+
+
+def forget_marks(module_name: str) -> None:
+    """Drop what :func:`register` marked in a module that failed to load (its classes are not contributed)."""
+    _MARKED.pop(module_name, None)
+
+
+def _marked_hooks(plugin: Any) -> Any | None:
+    """The classes marked in a plugin module, as an object whose hook implementations return them."""
+    marked = _MARKED.get(plugin.__name__) if isinstance(plugin, types.ModuleType) else None
+    if not marked:
+        return None
+    hooks = {}
+    for hook_name in dict.fromkeys(hook for hook, _ in marked):
+        hooks[hook_name] = _returning([cls for hook, cls in marked if hook == hook_name])
+    return types.SimpleNamespace(**hooks)
+
+
+def _returning(classes: list[type]) -> Callable[[], list[type]]:
+    @hookspecs.hookimpl
+    def hook() -> list[type]:
+        return list(classes)
+
+    return hook
 
 
 @dataclass(frozen=True)
@@ -96,31 +162,47 @@ class Registry:
             registry.add_plugin(plugin, name=ep.name, distribution=distribution)
         return registry
 
-    def add_plugin(self, plugin: Any, *, name: str, distribution: str) -> None:
-        """Register a plugin object and collect the components its hooks return."""
-        registered = False
+    def add_plugin(self, plugin: Any, *, name: str, distribution: str) -> list[ComponentInfo]:
+        """Register a plugin object and collect the components its hooks return (and the classes it marks with
+        :func:`register`); a plugin that breaks the hooks' contract is recorded in ``load_errors`` and contributes
+        nothing. Returns what it contributed."""
         try:
-            # pluggy's key is internal; entry-point names are only unique within one distribution
-            self._pm.register(plugin, name=f"{distribution}:{name}")
-            registered = True
-            self._pm.check_pending()  # a misspelt hook (rlzoo_clipper) would otherwise contribute nothing, silently
-            found = list(self._collect(plugin, name))
+            return self.register_plugin(plugin, name=name, distribution=distribution)
         except Exception as exc:  # also a hookimpl pluggy rejects, or the same module registered twice
-            if registered:
-                self._pm.unregister(plugin)
             self.load_errors.append(
                 PluginLoadError(name, distribution, f"{type(exc).__name__}: {exc}", traceback.format_exc())
             )
-            return
-        for kind, cls in found:
-            key = (kind, cls.name)
-            info = ComponentInfo(kind, cls.name, cls, name, distribution)
+            return []
+
+    def register_plugin(self, plugin: Any, *, name: str, distribution: str) -> list[ComponentInfo]:
+        """:meth:`add_plugin`, but a plugin that breaks the contract raises (and contributes nothing)."""
+        parts = [plugin, *filter(None, [_marked_hooks(plugin)])]
+        registered = []
+        try:
+            for i, part in enumerate(parts):
+                # pluggy's key is internal; entry-point names are only unique within one distribution
+                self._pm.register(part, name=f"{distribution}:{name}" + ("" if i == 0 else ":register"))
+                registered.append(part)
+            self._pm.check_pending()  # a misspelt hook (rlzoo_clipper) would otherwise contribute nothing, silently
+            found = [item for part in parts for item in self._collect(part)]
+        except Exception:
+            for part in registered:
+                self._pm.unregister(part)
+            raise
+        infos = [ComponentInfo(kind, cls.name, cls, name, distribution) for kind, cls in found]
+        for info in infos:
+            key = (info.kind, info.name)
             if key in self._components:  # both stay listed; only a config naming it fails (get)
                 self._duplicates.setdefault(key, [self._components[key]]).append(info)
                 continue
             self._components[key] = info
+        return infos
 
-    def _collect(self, plugin: Any, plugin_name: str) -> Iterable[tuple[str, type[Component]]]:
+    def has_plugin(self, plugin: Any) -> bool:
+        """Whether this plugin object (a module) is registered already."""
+        return self._pm.is_registered(plugin)
+
+    def _collect(self, plugin: Any) -> Iterable[tuple[str, type[Component]]]:
         for hook_name, kind in hookspecs.HOOK_KINDS.items():
             for impl in getattr(self._pm.hook, hook_name).get_hookimpls():
                 if impl.plugin is not plugin:

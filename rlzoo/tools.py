@@ -18,9 +18,13 @@ malformed   the parser could not read the call (bad JSON, no name)
 A call's budget is its tool's ``timeout_s``, capped by ``timeout`` when given; since the calls run concurrently,
 a turn takes about its slowest call's budget at most. A call past its budget is abandoned, not stopped: Python
 cannot kill a thread, so an in-process tool that hangs keeps its (daemon) thread until its ``call`` returns, its
-result discarded; :func:`abandoned_calls` counts such threads still running. Tools that may hang must therefore
+result discarded: its outcome says so (``abandoned``, counted in ``tool/abandoned``), and :func:`abandoned_calls`
+counts such threads still running (the run's final summary reports both). Tools that may hang must therefore
 bound themselves or work in a subprocess they kill: the ``python`` tool's sandbox is killed at its own
 ``timeout_s``. Reference: verl's ``tool_agent_loop.py`` (tools run concurrently with ``asyncio.gather``).
+
+A tool whose every call of a batch of episodes failed is named once on the console (:func:`failing_tools` finds it;
+:mod:`rlzoo.episodes.faults` warns).
 """
 
 from __future__ import annotations
@@ -48,12 +52,14 @@ class ToolOutcome:
     status:  one of :data:`OUTCOMES`.
     content: the observation text shown to the model (an ``Error: ...`` line unless ``status`` is ``ok``).
     seconds: how long the turn waited for it.
+    abandoned: the call ran past its budget and its thread was left running (a ``timeout`` the tool did not end).
     """
 
     name: str
     status: str
     content: str
     seconds: float = 0.0
+    abandoned: bool = False
 
     @property
     def ok(self) -> bool:
@@ -110,6 +116,16 @@ def count_outcomes(outcomes: Iterable[ToolOutcome]) -> dict[str, int]:
     return {status: counts.get(status, 0) for status in OUTCOMES}
 
 
+def failing_tools(outcomes: Iterable[ToolOutcome]) -> dict[str, list[ToolOutcome]]:
+    """The tools none of whose calls in ``outcomes`` succeeded, each with its calls: every one ended ``error`` or
+    ``timeout`` (a ``malformed`` call names no tool; an ``unknown`` one names a tool that is not there)."""
+    calls: dict[str, list[ToolOutcome]] = {}
+    for outcome in outcomes:
+        if outcome.status in ("ok", "error", "timeout"):
+            calls.setdefault(outcome.name, []).append(outcome)
+    return {name: mine for name, mine in calls.items() if not any(o.ok for o in mine)}
+
+
 def abandoned_calls() -> int:
     """Threads of calls past their budget that are still running (an in-process tool that hung)."""
     return sum(1 for t in list(_abandoned) if t.is_alive())
@@ -150,7 +166,8 @@ class _Running:
         seconds = time.monotonic() - self.start
         if not finished:
             _abandoned.add(self.thread)
-            return ToolOutcome(name, "timeout", f"Error: {name} timed out after {self.budget:g} s", seconds)
+            message = f"Error: {name} timed out after {self.budget:g} s"
+            return ToolOutcome(name, "timeout", message, seconds, abandoned=True)
         if isinstance(self.error, ToolTimeout):
             return ToolOutcome(name, "timeout", f"Error: {name}: {self.error}", seconds)
         if isinstance(self.error, ToolError):

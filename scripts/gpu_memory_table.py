@@ -1,4 +1,4 @@
-"""Print the table of docs/gpu.md: each GPU recipe's estimated memory per rank (rlzoo.memory_estimate).
+"""Print the table of docs/gpu.md: each GPU recipe's estimated memory per rank (rlzoo.models.memory).
 
     python scripts/gpu_memory_table.py
 
@@ -13,9 +13,11 @@ import json
 import shlex
 from pathlib import Path
 
-from rlzoo.config import load_config
-from rlzoo.memory_estimate import GB, ModelShape, estimate, format_bytes, parse_bytes
+from rlzoo.config.resolution import load_config
+from rlzoo.models.memory import ModelShape
+from rlzoo.preflight.memory_fit import estimate
 from rlzoo.registry import default_registry
+from rlzoo.util.units import GB, format_bytes, parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "examples" / "gpu").glob("*.yaml"))

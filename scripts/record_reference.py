@@ -12,6 +12,13 @@ verl is stubbed. The output is JSON, every float written with Python's shortest 
 values come back bit-exact.
 ``estimators/tests/test_estimators_reference.py`` feeds the same inputs to rlzoo's components.
 
+Rollout correction is recorded apart (``record_rollout_corr``), into
+``estimators/tests/reference/verl_rollout_corr.json`` (``--rollout-corr-out``): verl's ``rollout_corr_helper`` (IS
+weights, rejection masks, their metrics, and each ``RolloutCorrectionConfig`` preset through
+``compute_rollout_correction_and_rejection_mask``) and TRL's ``GRPOTrainer.get_off_policy_mask`` (a static method,
+the one TRL function recorded; ``ROLLOUT_CORR_PINS``, its imports from the environment).
+``estimators/tests/test_estimators_rollout_corr.py`` checks rlzoo's corrections against it.
+
 TRL is not recorded: its losses live inline in ``GRPOTrainer._compute_loss``, which needs a model and an
 accelerator, and TRL exposes no function that computes them on plain tensors.
 """
@@ -38,6 +45,15 @@ PINS = [
     "ray==2.60.0",
 ]
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "estimators" / "tests" / "reference" / "verl.json"
+# TRL for its off-policy sequence mask (a static method callable on tensors); transformers, accelerate, datasets and
+# pandas, which importing its trainer needs, come from the environment
+ROLLOUT_CORR_PINS = ["trl==1.16.0"]
+ROLLOUT_CORR_OUT = DEFAULT_OUT.parent / "verl_rollout_corr.json"
+# the 2026 zoo (record_2026): verl's DPPO / DRO losses and ReMax / pass@k / GDPO / optimal-token-baseline advantages
+# (verl 0.9.1 above), TRL's VESPO weights; TRL's own imports (transformers, accelerate, datasets, pandas) are the
+# environment's
+PINS_2026 = ["trl==1.16.0"]
+OUT_2026 = DEFAULT_OUT.with_name("verl_2026.json")
 
 
 def install(target: Path) -> None:
@@ -380,22 +396,385 @@ def record(out: Path) -> None:
     print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Rollout correction (verl_rollout_corr.json): verl's rollout_corr_helper and TRL's off-policy sequence mask.
+
+
+def install_rollout_corr(target: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), *ROLLOUT_CORR_PINS]
+    subprocess.run(cmd, check=True)
+
+
+def _mismatch_batch(seed: int, spread: float, *, rows: int = 8, width: int = 9):
+    """float64 (old_train, old_rollout, mask, advantages): one empty response, finite junk at padding, a
+    per-response advantage of either sign, and the training engine's log-probs ``spread`` away from the rollout's."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, width + 1, (rows,), generator=g)
+    lengths[rows // 2] = 0
+    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.float64)
+    rollout = -(torch.rand(rows, width, generator=g, dtype=torch.float64) * 3.0 + 0.05)
+    train = rollout + torch.randn(rows, width, generator=g, dtype=torch.float64) * spread
+    adv = torch.randn(rows, 1, generator=g, dtype=torch.float64).expand(rows, width) * mask
+    junk = torch.full_like(rollout, -1.0)
+    return torch.where(mask > 0, train, junk), torch.where(mask > 0, rollout, junk - 0.5), mask, adv
+
+
+def _batch_json(train, rollout, mask, adv=None) -> dict:
+    out = {"old_train": train.tolist(), "old_rollout": rollout.tolist(), "mask": mask.tolist()}
+    return out if adv is None else {**out, "advantages": adv.tolist()}
+
+
+def _scalars(metrics: dict) -> dict:
+    return {key.removeprefix("rollout_corr/"): float(value) for key, value in metrics.items()}
+
+
+def _exercised(case_id: str, kept, valid) -> None:
+    """A case must both keep and drop (or cap) some response tokens, else it proves nothing."""
+    kept = kept[valid > 0]
+    if kept.all() or not kept.any():
+        raise RuntimeError(f"rollout correction case {case_id} keeps all or nothing; pick other inputs")
+
+
+def _rollout_is_cases():
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    cases = []
+    specs = [("token", 2.0, False, 0.6), ("token", "0.5_5.0", False, 0.9), ("token", 1.5, True, 0.6),
+             ("sequence", 2.0, False, 0.4), ("sequence", "0.5_5.0", False, 0.5), ("sequence", 3.0, True, 0.4)]
+    for seed, (level, threshold, normalize, spread) in enumerate(specs):
+        train, rollout, mask, _ = _mismatch_batch(600 + seed, spread)
+        weights, metrics = rc.compute_rollout_correction_weights(
+            train - rollout, mask, rollout_is=level, rollout_is_threshold=threshold,
+            rollout_is_batch_normalize=normalize,
+        )
+        plain, _ = rc.compute_rollout_correction_weights(
+            train - rollout, mask, rollout_is=level, rollout_is_threshold=threshold
+        )
+        raw, _ = rc.compute_rollout_correction_weights(
+            train - rollout, mask, rollout_is=level, rollout_is_threshold=1e30
+        )
+        case_id = f"rollout_is-{level}-{threshold}" + ("-normalize" if normalize else "")
+        _exercised(case_id, plain == raw, mask)
+        cases.append({
+            "id": case_id,
+            "verl": {"rollout_is": level, "rollout_is_threshold": threshold, "rollout_is_batch_normalize": normalize},
+            "inputs": _batch_json(train, rollout, mask),
+            "outputs": {"weights": weights.tolist(), "metrics": _scalars(metrics)},
+        })
+    return cases
+
+
+def _rollout_rs_cases():
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    # one per option, thresholds that reject some of these inputs; then chains (every criterion must pass)
+    specs = [
+        ("token_k1", "0.7_1.3"), ("token_k1", 1.4), ("token_k2", 0.05), ("token_k3", 0.05),
+        ("seq_sum_k1", "0.5_2.0"), ("seq_sum_k2", 0.3), ("seq_sum_k3", 0.3),
+        ("seq_mean_k1", "0.9_1.1"), ("seq_mean_k2", 0.04), ("seq_mean_k3", 0.04),
+        ("seq_max_k2", 0.2), ("seq_max_k3", 0.2),
+        ("token_k1,seq_max_k3", "0.6_1.5,0.3"), ("seq_sum_k2,seq_mean_k1,token_k3", "0.6,0.85_1.2,0.1"),
+        ("seq_mean_k1,token_k2", 1.25),
+    ]
+    cases = []
+    for seed, (options, threshold) in enumerate(specs):
+        train, rollout, mask, _ = _mismatch_batch(700 + seed, 0.3)
+        kept, metrics = rc.compute_rollout_rejection_mask(
+            train - rollout, mask, rollout_rs=options, rollout_rs_threshold=threshold
+        )
+        case_id = f"rollout_rs-{options}-{threshold}"
+        _exercised(case_id, kept > 0, mask)
+        cases.append({
+            "id": case_id,
+            "verl": {"rollout_rs": options, "rollout_rs_threshold": threshold},
+            "inputs": _batch_json(train, rollout, mask),
+            "outputs": {"mask": kept.tolist(), "metrics": _scalars(metrics)},
+        })
+    return cases
+
+
+# verl's presets of RolloutCorrectionConfig whose correction the rollout correction computes (the bypass_pg_* ones
+# change the policy loss, not the correction); the spread of each case's mismatch suits its thresholds
+ROLLOUT_CORR_PRESETS = {
+    "decoupled_token_is": 0.6, "decoupled_seq_is": 0.4, "decoupled_token_icepop": 0.9, "decoupled_seq_is_rs": 0.4,
+    "decoupled_geo_rs": 0.002, "decoupled_geo_rs_seq_tis": 0.002, "decoupled_geo_rs_token_tis": 0.002,
+    "decoupled_k3_rs": 0.15, "decoupled_k3_rs_seq_tis": 0.15, "decoupled_k3_rs_token_tis": 0.15,
+    "bypass_ppo_clip_geo_rs": 0.002, "bypass_ppo_clip_k3_rs": 0.15,
+}
+
+
+def _rollout_corr_preset_cases():
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    cases = []
+    for seed, (preset, spread) in enumerate(ROLLOUT_CORR_PRESETS.items()):
+        config = getattr(RolloutCorrectionConfig, preset)()
+        fields = {
+            key: getattr(config, key)
+            for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                        "rollout_rs_threshold", "bypass_mode", "loss_type")
+        }
+        train, rollout, mask, _ = _mismatch_batch(800 + seed, spread)
+        weights, kept, metrics = rc.compute_rollout_correction_and_rejection_mask(
+            train, rollout, mask, **{k: v for k, v in fields.items() if k not in ("bypass_mode", "loss_type")}
+        )
+        weights = weights.batch["rollout_is_weights"] if weights is not None else None
+        if fields["rollout_rs"] is not None:
+            _exercised(preset, kept > 0, mask)
+        cases.append({
+            "id": preset,
+            "verl": fields,
+            "inputs": _batch_json(train, rollout, mask),
+            "outputs": {
+                "weights": None if weights is None else weights.tolist(),
+                "mask": kept.tolist(),
+                "metrics": _scalars(metrics),
+            },
+        })
+    return cases
+
+
+def _trl_opsm_cases():
+    import torch
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    cases = []
+    for seed, (threshold, per_token) in enumerate([(0.05, False), (0.2, False), (0.05, True)]):
+        train, rollout, mask, adv = _mismatch_batch(900 + seed, 0.4)
+        if per_token:  # per-token advantages (a process reward): the sign may change inside a response
+            g = torch.Generator().manual_seed(950 + seed)
+            adv = torch.randn(adv.shape, generator=g, dtype=torch.float64) * mask
+        kept = GRPOTrainer.get_off_policy_mask(
+            advantages=adv if per_token else adv[:, :1], per_token_logps=train, sampling_per_token_logps=rollout,
+            mask=mask, off_policy_threshold=threshold,
+        )
+        kept = kept.expand_as(mask)
+        case_id = f"opsm-{threshold}" + ("-per-token" if per_token else "")
+        _exercised(case_id, kept > 0, mask)
+        cases.append({
+            "id": case_id,
+            "trl": {"off_policy_mask_threshold": threshold},
+            "inputs": _batch_json(train, rollout, mask, adv),
+            "outputs": {"mask": kept.tolist()},
+        })
+    return cases
+
+
+def record_rollout_corr(out: Path) -> None:
+    import torch
+    import trl
+    import verl
+
+    torch.set_default_dtype(torch.float64)
+    data = {
+        "source": f"verl {verl.__version__}, trl {trl.__version__}",
+        "pins": PINS + ROLLOUT_CORR_PINS,
+        "generated_by": "scripts/record_reference.py (record_rollout_corr)",
+        "rollout_is": _rollout_is_cases(),
+        "rollout_rs": _rollout_rs_cases(),
+        "presets": _rollout_corr_preset_cases(),
+        "trl_opsm": _trl_opsm_cases(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
+
+
+def _policy_cases_2026():
+    """verl's dppo_tv, dppo_kl and dro through get_policy_loss_fn, as _policy_case records the others."""
+    tv = {"clip_ratio": 0.15, "clip_ratio_low": 0.15, "clip_ratio_high": 0.15}
+    kl = {"clip_ratio": 0.05, "clip_ratio_low": 0.05, "clip_ratio_high": 0.05}
+    cases = [
+        _policy_case("dppo_tv-token-mean", "dppo_tv", "token-mean", {**tv, "clip_ratio_c": 1.5}, 40, spread=0.5),
+        _policy_case(
+            "dppo_tv-asym-seq-mean-token-sum-norm", "dppo_tv", "seq-mean-token-sum-norm",
+            {"clip_ratio": 0.1, "clip_ratio_low": 0.05, "clip_ratio_high": 0.2, "clip_ratio_c": 20.0}, 41, spread=0.6,
+        ),
+        _policy_case("dppo_kl-token-mean", "dppo_kl", "token-mean", {**kl, "clip_ratio_c": 1.5}, 42, spread=0.5),
+        _policy_case(
+            "dppo_kl-asym-seq-mean-token-mean", "dppo_kl", "seq-mean-token-mean",
+            {"clip_ratio": 0.05, "clip_ratio_low": 0.02, "clip_ratio_high": 0.08, "clip_ratio_c": 20.0}, 43,
+            empty_row=False, spread=0.6,
+        ),
+        _policy_case("dro-token-mean", "dro", "token-mean", {"policy_loss": {"dro_beta": 0.1}}, 44, spread=0.5),
+        _policy_case("dro-seq-mean-token-sum", "dro", "seq-mean-token-sum", {"policy_loss": {"dro_beta": 0.5}}, 45),
+    ]
+    for case in cases:  # every trust region drops some tokens and keeps others; the c = 1.5 cases truncate weights
+        out = case["outputs"]
+        if case["id"].startswith("dppo") and not 0 < out["pg_clipfrac"] < 1:
+            raise RuntimeError(f"case {case['id']}: pg_clipfrac is {out['pg_clipfrac']}; pick inputs that exercise it")
+        if case["id"] in {"dppo_tv-token-mean", "dppo_kl-token-mean"} and not out["pg_clipfrac_lower"] > 0:
+            raise RuntimeError(f"case {case['id']}: no weight was truncated; pick inputs that exercise it")
+    return cases
+
+
+def _vespo_cases():
+    """TRL's own VESPO weights (GRPOTrainer.get_gamma_weights, a static method on plain tensors); the loss is TRL's
+    formula around them, -phi * A * logp summed over valid tokens / their count (loss_type="vespo", one process)."""
+    import torch
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    cases = []
+    for seed, (spread, params) in enumerate(
+        [(0.3, {}), (0.15, {"k_pos": 1.0, "lambda_pos": 1.5, "k_neg": 4.0, "lambda_neg": 3.0})]
+    ):
+        logp, old, adv, mask = _inputs(60 + seed, spread=spread)
+        x = logp.clone().requires_grad_()
+        phi = GRPOTrainer.get_gamma_weights(adv[:, :1], x - old, mask, None, **params)  # [B, 1], no gradient
+        loss = (-phi * adv[:, :1] * x * mask).sum() / mask.sum().clamp(min=1.0)
+        loss.backward()
+        cases.append({
+            "id": f"vespo-{seed}",
+            "trl": {"loss_type": "vespo", "params": params},
+            "inputs": {"logp": logp.tolist(), "old_logp": old.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()},
+            "outputs": {"phi": phi.flatten().tolist(), "loss": loss.item(), "grad": x.grad.tolist()},
+        })
+    return cases
+
+
+def _left_aligned(seed: int, rows: int, width: int, empty: tuple[int, ...] = ()):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    lengths[list(empty)] = 0
+    mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.float64)
+    return g, lengths, mask
+
+
+def _advantage_cases_2026():
+    import numpy as np
+    import torch
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo import core_algos
+
+    cases = []
+
+    def add(case_id, name, params, inputs, adv, returns=None):
+        outputs = {"advantages": adv.tolist(), **({"returns": returns.tolist()} if returns is not None else {})}
+        cases.append({"id": case_id, "verl": {"adv_estimator": name, "params": params}, "inputs": inputs,
+                      "outputs": outputs})
+
+    # remax: token rewards (the outcome at the last token, a small dense term) and one greedy baseline per response
+    rewards, index, mask, token_rewards = _reward_batch(700)
+    g = torch.Generator().manual_seed(701)
+    token_rewards = token_rewards + torch.randn(token_rewards.shape, generator=g, dtype=torch.float64) * 0.05 * mask
+    baselines = torch.rand(len(rewards), generator=g, dtype=torch.float64)
+    adv, returns = core_algos.get_adv_estimator_fn("remax")(token_rewards, baselines, mask, config=AlgoConfig())
+    add("remax", "remax", {}, {"token_rewards": token_rewards.tolist(), "reward_baselines": baselines.tolist(),
+                              "mask": mask.tolist(), "group_index": index.tolist()}, adv, returns)
+
+    # grpo_passk: graded rewards, then binary ones with a tie for the best in a group
+    binary = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    for seed, (graded, std) in enumerate([(True, True), (True, False), (False, True)]):
+        rewards, index, mask, _ = _reward_batch(710 + seed)
+        if not graded:
+            rewards = binary
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(rewards)), mask.sum(-1).long() - 1] = rewards
+        config = AlgoConfig(norm_adv_by_std_in_grpo=std)
+        adv, _ = core_algos.get_adv_estimator_fn("grpo_passk")(token_rewards, mask, index, config=config)
+        inputs = {"rewards": rewards.tolist(), "group_index": index.tolist(), "mask": mask.tolist()}
+        add(f"grpo_passk-{seed}", "grpo_passk", {"norm_adv_by_std_in_grpo": std}, inputs, adv)
+
+    # gdpo: three reward parts of float32-exact values (verl reads parts as float32), per-part weights
+    for seed, std in enumerate([True, False]):
+        rows, width, prompt = 8, 6, 3
+        g, lengths, mask = _left_aligned(720 + seed, rows, width)
+        index = np.array([i // 4 for i in range(rows)])
+        parts = {
+            "correct": (torch.rand(rows, generator=g) > 0.5).double(),
+            "format": torch.randint(0, 5, (rows,), generator=g).double() / 4.0,
+            "length": -torch.randint(0, 9, (rows,), generator=g).double() / 8.0,
+        }
+        parts["correct"][0], parts["correct"][1] = 0.0, 1.0  # group 0 varies in every part
+        keys, weights = list(parts), [1.0, 0.5, 2.0]
+        attention = torch.cat([torch.ones(rows, prompt), mask], 1).long()  # verl indexes with its sums
+        batch = {"prompts": torch.zeros(rows, prompt, dtype=torch.long), "attention_mask": attention}
+        config = AlgoConfig(norm_adv_by_std_in_grpo=std, gdpo_reward_keys=keys, gdpo_reward_weights=weights)
+        adv, _ = core_algos.get_adv_estimator_fn("gdpo")(
+            torch.zeros_like(mask), mask, index, norm_adv_by_std_in_grpo=std, config=config,
+            non_tensor_batch={k: v.numpy() for k, v in parts.items()}, batch=batch,
+        )
+        inputs = {"parts": {k: v.tolist() for k, v in parts.items()}, "group_index": index.tolist(), "mask": mask.tolist()}
+        add(f"gdpo-{seed}", "gdpo", {"gdpo_reward_keys": keys, "gdpo_reward_weights": weights,
+                                    "norm_adv_by_std_in_grpo": std}, inputs, adv)
+
+    # optimal token baselines: left-aligned responses (groups of 4, 4 and 1, an empty response), then holes
+    def otb_inputs(g, mask):
+        old = -(torch.rand(mask.shape, generator=g, dtype=torch.float64) * 3.0 + 0.02)
+        pi = torch.exp(old)
+        sum_pi_squared = pi * pi + torch.rand(mask.shape, generator=g, dtype=torch.float64) * (1.0 - pi) ** 2
+        return old, sum_pi_squared
+
+    g, lengths, mask = _left_aligned(730, 9, 7, empty=(5,))
+    index = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2])
+    outcome = torch.rand(9, generator=g, dtype=torch.float64)
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(9), (lengths - 1).clamp(min=0)] = outcome * (lengths > 0)
+    old, spi = otb_inputs(g, mask)
+    hole_rewards, _, holes = _episode_batch(731)  # holes inside responses, a fully masked row
+    hole_index = np.array([0, 0, 0, 1, 1, 1, 2])
+    hole_old, hole_spi = otb_inputs(torch.Generator().manual_seed(732), holes)
+    for data_id, (tr, m, idx, lp, s2) in {
+        "aligned": (token_rewards, mask, index, old, spi),
+        "holes": (hole_rewards, holes, hole_index, hole_old, hole_spi),
+    }.items():
+        for name in ["optimal_token_baseline", "tir_optimal_token_baseline"]:
+            for zero_tail in [True, False]:
+                adv, returns = core_algos.get_adv_estimator_fn(name)(
+                    tr, m, idx, old_log_probs=lp, sum_pi_squared=s2, handle_zero_tail=zero_tail
+                )
+                inputs = {"token_rewards": tr.tolist(), "mask": m.tolist(), "group_index": idx.tolist(),
+                          "old_logprobs": lp.tolist(), "sum_pi_squared": s2.tolist()}
+                add(f"{name}-{data_id}-{zero_tail}", name, {"handle_zero_tail": zero_tail}, inputs, adv, returns)
+    return cases
+
+
+def record_2026(out: Path) -> None:
+    import torch
+    import trl
+    import verl
+
+    torch.set_default_dtype(torch.float64)
+    data = {
+        "source": f"verl {verl.__version__}, trl {trl.__version__}",
+        "pins": PINS + PINS_2026,
+        "generated_by": "scripts/record_reference.py (record_2026)",
+        "policy_losses": _policy_cases_2026(),
+        "vespo": _vespo_cases(),
+        "advantages": _advantage_cases_2026(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items() if isinstance(v, list) and k != "pins"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--target", type=Path, help="folder for the pinned wheels (default: a temporary one)")
+    parser.add_argument("--rollout-corr-out", type=Path, default=ROLLOUT_CORR_OUT)
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
         record(args.out)
+        record_rollout_corr(args.rollout_corr_out)
+        record_2026(args.out.with_name(OUT_2026.name))
         return
     with tempfile.TemporaryDirectory(prefix="rlzoo-reference-") as tmp:
         target = args.target or Path(tmp)
         if not (target / "verl").is_dir():
             install(target)
+        if not (target / "trl").is_dir():
+            install_rollout_corr(target)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")])}
         env["VERL_USE_EXTERNAL_PLUGINS"] = "none"  # only verl's own code
-        subprocess.run([sys.executable, __file__, "--inside", "--out", str(args.out.resolve())], check=True, env=env)
+        outs = ["--out", str(args.out.resolve()), "--rollout-corr-out", str(args.rollout_corr_out.resolve())]
+        subprocess.run([sys.executable, __file__, "--inside", *outs], check=True, env=env)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlzoo.config import LoraConfig, TinyModelConfig
+from rlzoo.config.schema import LoraConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, SamplingSettings
 from rlzoo.engines.hf_rollout import HFRolloutEngine
+from rlzoo.engines.lora import adapter, merged_weights, wrap
 from rlzoo.errors import RlzooError
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
-from rlzoo.models.lora import adapter, merged_weights, wrap
 
 TOKENIZER = build_char_tokenizer("0123456789+=")
 TARGETS = {
@@ -137,8 +137,8 @@ def test_routing_is_recorded_through_the_adapters(case):
 def test_vllm_takes_adapters_on_attention_and_mlp_projections_only(case):
     """Checked without vLLM: which targets the vLLM engine accepts, and that it is built for adapters only when the
     run sends them (else it receives the merged weights; integration_tests/test_vllm_adapters.py runs vLLM)."""
-    from rlzoo.engines.vllm_lora import max_lora_rank
-    from rlzoo.engines.vllm_rollout import VLLMRolloutEngine
+    from rlzoo.engines.vllm.lora import max_lora_rank
+    from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 
     engine = VLLMRolloutEngine()
     assert engine.adapter_targets_supported(TARGETS["qwen3"], moe=False) is None

@@ -1,7 +1,7 @@
 """Bad configs through the real CLI: ``config check`` and ``train`` reject each one alike, before anything starts.
 
 For both commands a case must exit 1 with an ``error: invalid config`` message naming the field and the allowed
-values, no traceback, and (``train``) no run folder: the preflight (:mod:`rlzoo.preflight`) fails before the
+values, no traceback, and (``train``) no run folder: the preflight (:mod:`rlzoo.preflight.checks`) fails before the
 run builds anything. Every case runs in-process through ``rlzoo.cli.main`` (fast: imports are done once); 15
 of them, covering each kind of check, also run as ``python -m rlzoo.cli`` subprocesses, a few at a time in one
 fixture (each spends ~2.5 s of CPU importing torch, which plugin discovery needs).
@@ -54,7 +54,7 @@ def hf_folder(root: Path, *, config: dict | None = None, tokenizer: bool = True,
         tok = {"model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(vocab)}}, "added_tokens": []}
         (folder / "tokenizer.json").write_text(json.dumps(tok))
     if weights:
-        (folder / "model.safetensors").write_bytes(b"")
+        (folder / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")  # a whole safetensors file, no tensors
     return str(folder)
 
 
@@ -171,7 +171,7 @@ CASES = [
     Case("teacher-unread", {"teacher": {"tiny": {"hidden_size": 128}}},
          ("teacher", "advantage 'group'", "reads no teacher", "reverse-kl", "teacher: null")),
     Case("distill-no-teacher", DISTILL, ("teacher", "null, but advantage 'reverse-kl'", "teacher's log-probs", "group")),
-    Case("distill-nested-unknown", {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "grpo"}}}},
+    Case("distill-nested-unknown", {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gruop"}}}},
          ("algorithm.advantage.task.name", "did you mean 'group'")),
     Case("distill-nested-gae", {"teacher": {"tiny": {}}, "algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gae"}}}},
          ("algorithm.critic", "advantage 'gae' (algorithm.advantage.task)", "reads a critic's values")),
@@ -315,8 +315,8 @@ def test_the_base_config_passes_the_check(tmp_path, monkeypatch, capsys):
 
 
 def _preflight(data: dict, **kwargs) -> None:
-    from rlzoo.config import build_config
-    from rlzoo.preflight import preflight
+    from rlzoo.config.resolution import build_config
+    from rlzoo.preflight.checks import preflight
     from rlzoo.registry import default_registry
 
     preflight(build_config(data), default_registry(), **kwargs)
@@ -356,8 +356,8 @@ def test_resuming_a_run_with_a_checkpoint_passes(tmp_path):
 
 
 def test_the_data_parallel_rule_counts_processes():
-    from rlzoo.config import build_config
-    from rlzoo.preflight import data_parallel_problem
+    from rlzoo.config.resolution import build_config
+    from rlzoo.preflight.batches import data_parallel_problem
 
     config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}})
     assert data_parallel_problem(config, 2) is None  # 2 rows per minibatch: one each
@@ -370,7 +370,7 @@ def test_tiny_model_shapes_are_one_rule_for_the_builder_and_the_preflight():
     with the vllm engine: transformers runs head_dim 16."""
     import torch
 
-    from rlzoo.config import TinyModelConfig
+    from rlzoo.config.schema import TinyModelConfig
     from rlzoo.errors import ConfigError
     from rlzoo.models import build_char_tokenizer, build_tiny_model, tiny_model_config
 
@@ -387,9 +387,9 @@ def test_tiny_model_shapes_are_one_rule_for_the_builder_and_the_preflight():
 
 
 def test_a_response_longer_than_the_context_is_refused_with_any_rollout_engine(tmp_path):
-    from rlzoo.config import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.errors import ConfigError
-    from rlzoo.preflight import preflight
+    from rlzoo.preflight.checks import preflight
     from rlzoo.registry import default_registry
 
     registry = default_registry()

@@ -11,7 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from rlzoo.checkpoint import PAUSE_ENV, latest_checkpoint
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.runtime.checkpoint.store import PAUSE_ENV
 
 # a child process: an engine whose state is one float32 tensor of SIZE elements, a tokenizer that writes one file
 CHILD = textwrap.dedent(
@@ -22,7 +23,7 @@ CHILD = textwrap.dedent(
     import torch
     from safetensors.torch import save_file
 
-    from rlzoo.checkpoint import CheckpointError, save_checkpoint
+    from rlzoo.runtime.checkpoint.store import CheckpointError, save_checkpoint
 
     class Trainer:
         def __init__(self, size):

@@ -3,7 +3,7 @@ damaged latest checkpoint is reported file by file and the run resumes from the 
 
 One real tiny run (transformers rollouts, torch training, a checkpoint after every step, three kept) is made once;
 every file of its latest checkpoint is then truncated, or has 256 bytes flipped inside its content, and verified and
-loaded in process (:func:`rlzoo.checkpoint.choose_checkpoint`, :func:`rlzoo.checkpoint.load_checkpoint`). Three
+loaded in process (:func:`rlzoo.runtime.checkpoint.resume.choose_checkpoint`, :func:`rlzoo.runtime.checkpoint.store.load_checkpoint`). Three
 cases go through the real CLI: a damaged latest checkpoint (falls back, and the metrics equal the undamaged run's),
 every checkpoint damaged (refused, each listed), and checkpoints written before digests (loaded with a warning).
 """
@@ -23,18 +23,13 @@ import yaml
 from safetensors.torch import load_file
 from test_cli import _rlzoo_command
 
-from rlzoo.checkpoint import (
-    MANIFEST,
-    CheckpointDamaged,
-    CheckpointLoadError,
-    checkpoint_candidates,
-    choose_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
-)
-from rlzoo.config import apply_overrides, build_config, read_yaml
-from rlzoo.metrics import read_metrics
+from rlzoo.config.loading import apply_overrides, read_yaml
+from rlzoo.config.resolution import build_config
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.digests import MANIFEST, verify_checkpoint
+from rlzoo.runtime.checkpoint.files import CheckpointLoadError, checkpoint_candidates
+from rlzoo.runtime.checkpoint.resume import CheckpointDamaged, choose_checkpoint
+from rlzoo.runtime.checkpoint.store import load_checkpoint, save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
@@ -163,7 +158,7 @@ def test_a_damaged_file_of_the_latest_checkpoint_is_named_and_the_previous_one_l
     with caplog.at_level(logging.WARNING, logger="rlzoo"):
         chosen = choose_checkpoint(run_dir)
     assert chosen == checkpoint(run_dir, 2)
-    [record] = [r for r in caplog.records if r.name == "rlzoo.checkpoint"]
+    [record] = [r for r in caplog.records if r.name == "rlzoo.runtime.checkpoint.resume"]
     message = record.getMessage()
     assert record.levelno == logging.WARNING
     assert f"{checkpoint(run_dir, 3)} is damaged ({name}: " in message, message

@@ -17,13 +17,14 @@ import pytest
 from pydantic import Field
 
 import rlzoo
-from rlzoo.config import build_config
+from rlzoo.config.resolution import build_config
 from rlzoo.engines import TrainingEngine
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import BatchFilter, Params, RunFacts
-from rlzoo.memory_estimate import ModelShape, TrainingLayout, estimate
-from rlzoo.preflight import preflight
+from rlzoo.models.memory import ModelShape, TrainingLayout
+from rlzoo.preflight.checks import preflight
+from rlzoo.preflight.memory_fit import estimate
 from rlzoo.registry import Registry, default_registry
 
 ROOT = Path(__file__).resolve().parent.parent

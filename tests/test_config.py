@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlzoo.config import RunConfig, apply_overrides, build_config, dump_config, load_config, parse_override, read_yaml
+from rlzoo.config.loading import apply_overrides, dump_config, parse_override, read_yaml
+from rlzoo.config.presets import PRESETS
+from rlzoo.config.resolution import build_config, load_config
+from rlzoo.config.schema import RunConfig
 from rlzoo.errors import ConfigError
-from rlzoo.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,7 +150,7 @@ def test_override_to_unknown_field_is_an_error():
 
 # -- presets ---------------------------------------------------------------------------------------------------
 
-# as documented in rlzoo/presets.py (from the papers): ratio, advantage, clipper, aggregation, kl, kl_coef
+# as documented in rlzoo/config/presets.py (from the papers): ratio, advantage, clipper, aggregation, kl, kl_coef
 DOCUMENTED = {
     "grpo": ("token", ("group", {"std_normalize": True}), (0.2, 0.2), "seq-mean-token-mean", "k3", 0.04),
     "dr-grpo": ("token", ("group", {"std_normalize": False}), (0.2, 0.2), "seq-mean-token-sum-norm", "k3", 0.0),
@@ -159,6 +161,10 @@ DOCUMENTED = {
     "reinforce++": ("token", ("reinforce++", {"gamma": 1.0}), (0.2, 0.2), "token-mean", "k3", 0.0),
     "reinforce++-baseline": ("token", ("reinforce++-baseline", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
     "opo": ("token", ("opo", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "bnpo": ("token", ("group", {"std_normalize": True}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "luspo": ("sequence", ("group", {"std_normalize": True}), (3e-4, 4e-4), "seq-mean-token-sum", "k3", 0.0),
+    "gdpo": ("token", ("gdpo", {"std_normalize": True, "parts": None}), (0.2, 0.2), "token-mean", "k3", 0.0),
+    "remax": ("token", ("remax", {}), (0.2, 0.2), "token-mean", "k1", 0.0),
 }
 # presets whose clipper is not ppo: ratio, advantage, clipper spec, aggregation, kl_coef, minibatches_per_rollout
 DOCUMENTED_ZOO = {
@@ -173,6 +179,12 @@ DOCUMENTED_ZOO = {
         {"name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0},
         "token-mean", 0.0, 4,
     ),
+    "dppo-tv": ("token", "group", {"name": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15, "c": 20.0},
+                "seq-mean-token-sum-norm", 0.0, 4),
+    "dppo-kl": ("token", "group", {"name": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05, "c": 20.0},
+                "seq-mean-token-sum-norm", 0.0, 4),
+    "vespo": ("token", "group", {"name": "vespo", "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+              "token-mean", 0.0, 4),
 }
 
 
@@ -420,15 +432,15 @@ def test_multiple_structural_problems_reported_together():
 def test_preset_states_only_what_differs_from_the_defaults(preset):
     """Every value a preset writes differs from the default it would otherwise get (a component's own parameter
     default, the default component, the config field's default): each default is defined in one place."""
-    from rlzoo.config import AlgorithmConfig
-    from rlzoo.presets import DEFAULT_COMPONENTS
+    from rlzoo.config.algorithm import AlgorithmConfig
+    from rlzoo.config.presets import DEFAULT_COMPONENTS
     from rlzoo.registry import default_registry
 
     registry = default_registry()
     kinds = {"reward_shaping": "reward_shaper", "regularisers": "regulariser", "kl_in_reward": "kl_controller"}
     for key, value in PRESETS[preset].items():
         if key == "critic":  # a section, not a component: its keys differ from CriticConfig's defaults
-            from rlzoo.config import CriticConfig
+            from rlzoo.config.algorithm import CriticConfig
 
             assert all(v != CriticConfig.model_fields[k].default for k, v in value.items()), (preset, key)
             continue

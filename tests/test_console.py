@@ -1,4 +1,4 @@
-"""rlzoo.console: what reaches the terminal and what goes to the run's log file, in a real process (fds included)."""
+"""rlzoo.reporting.console: what reaches the terminal and what goes to the run's log file, in a real process (fds included)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlzoo.console import Actionable, Console, final_summary, log_path, start_summary
-from rlzoo.config import build_config
+from rlzoo.config.resolution import build_config
+from rlzoo.reporting.console import Actionable, Console, final_summary, log_path, start_summary
 
 # Every kind of output an engine makes at start-up, each tagged, emitted inside run_console.
 NOISY = r"""
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rlzoo.console import run_console
+from rlzoo.reporting.console import run_console
 
 log_file, verbose = Path(sys.argv[1]), sys.argv[2] == "1"
 with run_console(log_file, verbose) as console:
@@ -28,9 +28,9 @@ with run_console(log_file, verbose) as console:
     logging.getLogger("deepspeed").info("LIB-INFO")
     logging.getLogger("transformers.modeling_utils").warning("HF-WARNING")
     logging.getLogger("torch.distributed").error("LIB-ERROR")
-    logging.getLogger("rlzoo.run").warning("OUR-WARNING")
+    logging.getLogger("rlzoo.runtime.run").warning("OUR-WARNING")
     logging.getLogger("rlzoo_estimators.x").warning("PLUGIN-WARNING")
-    logging.getLogger("rlzoo.run").info("OUR-INFO")
+    logging.getLogger("rlzoo.runtime.run").info("OUR-INFO")
     warnings.warn("PY-WARNING", FutureWarning)  # raised from this script: not rlzoo code
     print("PRINTED-TO-STDOUT")
     print("PRINTED-TO-STDERR", file=sys.stderr)
@@ -88,10 +88,10 @@ def test_actionable_filter():
     def passes(name: str, level: int) -> bool:
         return Actionable().filter(logging.LogRecord(name, level, __file__, 1, "m", None, None))
 
-    assert passes("rlzoo.run", logging.WARNING) and passes("rlzoo_routing.r3", logging.WARNING)
+    assert passes("rlzoo.runtime.run", logging.WARNING) and passes("rlzoo_routing.r3", logging.WARNING)
     assert passes("vllm.engine", logging.ERROR)
     assert not passes("vllm.engine", logging.WARNING)
-    assert not passes("rlzoo.run", logging.INFO)
+    assert not passes("rlzoo.runtime.run", logging.INFO)
     assert not passes("rlzoo2", logging.INFO)
 
 
@@ -131,7 +131,7 @@ def test_sft_summary_has_no_rl_lines(tmp_path):
 def test_our_files_are_the_rlzoo_packages_folders_not_any_folder_named_rlzoo(tmp_path):
     """A checkout cloned as ``rlzoo/`` keeps its venv inside: a library's warning from there is not rlzoo's."""
     import rlzoo
-    import rlzoo.console as console_module
+    import rlzoo.reporting.console as console_module
 
     assert console_module.is_our_file(console_module.__file__)
     assert console_module.is_our_file(str(Path(rlzoo.__file__).parent / "engines" / "any.py"))

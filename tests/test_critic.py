@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlzoo.config import TinyModelConfig, TrainerConfig
-from rlzoo.critic import Critic, value_metrics
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.interfaces import KLController, ValueLoss, ValueLossResult
-from rlzoo.learner import Learner
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
 from rlzoo.registry import default_registry
-from rlzoo.reward_kl import KLInReward
-from rlzoo.rollouts import token_level_rewards
+from rlzoo.rl.critic import Critic, value_metrics
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.reward_kl import KLInReward
+from rlzoo.rl.rollouts import token_level_rewards
 
 TOKENIZER = build_char_tokenizer("0123456789+=")
 

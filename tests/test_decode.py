@@ -7,14 +7,14 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlzoo.config import RunConfig
-from rlzoo.decode import response_text, token_char_ends
+from rlzoo.config.schema import RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components, evaluate
-from rlzoo.rollouts import collect
-from rlzoo.metrics import Timer
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, evaluate
+from rlzoo.rl.rollouts import collect
+from rlzoo.util.decode import response_text, token_char_ends
+from rlzoo.util.timer import Timer
 
 TEXT = "naïve café — 日本語 🙂 ok"
 
@@ -96,7 +96,7 @@ def test_training_and_evaluation_score_identical_strings(bpe):
         objective=None, advantage=Zero(), verifier=verifier, correction=None, rollout=rollout,
         learner=Learner(None), tokenizer=bpe,
     )  # type: ignore[arg-type]
-    collected = collect(0, samples, parts, config, Timer())
+    collected = collect(0, samples, parts.rollout_parts, config, Timer())
     scored_in_training = list(verifier.seen)
     verifier.seen.clear()
     result = evaluate(samples, rollout, verifier, bpe, config)

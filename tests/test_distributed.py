@@ -1,4 +1,4 @@
-"""rlzoo.distributed: the row split, and why the loss is computed on the gathered minibatch.
+"""rlzoo.runtime.distributed: the row split, and why the loss is computed on the gathered minibatch.
 
 Two gloo processes (``torch.multiprocessing``, no model, a few seconds) check that a loss computed on the
 gathered log-probs of the whole minibatch (this rank's rows live, the others' detached) times the world size,
@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 # the spawned workers import this module: its top-level imports stay light (no registry, no transformers)
-from rlzoo.distributed import SINGLE, Dist
+from rlzoo.runtime.distributed import SINGLE, Dist
 
 AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 ROWS, WIDTH, FEATURES = 7, 5, 3  # 7 rows: shares of 4 and 3
@@ -33,9 +33,9 @@ def test_one_process_collectives_are_the_identity():
 
 
 def test_too_small_minibatches_for_the_world_are_a_clear_error():
-    from rlzoo.config import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.errors import RlzooError
-    from rlzoo.run import check_data_parallel
+    from rlzoo.runtime.run import check_data_parallel
 
     config = build_config(
         {"rollout": {"prompts_per_step": 2, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}}
@@ -58,7 +58,7 @@ def _problem():
 
 
 def _objectives() -> dict:
-    from rlzoo.objective import build_objective
+    from rlzoo.rl.objective import build_objective
 
     clipper = {"name": "ppo", "eps_low": 0.05}
     return {name: build_objective({"aggregation": {"name": name}, "clipper": clipper}) for name in AGGREGATIONS}
@@ -133,7 +133,7 @@ def test_a_per_rank_token_mean_would_weight_the_ranks_wrongly(objectives, two_pr
 
 
 def test_a_chosen_port_taken_before_the_store_binds_it_is_replaced(monkeypatch):
-    from rlzoo.engines import deepspeed_env
+    from rlzoo.engines.deepspeed import env as deepspeed_env
 
     monkeypatch.setattr(deepspeed_env, "_ENV_SET_HERE", ["MASTER_PORT"])
     monkeypatch.setenv("MASTER_PORT", "1")

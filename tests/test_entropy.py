@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlzoo.config import TinyModelConfig, TrainerConfig
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import logprobs_from_logits, make_token_batch, response_positions
 from rlzoo.engines.torch_trainer import TorchTrainingEngine

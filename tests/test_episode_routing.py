@@ -2,7 +2,7 @@
 
 An episode's turns come from separate engine calls: turn 1 from one call with ``n = group_size``, every later turn
 from a call with ``n = 1`` on the episode's whole token sequence so far. Each call's ``Generation.routing`` covers
-the sequence from position 0; :func:`rlzoo.episodes.stitch_routing` keeps, at every position, the experts of the
+the sequence from position 0; :func:`rlzoo.episodes.runner.stitch_routing` keeps, at every position, the experts of the
 call that ran it first: turn k's own call for the rows that predict its policy tokens, and its prefill for the
 previous turn's last token and the observation's tokens. A later call re-routes the earlier positions too; those
 rows must never overwrite the earlier turns' (the known failure: routing overwritten per turn).
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rlzoo.config import PromptConfig, TinyModelConfig, TrainerConfig
+from rlzoo.config.schema import PromptConfig, TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext, Generation, RolloutEngine, SamplingSettings
 from rlzoo.engines.hf_rollout import HFRolloutEngine
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
-from rlzoo.episodes import EpisodeRunner, stitch_routing
+from rlzoo.episodes.runner import EpisodeRunner, stitch_routing
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation, Sample
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model

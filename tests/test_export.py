@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo.config import TinyModelConfig
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
 from rlzoo.models.export import _fallback, checkpoint_weights
 

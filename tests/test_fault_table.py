@@ -15,8 +15,8 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import struct
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -297,7 +297,7 @@ def resume_with(*arguments: str):
 
 HOLD = """
     import sys, time
-    from rlzoo import runlock
+    from rlzoo.runtime import runlock
     lock = runlock.hold_run_folder(sys.argv[1], "holder-command")
     print("held", flush=True)
     time.sleep(600)
@@ -507,11 +507,11 @@ def test_the_torn_middle_line_does_not_hide_the_rest_of_the_run(results):
 
 
 def test_read_metrics_skips_a_torn_line_in_the_middle_with_a_warning(tmp_path, caplog):
-    from rlzoo.metrics import read_metrics
+    from rlzoo.reporting.metrics_log import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 0}\n{"step": 1, "x\n\xff\xfe\n12\n{"step": 2}\n\n{"step": 3, "to')
-    with caplog.at_level(logging.DEBUG, logger="rlzoo.metrics"):
+    with caplog.at_level(logging.DEBUG, logger="rlzoo.reporting.metrics_log"):
         rows = read_metrics(path)
     assert [r["step"] for r in rows] == [0, 2]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -521,17 +521,17 @@ def test_read_metrics_skips_a_torn_line_in_the_middle_with_a_warning(tmp_path, c
 
 
 def test_read_metrics_is_quiet_about_a_torn_last_line(tmp_path, caplog):
-    from rlzoo.metrics import read_metrics
+    from rlzoo.reporting.metrics_log import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "reward/m')
-    with caplog.at_level(logging.WARNING, logger="rlzoo.metrics"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.reporting.metrics_log"):
         assert [r["step"] for r in read_metrics(path)] == [0, 1]
     assert caplog.records == []
 
 
 def test_resume_keeps_the_rows_after_a_torn_middle_line(tmp_path):
-    from rlzoo.metrics import MetricsLogger, read_metrics
+    from rlzoo.reporting.metrics_log import MetricsLogger, read_metrics
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"ste\n{"step": 1}\n{"step": 2}\n{"step": 3, "x')
     MetricsLogger(tmp_path, keep_below_step=2)
@@ -540,7 +540,7 @@ def test_resume_keeps_the_rows_after_a_torn_middle_line(tmp_path):
 
 
 def test_duplicate_yaml_keys_are_named_with_both_lines_in_line_order(tmp_path):
-    from rlzoo.config import read_yaml
+    from rlzoo.config.loading import read_yaml
     from rlzoo.errors import ConfigError
 
     path = tmp_path / "c.yaml"
@@ -553,7 +553,7 @@ def test_duplicate_yaml_keys_are_named_with_both_lines_in_line_order(tmp_path):
 
 
 def test_merge_keys_and_aliases_are_not_duplicates(tmp_path):
-    from rlzoo.config import read_yaml
+    from rlzoo.config.loading import read_yaml
 
     path = tmp_path / "c.yaml"
     path.write_text("base: &b {lr: 1, wd: 0}\ntrainer:\n  <<: *b\n  lr: 2\nalso: [*b, *b]\n")
@@ -562,7 +562,7 @@ def test_merge_keys_and_aliases_are_not_duplicates(tmp_path):
 
 def test_folder_rules_with_permissions_stubbed(tmp_path, monkeypatch):
     """The permission rules, root or not: ``os.access`` answers as for a user who may not write to ``locked``."""
-    from rlzoo import preflight
+    from rlzoo.preflight import folders as preflight
 
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -576,17 +576,17 @@ def test_folder_rules_with_permissions_stubbed(tmp_path, monkeypatch):
 
 
 def test_prompts_beyond_the_context_are_dropped_without_max_prompt_tokens(caplog):
-    from rlzoo.config import PromptConfig
+    from rlzoo.config.schema import PromptConfig
+    from rlzoo.episodes.prompts import fit_prompts, prompt_budget
     from rlzoo.errors import RlzooError
     from rlzoo.interfaces import Sample
     from rlzoo.models import build_char_tokenizer
-    from rlzoo.prompts import fit_prompts, prompt_budget
 
     tok = build_char_tokenizer("0123456789+=")
     samples = [Sample("1+1=", "2"), Sample("1" * 40 + "+1=", "2"), Sample("2+2=", "4")]
     budget = prompt_budget(30, 4)
     assert budget == 26 and prompt_budget(None, 4) is None
-    with caplog.at_level(logging.WARNING, logger="rlzoo.prompts"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.episodes.prompts"):
         kept = fit_prompts(samples, tok, PromptConfig(), "train", budget)
     assert [s.prompt for s in kept] == ["1+1=", "2+2="]
     assert "train split: 1 of 3 prompts are longer than the 26 tokens" in caplog.text

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config import load_config
+from rlzoo.config.resolution import load_config
 from rlzoo.errors import ConfigError
-from rlzoo.preflight import preflight
+from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
 
 REPO = Path(__file__).resolve().parents[1]

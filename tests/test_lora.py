@@ -1,18 +1,17 @@
-"""LoRA adapters on the policy (:mod:`rlzoo.models.lora`): only the adapters train, the merged weights are the
+"""LoRA adapters on the policy (:mod:`rlzoo.engines.lora`): only the adapters train, the merged weights are the
 wrapped model, the base policy is the model with its adapters disabled, checkpoints hold loadable adapters."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
 from test_critic import TOKENIZER, _batch, policy_dir  # noqa: F401  (the tiny dense and MoE policies)
 
-from rlzoo.config import LoraConfig, TrainerConfig
+from rlzoo.config.schema import LoraConfig, TrainerConfig
 from rlzoo.engines import EngineContext
+from rlzoo.engines.lora import export_merged, split_targets, target_names
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.models import load_model
-from rlzoo.models.lora import export_merged, split_targets, target_names
 from rlzoo.models.weights import load_checkpoint_weights
 
 MOE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj"]

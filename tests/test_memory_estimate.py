@@ -1,4 +1,4 @@
-"""The GPU memory estimate (rlzoo.memory_estimate): its arithmetic, ZeRO partitioning, activation checkpointing, the
+"""The GPU memory estimate (rlzoo.models.memory): its arithmetic, ZeRO partitioning, activation checkpointing, the
 preflight refusing a config that cannot fit, and the GPU recipes fitting the device memory they name.
 
 The expected numbers are written out here from the formula in the module's docstring, not computed by its
@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlzoo.config import build_config, load_config
+from rlzoo.config.resolution import build_config, load_config
 from rlzoo.errors import ConfigError
-from rlzoo.memory_estimate import GB, GiB, ModelShape, estimate, parse_bytes
-from rlzoo.preflight import preflight
+from rlzoo.models.memory import ModelShape
+from rlzoo.preflight.checks import preflight
+from rlzoo.preflight.memory_fit import estimate
 from rlzoo.registry import default_registry
+from rlzoo.util.units import GB, GiB, parse_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "examples" / "gpu").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""Metrics with declared reductions (rlzoo.metrics): how a step combines its minibatches' and ranks' values is the
+"""Metrics with declared reductions (rlzoo.reporting.metrics_log): how a step combines its minibatches' and ranks' values is the
 value's class, not its name; any component reports metrics with ``self.report`` and they reach the step's metrics
 under ``<namespace>/<name>/<metric>``."""
 
@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
 
 import rlzoo
-from rlzoo.config import RunConfig
-from rlzoo.distributed import Dist
+from rlzoo.config.schema import RunConfig
 from rlzoo.interfaces import AdvantageSource, BatchFilter, Clipper, ClipResult, Sample
-from rlzoo.learner import Learner
-from rlzoo.loop import Components, rl_step
-from rlzoo.metrics import (
+from rlzoo.interfaces.base import take_reports
+from rlzoo.registry import Registry, default_registry
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, rl_step
+from rlzoo.rl.objective import build_objective
+from rlzoo.runtime.distributed import Dist
+from rlzoo.util.reductions import (
     Max,
     Mean,
     Min,
@@ -28,11 +32,7 @@ from rlzoo.metrics import (
     UnscoredResponses,
     reduce_minibatches,
     reduce_ranks,
-    take_reports,
 )
-from rlzoo.objective import build_objective
-from rlzoo.registry import Registry, default_registry
-from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
 
 NAN = float("nan")
 

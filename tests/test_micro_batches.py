@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlzoo
-from rlzoo.config import TinyModelConfig, TrainerConfig
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.micro_batches import padding_fraction, plan_micro_batches
 from rlzoo.engines.tokens import make_token_batch, response_logprobs_and_entropy
@@ -161,7 +161,7 @@ def test_routing_replay_across_micro_batches(tmp_path, pack):
     """R2 on packed / reordered micro-batches: the old pass's experts are recorded in the batch's own layout, and
     after an optimizer step the update passes replay them exactly (flip rate 0), as with one pass."""
     from rlzoo.registry import default_registry
-    from rlzoo.routing_learner import RoutingLearner
+    from rlzoo.rl.routing_learner import RoutingLearner
 
     engine = _engine(tmp_path, True, max_tokens_per_micro_batch=20, packing=pack)
     engine.model.float()

@@ -367,7 +367,7 @@ def test_flip_rate_per_layer_averages_to_flip_rate_on_a_model():
 
 @pytest.fixture(scope="module")
 def rollout(tmp_path_factory):
-    from rlzoo.config import TinyModelConfig
+    from rlzoo.config.schema import TinyModelConfig
     from rlzoo.engines import EngineContext
     from rlzoo.engines.base import SamplingSettings
     from rlzoo.engines.hf_rollout import HFRolloutEngine

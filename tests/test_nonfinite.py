@@ -15,15 +15,20 @@ import torch
 import yaml
 from test_cli import TINY_RUN, _rlzoo_command
 
-from rlzoo.checkpoint import atomic_write_text, latest_checkpoint, verify_checkpoint
-from rlzoo.config import ComponentSpec, Section, TinyModelConfig, TrainerConfig, apply_overrides, build_config, read_yaml
+from rlzoo.config.base import ComponentSpec, Section
+from rlzoo.config.loading import apply_overrides, read_yaml
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
-from rlzoo.faults import FaultPolicy, NonFiniteWeights
 from rlzoo.interfaces.base import Params
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.registry import default_registry
+from rlzoo.runtime.checkpoint.digests import verify_checkpoint
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.runtime.faults import FaultPolicy, NonFiniteWeights
+from rlzoo.util.atomic import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
@@ -145,9 +150,9 @@ ZERO3 = textwrap.dedent(
 
     import torch
 
-    from rlzoo.config import TinyModelConfig, TrainerConfig
+    from rlzoo.config.schema import TinyModelConfig, TrainerConfig
     from rlzoo.engines import EngineContext
-    from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine
+    from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
     from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 
     root = Path(sys.argv[1])
@@ -180,7 +185,7 @@ RLZOO_POISONED = textwrap.dedent(
 
     import torch
 
-    import rlzoo.loop as loop
+    import rlzoo.rl.loop as loop
 
     real_step = loop.rl_step
 

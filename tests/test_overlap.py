@@ -1,4 +1,4 @@
-"""``rollout.overlap: 1`` (rlzoo.overlap): each batch after the first is sampled by the previous step's weights, and
+"""``rollout.overlap: 1`` (rlzoo.rl.overlap): each batch after the first is sampled by the previous step's weights, and
 its old log-probs are those weights' log-probs, not the trainer's current ones; the exchange of weights restores
 the trainer exactly; preflight rejects what overlap cannot honour."""
 
@@ -7,21 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlzoo.config import RunConfig, TinyModelConfig, build_config
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import RunConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, ModuleTrainingEngine
 from rlzoo.engines.hf_rollout import HFRolloutEngine
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components, rl_step, sample_prompts
-from rlzoo.rollouts import RolloutSchedule
-from rlzoo.metrics import Timer
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.objective import build_objective
-from rlzoo.overlap import OverlappedRollouts
-from rlzoo.preflight import preflight
+from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, rl_step, sample_prompts
+from rlzoo.rl.objective import build_objective
+from rlzoo.rl.overlap import OverlappedRollouts
+from rlzoo.rl.rollouts import RolloutSchedule
+from rlzoo.util.timer import Timer
 
 
 class CharSum(Verifier):
@@ -176,7 +177,7 @@ def test_a_failed_background_generation_surfaces_in_the_step():
     def broken(*_):
         raise ValueError("sampler broke")
 
-    import rlzoo.overlap as overlap
+    import rlzoo.rl.overlap as overlap
 
     original, overlap.collect = overlap.collect, broken
     try:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlzoo.passk import mean_pass_at_k, pass_at_k
+from rlzoo.util.passk import mean_pass_at_k, pass_at_k
 
 
 def test_pass_at_k_hand_values():
@@ -35,7 +35,7 @@ def test_out_of_range(n, c, k):
 
 
 def test_config_k_above_samples_names_the_field():
-    from rlzoo.config import build_config
+    from rlzoo.config.resolution import build_config
     from rlzoo.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.eval_pass_at_k"):
@@ -49,10 +49,10 @@ def test_evaluate_logs_pass_at_k_per_prompt():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from rlzoo.config import RunConfig
+    from rlzoo.config.schema import RunConfig
     from rlzoo.engines import Generation, RolloutEngine
     from rlzoo.interfaces import Sample, Verdict, Verifier
-    from rlzoo.loop import evaluate
+    from rlzoo.rl.loop import evaluate
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

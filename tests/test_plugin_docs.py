@@ -25,7 +25,8 @@ from rlzoo.errors import ConfigError
 from rlzoo.hookspecs import HOOK_KINDS
 from rlzoo.registry import Registry
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md"
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "writing-a-plugin.md"
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 MODULE_FILE = re.compile(r"^(?:# )?`?src/([\w/]+)\.py`?")
 TEST_FUNCTION = re.compile(r"^def (test_\w+)\(", re.M)
@@ -177,9 +178,9 @@ def test_hooks_register_each_class_under_its_kind_and_name(block, doc_modules):
             assert isinstance(cls(), cls)
 
 
-def test_every_kind_but_the_training_engine_has_an_example(examples):
+def test_every_kind_has_an_example(examples):
     kinds = {kind for kind, _ in examples}
-    assert kinds == set(HOOK_KINDS.values()) - {"training_engine"}, kinds
+    assert kinds == set(HOOK_KINDS.values()), kinds
 
 
 @pytest.mark.parametrize(("block", "name"), DOC_TESTS, ids=[f"{b}:{n}" for b, n in DOC_TESTS])
@@ -196,8 +197,9 @@ def test_the_docs_own_tests_pass(block, name, doc_modules, tmp_path):
 
 def test_batch_filter_keeps_varied_groups_reports_and_checks_the_group_size(examples, tmp_path):
     from rlzoo.interfaces import ModelFacts, RunFacts
-    from rlzoo.metrics import Sum, take_reports
+    from rlzoo.interfaces.base import take_reports
     from rlzoo.registry import default_registry
+    from rlzoo.util.reductions import Sum
 
     cls = examples[("batch_filter", "min-std")]
     groups = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -321,8 +323,8 @@ def test_a_correction_failing_at_set_up_names_its_field_and_message(doc_modules)
 def test_logger_writes_long_rows_and_a_resume_skips_what_it_holds(examples, tmp_path):
     import csv
 
-    from rlzoo.config import RunConfig
-    from rlzoo.tracking import Trackers, tracked_runs
+    from rlzoo.config.schema import RunConfig
+    from rlzoo.reporting.trackers import Trackers, tracked_runs
 
     cls = examples[("logger", "long-csv")]
     config = RunConfig()
@@ -352,8 +354,8 @@ def test_logger_writes_long_rows_and_a_resume_skips_what_it_holds(examples, tmp_
 
 def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_path):
     """The whole check (``rlzoo config check``'s): the engine is selected by name and its rule reported by field."""
-    from rlzoo.config import build_config
-    from rlzoo.preflight import preflight
+    from rlzoo.config.resolution import build_config
+    from rlzoo.preflight.checks import preflight
 
     modules, _ = doc_modules
     module = next(m for m in modules.values() if m.__name__ == "rlzoo_my_plugin.rollout_engine")
@@ -372,3 +374,236 @@ def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_pa
 
     assert check(16) == []
     assert check(48) == [("rollout.max_new_tokens", "48 exceeds rollout.engine.max_response_tokens 32; use at most 32")]
+
+
+# -- what the doc says about the code ----------------------------------------------------------------------------
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table whose header row starts with ``header`` (``|`` inside a cell escaped)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def ticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def calls(cell: str) -> set[str]:
+    """The methods a cell names as calls: ``name(...)`` in backticks."""
+    return {m.group(1) for tick in ticked(cell) if (m := re.match(r"(\w+)\(", tick))}
+
+
+def base_classes() -> dict[str, type]:
+    """kind -> the base class of that kind in the public API."""
+    import rlzoo.engines
+    import rlzoo.interfaces
+    from rlzoo.interfaces import Component
+
+    classes = [getattr(rlzoo.interfaces, n) for n in rlzoo.interfaces.__all__]
+    classes += [rlzoo.engines.RolloutEngine, rlzoo.engines.TrainingEngine]
+    found = {c.kind: c for c in classes if isinstance(c, type) and issubclass(c, Component) and c.kind}
+    assert set(found) == set(HOOK_KINDS.values()), set(HOOK_KINDS.values()) ^ set(found)
+    return found
+
+
+def test_the_kind_table_names_each_kinds_base_class_hook_and_methods():
+    rows = table(DOC.read_text(), "| kind (`plugins list`) |")
+    bases = base_classes()
+    assert sorted(ticked(row[0])[0] for row in rows) == sorted(HOOK_KINDS.values())
+    for row in rows:
+        kind, base, hook = ticked(row[0])[0], ticked(row[1])[0], ticked(row[2])[0]
+        assert bases[kind].__name__ == base and HOOK_KINDS[hook] == kind, row
+        for method in calls(row[4]) | calls(row[5]):
+            assert callable(getattr(bases[kind], method, None)), f"{base} has no method {method!r} ({row[0]})"
+
+
+@pytest.mark.parametrize("base", ["RolloutEngine", "TrainingEngine"])
+def test_the_engine_tables_name_every_engine_method_and_where_it_is_called(base):
+    """Each table row's methods exist on the base class and are used (``.method``) in a file the row names; every
+    public method of the base class is in a row."""
+    import rlzoo.engines
+    from rlzoo.interfaces import Component
+
+    cls = getattr(rlzoo.engines, base)
+    text = DOC.read_text()
+    section = text[text.index(f"**{base.removesuffix('Engine')} engine** (`"):]
+    rows = table(section, "| when | method | called in |")
+    documented: set[str] = set()
+    for when, methods, where in rows:
+        files = [REPO / path for path in ticked(where)]
+        assert files and all(f.is_file() for f in files), f"{where}: no such file"
+        sources = "".join(f.read_text() for f in files)
+        for method in calls(methods):
+            assert callable(getattr(cls, method, None)), f"{base} has no method {method!r} ({when})"
+            assert re.search(rf"\.{method}\b", sources), f"{method!r} is not called in {where} ({when})"
+        documented |= calls(methods)
+    own = {name for klass in cls.__mro__ if klass not in Component.__mro__ for name, value in vars(klass).items()
+           if callable(value) and not name.startswith("_")}
+    assert own | {"preflight"} <= documented, sorted(own - documented)
+
+
+def test_the_documented_tracked_run_fields_are_the_dataclasses():
+    import dataclasses
+
+    from rlzoo.interfaces import TrackedRun
+
+    rows = table(DOC.read_text(), "| `TrackedRun` field |")
+    assert [ticked(row[0])[0] for row in rows] == [f.name for f in dataclasses.fields(TrackedRun)]
+
+
+def test_the_metrics_namespace_table_is_each_kinds_namespace():
+    rows = table((REPO / "docs" / "metrics.md").read_text(), "| kind | namespace | collected after |")
+    bases, seen = base_classes(), []
+    for row in rows:
+        kinds = [k for k in ticked(row[0]) if k in bases]
+        namespaces = ticked(row[1])
+        assert kinds and len(namespaces) == len(kinds), row
+        for kind, namespace in zip(kinds, namespaces, strict=True):
+            assert namespace == (bases[kind].metric_namespace or kind), row
+        seen += kinds
+    assert sorted(seen) == sorted(HOOK_KINDS.values())
+
+
+def test_the_doc_engines_report_in_a_real_run_and_a_logger_gets_the_documented_calls(doc_modules, tmp_path):
+    """The doc's rollout and training engines, selected by name in a short run of the main example (tiny MoE:
+    the routing learner's old pass), with a logger that records every call: the engines' reports are in each
+    step's metrics under the documented keys, an evaluation's never; the logger is called as the doc's table says
+    and each evaluation comes again through ``log_metrics``."""
+    from test_cli import TINY_RUN
+
+    import rlzoo
+    from rlzoo.config.resolution import load_config
+    from rlzoo.interfaces import Logger
+    from rlzoo.reporting.metrics_log import read_metrics
+    from rlzoo.runtime.run import train
+
+    calls_seen: list[tuple] = []
+
+    class Recording(Logger):
+        """Records every call."""
+
+        name = "recording"
+
+        def start(self, run):
+            calls_seen.append(("start", run))
+
+        def log_metrics(self, step, metrics):
+            calls_seen.append(("log_metrics", step, dict(metrics)))
+
+        def log_evaluation(self, step, metrics):
+            calls_seen.append(("log_evaluation", step, dict(metrics)))
+
+        def finish(self, summary, artifacts):
+            calls_seen.append(("finish", dict(summary), list(artifacts)))
+
+        def close(self):
+            calls_seen.append(("close",))
+
+    modules, _ = doc_modules
+    registry = Registry.discover()
+    for name in ("rollout_engine", "training_engine"):
+        module = next(m for m in modules.values() if m.__name__ == f"rlzoo_my_plugin.{name}")
+        registry.add_plugin(module, name=f"my_{name}", distribution="rlzoo-my-plugin")
+    loggers = types.ModuleType("recording_logger")
+    loggers.rlzoo_loggers = rlzoo.hookimpl(lambda: [Recording])
+    loggers.rlzoo_loggers.__name__ = "rlzoo_loggers"
+    registry.add_plugin(loggers, name="recording", distribution="tests")
+    assert not registry.load_errors, registry.load_errors
+    run_dir = tmp_path / "run"
+    sets = [*TINY_RUN, "rollout.engine={name: hf-short}", "trainer.engine={name: torch-counting}", "train.steps=2",
+            "loggers=[{name: recording}]", f"output_dir={run_dir}", f"cold_start.output_dir={tmp_path / 'cold'}"]
+    config = load_config(REPO / "examples" / "gspo_tiny_moe.yaml", sets, registry)
+    train(config, registry=registry, progress=False)
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    steps, final = [r for r in rows if "reward/mean" in r], rows[-1]
+    assert [r["step"] for r in steps] == [0, 1]
+    responses = config.rollout.prompts_per_step * config.rollout.group_size
+    for row in steps:
+        assert row["rollout_engine/hf-short/prompt_tokens_max"] >= 1  # the step's own generation batch
+        # a Sum over the step's minibatches: every response token trained on once
+        tokens = row["response/length_mean"] * responses
+        assert row["training_engine/torch-counting/response_tokens"] == pytest.approx(tokens)
+        rows_per_minibatch = responses / config.algorithm.minibatches_per_rollout
+        assert row["training_engine/torch-counting/minibatch_rows_max"] == rows_per_minibatch
+    assert set(final) == {"step", "final"} | {k for k in final if k.startswith("eval/")}  # no engine key leaked in
+
+    # the logger: start, then each evaluation alone before its step's metrics, the final one twice, finish, close
+    names = [(c[0], c[1]) if c[0].startswith("log_") else c[0] for c in calls_seen]
+    assert names == ["start", ("log_evaluation", 0), ("log_metrics", 0), ("log_evaluation", 1), ("log_metrics", 1),
+                     ("log_evaluation", 2), ("log_metrics", 2), "finish", "close"]
+    logged = {c[1]: c[2] for c in calls_seen if c[0] == "log_metrics"}
+    for _, step, evaluation in (c for c in calls_seen if c[0] == "log_evaluation"):
+        assert evaluation and all(k.startswith("eval/") or k == "final" for k in evaluation)
+        assert evaluation.items() <= logged[step].items()  # the same values again through log_metrics
+        assert {k: v for k, v in logged[step].items() if k.startswith("eval/")} == {
+            k: v for k, v in evaluation.items() if k.startswith("eval/")}
+    assert logged[2] == next(c[2] for c in calls_seen if c[:2] == ("log_evaluation", 2)) and logged[2]["final"] == 1.0
+    run = calls_seen[0][1]
+    assert run.run_dir == run_dir and run.state_dir == run_dir / "loggers" / "recording" and run.resumed_at is None
+    assert run.config["trainer"]["engine"]["name"] == "torch-counting"
+    summary = calls_seen[-2][1]
+    assert summary == {**logged[2], "steps": 2.0}
+
+
+# -- the quick path: a component from a script -------------------------------------------------------------------
+
+
+def quick_path() -> str:
+    text = DOC.read_text()
+    return text[text.index("## Components from a script") : text.index("## A complete clipper plugin")]
+
+
+def test_the_quick_path_script_loads_from_its_file_and_computes_ppos_clip(tmp_path, monkeypatch):
+    """The section's file and config, as a reader saves them: the config loads the file, the clipper is found under
+    the script's origin, and it is PPO's clip with ``eps`` on both sides (loss, gradient and flags)."""
+    from rlzoo import local_plugins
+    from rlzoo.config.resolution import load_config
+
+    [code] = FENCE.findall(quick_path())
+    [config_text] = re.findall(r"^```yaml\n(.*?)^```", quick_path(), re.S | re.M)
+    (tmp_path / "my_loss.py").write_text(code)
+    (tmp_path / "run.yaml").write_text(config_text)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(local_plugins, "_LOADED", {})
+    monkeypatch.delitem(sys.modules, "my_loss", raising=False)
+    registry = Registry.discover()
+    try:
+        config = load_config(tmp_path / "run.yaml", registry=registry)
+    finally:
+        sys.modules.pop("my_loss", None)
+    assert config.plugins == [str(tmp_path / "my_loss.py")]
+    assert config.algorithm.clipper.model_dump() == {"name": "my-clip", "eps": 0.15}
+    assert registry.get("clipper", "my-clip").distribution == "script my_loss.py"
+    mine = registry.create("clipper", "my-clip", {"eps": 0.15})
+    ppo = registry.create("clipper", "ppo", {"eps_low": 0.15, "eps_high": 0.15})
+    results = []
+    for clipper in (mine, ppo):
+        ratio = torch.tensor([[0.5, 0.9, 1.0, 1.1, 1.3], [0.7, 1.2, 0.95, 1.5, 0.8]], requires_grad=True)
+        advantages = torch.tensor([[1.0, -1.0, 2.0, 1.0, 1.0], [-1.0, -2.0, 1.0, -1.0, 1.0]])
+        result = clipper.clip(ratio, advantages)
+        result.loss.sum().backward()
+        results.append((result.loss.detach(), ratio.grad, result.clipped_low, result.clipped_high))
+    for got, expected in zip(*results):
+        assert torch.equal(got, expected)
+    assert results[0][2].any() and results[0][3].any()  # both flags occur in this batch
+
+
+def test_the_quick_path_commands_parse_as_the_cli_does():
+    import shlex
+
+    from rlzoo.cli import parser
+
+    [bash] = re.findall(r"^```bash\n(.*?)^```", quick_path(), re.S | re.M)
+    lines = [line.split("#")[0].strip() for line in bash.splitlines() if line.strip()]
+    assert len(lines) == 3 and all("--plugin my_loss.py" in line for line in lines)
+    for line in lines:
+        args = parser().parse_args(shlex.split(line)[1:])
+        assert args.plugin == ["my_loss.py"]

@@ -1,4 +1,4 @@
-"""rlzoo.prompts: chat templates, system prompt, template options, overlong prompts; one encoding everywhere.
+"""rlzoo.episodes.prompts: chat templates, system prompt, template options, overlong prompts; one encoding everywhere.
 
 The tokenizer is a byte-level BPE with a Qwen3-style chat template built locally (rlzoo.models.chat): no package
 this project installs ships Qwen's own tokenizer files with its template.
@@ -11,16 +11,17 @@ import logging
 import pytest
 import torch
 
-from rlzoo import loop, rollouts
-from rlzoo.config import PromptConfig, build_config
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import PromptConfig
 from rlzoo.engines import Generation, RolloutEngine
+from rlzoo.episodes.prompts import fit_prompts, prompt_ids
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import Sample
-from rlzoo.metrics import Timer
 from rlzoo.models import build_char_tokenizer
 from rlzoo.models.chat import build_chat_tokenizer
-from rlzoo.prompts import fit_prompts, prompt_ids
 from rlzoo.registry import default_registry
+from rlzoo.rl import loop, rollouts
+from rlzoo.util.timer import Timer
 
 QUESTION = "What is 12 + 30? Put the answer in \\boxed{}."
 
@@ -72,7 +73,7 @@ def test_overlong_prompts_are_dropped_with_a_count(tok, caplog):
     short, long = chat("1+1?"), chat(QUESTION * 6)
     limit = len(prompt_ids(tok, short, PromptConfig())) + 2
     config = PromptConfig(max_prompt_tokens=limit)
-    with caplog.at_level(logging.WARNING, logger="rlzoo.prompts"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.episodes.prompts"):
         kept = fit_prompts([short, long, short], tok, config, "train")
     assert kept == [short, short]
     assert "train split: 1 of 3 prompts are longer than prompt.max_prompt_tokens" in caplog.text
@@ -85,7 +86,7 @@ def test_overlong_prompts_are_dropped_with_a_count(tok, caplog):
 def test_overlong_prompts_truncated_keep_their_end(tok, caplog):
     long = chat(QUESTION * 6)
     config = PromptConfig(max_prompt_tokens=12, overlong_prompts="truncate")
-    with caplog.at_level(logging.WARNING, logger="rlzoo.prompts"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.episodes.prompts"):
         assert fit_prompts([long], tok, config, "train") == [long]
     assert "1 of 1 prompts" in caplog.text and "truncated" in caplog.text
     ids = prompt_ids(tok, long, config)
@@ -133,7 +134,7 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
         objective=None, advantage=registry.create("advantage", "group"), verifier=registry.create("verifier", "math"),
         correction=None, rollout=rollout, learner=None, tokenizer=tok,
     )
-    collected = rollouts.collect(0, samples, components, config, Timer())
+    collected = rollouts.collect(0, samples, components.rollout_parts, config, Timer())
     assert rollout.seen[0] == expected  # rollout
     batch = collected.batch  # training: prompt then response, row by row
     for row in range(batch.input_ids.shape[0]):
@@ -145,9 +146,9 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
 
 
 def test_config_check_refuses_chat_prompts_without_a_chat_template(tmp_path, tok):
-    from rlzoo.config import TinyModelConfig
+    from rlzoo.config.schema import TinyModelConfig
     from rlzoo.models import build_tiny_model, save_model
-    from rlzoo.preflight import preflight
+    from rlzoo.preflight.checks import preflight
 
     registry = default_registry()
     data = tmp_path / "train.jsonl"

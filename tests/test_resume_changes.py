@@ -11,8 +11,16 @@ import pytest
 import yaml
 from test_cli import TINY_RUN, _rlzoo_command
 
-from rlzoo.config import RunConfig, dump_config
-from rlzoo.resume_changes import CHANGES_FILE, config_changes, effective_config, flatten, record_changes, refused
+from rlzoo.config.loading import dump_config
+from rlzoo.config.schema import RunConfig
+from rlzoo.preflight.resume_changes import (
+    CHANGES_FILE,
+    config_changes,
+    effective_config,
+    flatten,
+    record_changes,
+    refused,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "gspo_tiny_moe.yaml"
@@ -51,7 +59,7 @@ def test_changes_against_the_saved_config_and_the_recorded_ones(tmp_path):
 
 
 def test_a_component_parameter_added_since_the_run_started_is_no_change_at_its_default(tmp_path):
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
     from rlzoo.registry import default_registry
 
     registry = default_registry()

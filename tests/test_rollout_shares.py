@@ -1,7 +1,7 @@
 """Rollouts on every rank: each rank samples and scores its contiguous share of a step's prompts with its own
 engine and seed, and the gathered batch is the one a single engine would give for the same generations.
 
-Two gloo processes (``torch.multiprocessing``, fake engine, no model, a few seconds) run :func:`rlzoo.rollouts.collect`
+Two gloo processes (``torch.multiprocessing``, fake engine, no model, a few seconds) run :func:`rlzoo.rl.rollouts.collect`
 with dynamic sampling, so further generation batches are split too; one process then replays the ranks'
 generations through one engine and must get the same batch, rewards, advantages and metrics.
 """
@@ -16,16 +16,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlzoo.config import RunConfig
-from rlzoo.distributed import SINGLE, Dist
+from rlzoo.config.schema import RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TrainingEngine
-from rlzoo.registry import default_registry
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
-from rlzoo.learner import Learner
-from rlzoo.loop import Components
-from rlzoo.rollouts import collect
-from rlzoo.seeds import rank_seed, step_seed
-from rlzoo.metrics import Timer
+from rlzoo.registry import default_registry
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components
+from rlzoo.rl.rollouts import collect
+from rlzoo.runtime.distributed import SINGLE, Dist
+from rlzoo.util.seeds import rank_seed, step_seed
+from rlzoo.util.timer import Timer
 
 NAMES = ["same0", "mix0", "same1", "mix1", "mix2", "same2", "mix3", "mix4", "same3", "mix5", "mix6", "mix7"]
 STEP, PROMPTS, GROUP = 3, 5, 4  # 5 prompts: shares of 3 and 2
@@ -128,7 +128,7 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     engine = Seeded()
     config, parts = _parts(engine, Dist(rank=rank, world=world), per_rank=True)
-    rollout = collect(STEP, parts.train_set[:PROMPTS], parts, config, Timer())
+    rollout = collect(STEP, parts.train_set[:PROMPTS], parts.rollout_parts, config, Timer())
     queue.put((rank, engine.calls, engine.made, _summary(rollout)))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -159,7 +159,7 @@ def test_every_rank_holds_the_batch_one_engine_gives_for_the_same_generations(ra
     assert ranks[0][2] == ranks[1][2]  # identical batches on both ranks
     made = {**ranks[0][1], **ranks[1][1]}
     config, parts = _parts(Replay(made))
-    one = _summary(collect(STEP, parts.train_set[:PROMPTS], parts, config, Timer()))
+    one = _summary(collect(STEP, parts.train_set[:PROMPTS], parts.rollout_parts, config, Timer()))
     two = ranks[0][2]
     assert two == one  # order, tokens, log-probs, rewards, group-relative advantages, filter and reward metrics
     assert len(one["generations"]) == PROMPTS * GROUP and any(a != 0 for row in one["advantages"] for a in row)

@@ -1,4 +1,4 @@
-"""One writer per run folder (rlzoo.runlock): the lock itself, and through the real CLI a second ``train`` or a
+"""One writer per run folder (rlzoo.runtime.runlock): the lock itself, and through the real CLI a second ``train`` or a
 ``--resume`` on a folder in use refused at once, and two runs sharing one cold-start folder building it once.
 A second stop signal ends a process stuck in its clean-up at once. (SIGTERM / SIGINT on the README main job's
 engines: integration_tests/test_signals.py.)"""
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_cli import TINY_RUN
 
-from rlzoo import runlock
-from rlzoo.checkpoint import PAUSE_ENV
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime import runlock
+from rlzoo.runtime.checkpoint.store import PAUSE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
@@ -36,7 +36,7 @@ def _python(code: str, *args: str, **kwargs) -> subprocess.Popen:
 
 HOLD = """
     import sys, time
-    from rlzoo import runlock
+    from rlzoo.runtime import runlock
     lock = runlock.hold_run_folder(sys.argv[1], "holder-command")
     print("held", flush=True)
     time.sleep(600)
@@ -87,9 +87,9 @@ def test_holding_a_folder_this_process_holds_is_a_no_op(tmp_path):
 
 
 def _tiny_run(run_dir: Path):
-    from rlzoo.config import load_config
+    from rlzoo.config.resolution import load_config
     from rlzoo.registry import default_registry
-    from rlzoo.run import TrainingRun
+    from rlzoo.runtime.run import TrainingRun
 
     registry = default_registry()
     sets = [*TINY, "train.steps=1", f"output_dir={run_dir}", f"cold_start.output_dir={run_dir.parent / 'cold'}"]
@@ -110,7 +110,7 @@ def test_a_run_started_from_python_is_refused_on_a_folder_in_use(tmp_path):
 
 
 def test_a_run_started_from_python_holds_its_folder_until_run_returns_or_raises(tmp_path, monkeypatch):
-    from rlzoo.run import TrainingRun
+    from rlzoo.runtime.run import TrainingRun
 
     run_dir = tmp_path / "run"
     seen = []
@@ -136,7 +136,7 @@ def test_a_build_lock_waits_for_its_holder_and_says_so(tmp_path, capfd):
     holder = _python(
         """
         import sys, time
-        from rlzoo import runlock
+        from rlzoo.runtime import runlock
         lock = runlock.acquire(runlock.build_lock_path(sys.argv[1]), "builder")
         print("held", flush=True)
         sys.stdin.readline()
@@ -157,7 +157,7 @@ def test_a_build_lock_waits_for_its_holder_and_says_so(tmp_path, capfd):
 
 STUCK = """
     import subprocess, threading, time
-    from rlzoo import signals
+    from rlzoo.runtime import signals
     with signals.stop_signals():
         try:  # the signal may land anywhere after the pid is printed
             child = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -8,8 +8,8 @@ import threading
 import time
 
 from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.metrics import UnscoredResponses
-from rlzoo.scoring import score, step_token_ends
+from rlzoo.rl.scoring import score, step_token_ends
+from rlzoo.util.reductions import UnscoredResponses
 
 
 class Fragile(Verifier):
@@ -108,7 +108,7 @@ class Wild(Verifier):
 
 
 def test_non_finite_rewards_score_zero_are_counted_and_warned(caplog):
-    with caplog.at_level(logging.WARNING, logger="rlzoo.scoring"):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.rl.scoring"):
         result = score(Wild(), [Sample("1+1=", "2")] * 5, ["2", "nan", "inf", "-inf", "steps"])
     assert [v.reward for v in result.verdicts] == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert result.verdicts[4].step_rewards == [0.0, 0.0] and result.verdicts[4].step_spans == [(0, 1), (1, 2)]

@@ -1,11 +1,11 @@
-"""The cold start's learning-rate schedule (rlzoo.sft.one_cycle) for every length, the short ones included."""
+"""The cold start's learning-rate schedule (rlzoo.runtime.cold_start.one_cycle) for every length, the short ones included."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlzoo.sft import one_cycle
+from rlzoo.runtime.cold_start import one_cycle
 
 
 @pytest.mark.parametrize("steps", range(0, 41))

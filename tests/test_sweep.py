@@ -164,8 +164,8 @@ def test_example_sweep_config_builds_and_preflights(tmp_path):
 
 def test_a_rerun_sweep_resumes_from_each_runs_recorded_config_without_rewriting_it(tmp_path):
     """The same ``ablate`` again on its ``--out`` resumes the unfinished runs: their ``config.yaml`` is the record
-    of their first steps and stays byte for byte (rlzoo.resume_changes); a new run's is written."""
-    from rlzoo.config import dump_config
+    of their first steps and stays byte for byte (rlzoo.preflight.resume_changes); a new run's is written."""
+    from rlzoo.config.loading import dump_config
     from rlzoo.sweep.jobs import plan
 
     sweep = build_sweep(str(EXAMPLE), [parse_vary("trainer.lr=1e-4,2e-4")], 1, tmp_path / "s", ENGINES, default_registry())

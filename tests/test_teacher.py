@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_metrics_reporting import NoModelLearner
+from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
 
-from rlzoo.config import RunConfig, TinyModelConfig, TrainerConfig, build_config
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import RunConfig, TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.interfaces import Sample
-from rlzoo.learner import Learner
-from rlzoo.loop import Components, rl_step
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.objective import build_objective
 from rlzoo.registry import default_registry
-from rlzoo.sft import cold_start_dir, cold_start_fingerprint
-from rlzoo.teacher import Teacher, distill_metrics, teacher_cold_start_config
-from test_metrics_reporting import NoModelLearner
-from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fake engine, tokenizer, verifier
+from rlzoo.rl.learner import Learner
+from rlzoo.rl.loop import Components, rl_step
+from rlzoo.rl.objective import build_objective
+from rlzoo.rl.teacher import Teacher, distill_metrics, teacher_cold_start_config
+from rlzoo.runtime.cold_start import cold_start_dir, cold_start_fingerprint
 
 TOKENIZER = build_char_tokenizer("0123456789+=")
 

@@ -4,8 +4,9 @@ trained on by name like the first-party ones (issue 20).
 The distribution ``rlzoo-thirdparty-engines`` is the real source tree ``tests/third_party_engines`` (copied to a
 temporary folder first, so no build artefacts land in the repository), installed into a venv layered over the
 test environment as in test_third_party_plugin.py. It registers ``relay-rollout`` (transformers generate in lanes,
-with the check rule ``lanes`` divides ``rollout.group_size``) and ``relay-trainer`` (plain torch that reports how
-often the core called its ``routing_pass`` and weight-copy methods as ``relay/*`` metrics).
+with the check rule ``lanes`` divides ``rollout.group_size``; it reports its lane calls and weight syncs) and
+``relay-trainer`` (plain torch that reports how often the core called its ``routing_pass`` and weight-copy methods
+as ``relay/*`` metrics). Both import their base engine from ``rlzoo.engines``, the public import.
 """
 
 from __future__ import annotations
@@ -94,4 +95,8 @@ def test_main_job_trains_on_the_third_party_engines_with_routing_replay(venv, tm
     assert passes[0] > 0 and passes == sorted(set(passes)), passes
     # and kept the sampling weights through its copy_weights / exchange_weights / restore_weights
     assert steps[-1]["relay/weight_copies"] > 0
+    # relay-rollout's own reports (Component.report): each step's batch sampled in 2 lanes (a prefetched batch's
+    # in the background thread), and the weight sync after each step's update
+    assert [r["rollout_engine/relay-rollout/lane_calls"] for r in steps] == [2.0, 2.0, 2.0]
+    assert [r["rollout_engine/relay-rollout/syncs"] for r in steps] == [1.0, 1.0, 1.0]
     assert rows[-1].get("final") == 1.0 and "eval/accuracy" in rows[-1]

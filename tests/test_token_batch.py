@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlzoo.config import TinyModelConfig
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.engines import TokenBatch
 from rlzoo.engines.tokens import live_columns, logprobs_from_logits, make_token_batch, response_logprobs_and_entropy
 from rlzoo.models import build_char_tokenizer, build_tiny_model

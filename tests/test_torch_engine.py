@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from rlzoo.config import TinyModelConfig, TrainerConfig
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
-from rlzoo.metrics import SkippedUpdates
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.util.reductions import SkippedUpdates
 
 
 def _engine(tmp_path):

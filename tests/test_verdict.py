@@ -6,7 +6,7 @@ import torch
 
 from rlzoo.engines import Generation
 from rlzoo.interfaces import Sample, Verdict
-from rlzoo.rollouts import ScoredGroup, rollout_metrics
+from rlzoo.rl.rollouts import ScoredGroup, rollout_metrics
 
 
 def test_correct_defaults_to_the_binary_convention_and_can_be_declared():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlzoo.engines.vllm_direct_sync import DirectSyncUnsupported, copy_weights
+from rlzoo.engines.vllm.direct_sync import DirectSyncUnsupported, copy_weights
 
 H, I, E, V, PADDED_V = 4, 6, 3, 5, 8
 
@@ -169,7 +169,7 @@ class FakeLLM:
 
 def _engine(weight_sync: str):
     from rlzoo.engines import EngineContext
-    from rlzoo.engines.vllm_rollout import VLLMRolloutEngine
+    from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 
     engine = VLLMRolloutEngine(VLLMRolloutEngine.Params(weight_sync=weight_sync))
     engine.llm, engine._direct_sync = FakeLLM(), True  # as start() leaves it on CPU

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlzoo.engines.vllm_routing import RoutedExpertsCapture, WorkerCapture, routing_capture
+from rlzoo.engines.vllm.routing import RoutedExpertsCapture, WorkerCapture, routing_capture
 from rlzoo.errors import RlzooError
 from rlzoo.moe import RoutingError
 

@@ -88,3 +88,16 @@ def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     centred = masked(v - v.sum() / n, mask)
     var = (centred * centred).sum() / (n - 1.0)
     return masked(centred * torch.rsqrt(var + 1e-8), mask)
+
+
+def token_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """The share of the valid tokens where ``flags`` is set (0 without valid tokens)."""
+    keep = mask > 0
+    return float((flags & keep).sum()) / max(int(keep.sum()), 1)
+
+
+def response_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """The share of the responses (rows with at least one valid token) with ``flags`` set at a valid token."""
+    keep = mask > 0
+    responses = keep.any(dim=-1)
+    return float((flags & keep).any(dim=-1)[responses].sum()) / max(int(responses.sum()), 1)

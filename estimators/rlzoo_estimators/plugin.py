@@ -4,28 +4,39 @@ from __future__ import annotations
 
 import rlzoo
 from rlzoo_estimators.advantages.gae import GAEAdvantage
+from rlzoo_estimators.advantages.gdpo import GDPOAdvantage
 from rlzoo_estimators.advantages.gpg import GPGAdvantage
 from rlzoo_estimators.advantages.group import GroupAdvantage
+from rlzoo_estimators.advantages.grpo_passk import PassKAdvantage
 from rlzoo_estimators.advantages.opo import OPOAdvantage
+from rlzoo_estimators.advantages.optimal_token_baseline import OptimalTokenBaselineAdvantage
 from rlzoo_estimators.advantages.process import ProcessAdvantage
 from rlzoo_estimators.advantages.reinforce_pp import ReinforcePlusPlusAdvantage
 from rlzoo_estimators.advantages.reinforce_pp_baseline import ReinforcePlusPlusBaselineAdvantage
+from rlzoo_estimators.advantages.remax import ReMaxAdvantage
 from rlzoo_estimators.advantages.reverse_kl import ReverseKLAdvantage
 from rlzoo_estimators.advantages.rloo import RLOOAdvantage
+from rlzoo_estimators.advantages.tir_optimal_token_baseline import TIROptimalTokenBaselineAdvantage
 from rlzoo_estimators.aggregations.seq_mean_token_mean import SeqMeanTokenMean
 from rlzoo_estimators.aggregations.seq_mean_token_sum import SeqMeanTokenSum
 from rlzoo_estimators.aggregations.seq_mean_token_sum_norm import SeqMeanTokenSumNorm
 from rlzoo_estimators.aggregations.token_mean import TokenMean
 from rlzoo_estimators.clippers.cispo import CISPOClipper
 from rlzoo_estimators.clippers.clip_cov import ClipCovClipper
+from rlzoo_estimators.clippers.dppo_kl import DPPOKLClipper
+from rlzoo_estimators.clippers.dppo_tv import DPPOTVClipper
+from rlzoo_estimators.clippers.dro import DROClipper
 from rlzoo_estimators.clippers.dual_clip import DualClipper
 from rlzoo_estimators.clippers.gmpo import GMPOClipper
 from rlzoo_estimators.clippers.kl_cov import KLCovClipper
 from rlzoo_estimators.clippers.none import NoClipper
 from rlzoo_estimators.clippers.ppo import PPOClipper
 from rlzoo_estimators.clippers.sapo import SAPOClipper
+from rlzoo_estimators.clippers.vespo import VESPOClipper
 from rlzoo_estimators.corrections.icepop import IcePop
 from rlzoo_estimators.corrections.none import NoCorrection
+from rlzoo_estimators.corrections.opsm import OffPolicySequenceMask
+from rlzoo_estimators.corrections.rejection import RejectionSampling
 from rlzoo_estimators.corrections.tis import TruncatedIS
 from rlzoo_estimators.filters.dynamic_sampling import DynamicSampling
 from rlzoo_estimators.filters.none import NoFilter
@@ -62,12 +73,20 @@ def rlzoo_advantage_sources() -> list[type]:
         GPGAdvantage,
         GAEAdvantage,
         ReverseKLAdvantage,
+        ReMaxAdvantage,
+        PassKAdvantage,
+        GDPOAdvantage,
+        OptimalTokenBaselineAdvantage,
+        TIROptimalTokenBaselineAdvantage,
     ]
 
 
 @rlzoo.hookimpl
 def rlzoo_clippers() -> list[type]:
-    return [PPOClipper, DualClipper, NoClipper, CISPOClipper, SAPOClipper, GMPOClipper, KLCovClipper, ClipCovClipper]
+    return [
+        PPOClipper, DualClipper, NoClipper, CISPOClipper, SAPOClipper, GMPOClipper, KLCovClipper, ClipCovClipper,
+        DPPOTVClipper, DPPOKLClipper, DROClipper, VESPOClipper,
+    ]
 
 
 @rlzoo.hookimpl
@@ -82,7 +101,7 @@ def rlzoo_kl_estimators() -> list[type]:
 
 @rlzoo.hookimpl
 def rlzoo_corrections() -> list[type]:
-    return [NoCorrection, TruncatedIS, IcePop]
+    return [NoCorrection, TruncatedIS, IcePop, RejectionSampling, OffPolicySequenceMask]
 
 
 @rlzoo.hookimpl

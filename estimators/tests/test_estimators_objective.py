@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlzoo
+from rlzoo.config.presets import PRESETS
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import RewardBatch
-from rlzoo.presets import PRESETS
 
 CLIP_METRICS = ["clip/fraction", "clip/low_fraction", "clip/high_fraction"]
 REQUIRED_METRICS = [*CLIP_METRICS, "ratio/mean", "ratio/min", "ratio/max", "kl/old_approx"]

@@ -15,11 +15,16 @@ from rlzoo.interfaces import Params
 PACKAGE_DIR = pathlib.Path(rlzoo_estimators.__file__).parent
 EXPECTED = {
     "ratio": ["gpg", "sequence", "sequence-token", "token"],
-    "advantage": ["gae", "gpg", "group", "opo", "process", "reinforce++", "reinforce++-baseline", "reverse-kl", "rloo"],
-    "clipper": ["cispo", "clip-cov", "dual-clip", "gmpo", "kl-cov", "none", "ppo", "sapo"],
+    "advantage": [
+        "gae", "gdpo", "gpg", "group", "grpo-passk", "opo", "optimal-token-baseline", "process", "reinforce++",
+        "reinforce++-baseline", "remax", "reverse-kl", "rloo", "tir-optimal-token-baseline",
+    ],
+    "clipper": [
+        "cispo", "clip-cov", "dppo-kl", "dppo-tv", "dro", "dual-clip", "gmpo", "kl-cov", "none", "ppo", "sapo", "vespo",
+    ],
     "aggregation": ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"],
     "kl": ["k1", "k2", "k3"],
-    "correction": ["icepop", "none", "tis"],
+    "correction": ["icepop", "none", "opsm", "rejection", "tis"],
     "batch_filter": ["dynamic-sampling", "none"],
     "reward_shaper": ["length", "overlong"],
     "regulariser": ["entropy"],

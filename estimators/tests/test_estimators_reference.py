@@ -14,7 +14,7 @@ import torch
 from estimators_testlib import REGISTRY, create, t
 
 from rlzoo.interfaces import RewardBatch
-from rlzoo.objective import Objective
+from rlzoo.rl.objective import Objective
 
 DATA = json.loads((pathlib.Path(__file__).parent / "reference" / "verl.json").read_text())
 TOL = 1e-6

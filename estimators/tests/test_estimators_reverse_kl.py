@@ -90,7 +90,7 @@ def test_the_critics_returns_are_the_nested_sources():
 
 def test_the_nested_source_is_validated_at_its_own_fields():
     with pytest.raises(ConfigError) as err:
-        create("advantage", "reverse-kl", task={"name": "grpo"})
+        create("advantage", "reverse-kl", task={"name": "gruop"})  # ("grpo" is now closest to "gdpo")
     assert err.value.problems[0][0] == "task.name" and "did you mean 'group'" in err.value.problems[0][1]
     with pytest.raises(ConfigError) as err:
         create("advantage", "reverse-kl", task={"name": "group", "std_normalise": False})

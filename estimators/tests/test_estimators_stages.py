@@ -7,7 +7,7 @@ import torch
 from estimators_testlib import create
 
 from rlzoo.interfaces import ResponseTooLong
-from rlzoo.objective import Objective
+from rlzoo.rl.objective import Objective
 
 
 def test_dynamic_sampling_keeps_groups_whose_rewards_differ():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlzoo.errors import ConfigError
-from rlzoo.objective import Objective
+from rlzoo.rl.objective import Objective
 
 
 def objective(clipper, ratio="token", aggregation="token-mean"):

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 
 from rlzoo.interfaces.base import Component
-from rlzoo.memory_estimate import RolloutMemory, TrainingLayout, policy_bytes
+from rlzoo.models.memory import RolloutMemory, TrainingLayout, policy_bytes
 
 if TYPE_CHECKING:
-    from rlzoo.config import LoraConfig, RunConfig
+    from rlzoo.config.schema import LoraConfig, RunConfig
     from rlzoo.interfaces.run_facts import RunFacts
-    from rlzoo.memory_estimate import ModelShape
+    from rlzoo.models.memory import ModelShape
     from rlzoo.moe import Layout, Routing
 
 
@@ -36,14 +36,14 @@ class SamplingSettings:
 
 @dataclass
 class Generation:
-    """One sampled response, or one multi-turn episode (:mod:`rlzoo.episodes`) as one token sequence.
+    """One sampled response, or one multi-turn episode (:mod:`rlzoo.episodes.runner`) as one token sequence.
 
     response_ids:      sampled token ids, including the end-of-sequence token when one was produced; in an
                        episode every turn's tokens and, between them, the observations' tokens.
     response_logprobs: the rollout engine's log-prob of each sampled token (0 for an observation's tokens).
     routing:           optional ``[len(prompt_ids) + len(response_ids) - 1, layers, top_k]`` expert indices the
                        rollout engine used (the last sampled token is never run through the model); in an
-                       episode stitched from its turns (:func:`rlzoo.episodes.stitch_routing`).
+                       episode stitched from its turns (:func:`rlzoo.episodes.runner.stitch_routing`).
     policy_mask:       per response token, 1 if the policy sampled it, 0 for an observation's token (in the
                        context, out of the loss); ``None``: every token is the policy's (one turn).
     turns:             ``(start, end)`` response indices of each turn's policy tokens; ``None``: one turn.
@@ -81,7 +81,7 @@ class EngineContext:
     """What every engine is started with.
 
     ``head`` (training engines): ``"lm"`` trains a policy, whose per-token outputs are the log-probs of the response
-    tokens; ``"value"`` trains a critic (:mod:`rlzoo.critic`): the model in ``model_dir`` with a scalar value head
+    tokens; ``"value"`` trains a critic (:mod:`rlzoo.rl.critic`): the model in ``model_dir`` with a scalar value head
     (a fresh one, seeded by ``seed``, when the folder holds a causal LM), whose per-token output is the value of
     the state before each response token. Only engines that declare ``trains_values`` accept ``"value"``.
     """
@@ -181,7 +181,7 @@ class RolloutEngine(Component):
         return None
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
-        """This engine's part of a rank's GPU memory (:mod:`rlzoo.memory_estimate`); the base assumes a private
+        """This engine's part of a rank's GPU memory (:mod:`rlzoo.models.memory`); the base assumes a private
         copy of the policy in ``model.dtype`` and nothing else."""
         weights = policy_bytes(config, shape)
         return RolloutMemory(bytes=weights, weights=weights)
@@ -335,7 +335,7 @@ class TrainingEngine(Component):
         return "auto"
 
     def memory_layout(self) -> TrainingLayout:
-        """How this engine holds the training state on each rank (:mod:`rlzoo.memory_estimate`); the base keeps
+        """How this engine holds the training state on each rank (:mod:`rlzoo.models.memory`); the base keeps
         the whole state on every rank."""
         return TrainingLayout()
 

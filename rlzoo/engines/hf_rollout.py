@@ -8,7 +8,7 @@ sampled token is never fed through the model, so it has no routing; ``rlzoo.moe.
 position (and the padding) to be routed afresh at replay time, which changes no response log-prob.
 
 LoRA (``model.lora``): with ``sync`` ``auto`` or ``adapter`` the run sends this engine the adapters (it loads any
-target peft wraps), so :meth:`start` wraps its model with peft on the same targets (``rlzoo.models.lora.wrap``; the
+target peft wraps), so :meth:`start` wraps its model with peft on the same targets (``rlzoo.engines.lora.wrap``; the
 adapters start at ``B = 0``: the base model) and :meth:`sync_adapter` loads each new adapter into it; sampling runs on
 the transformers model itself, whose layers peft replaced in place. With ``merged`` the model is not wrapped at all:
 the merged weights it receives by :meth:`sync_weights` are a plain model's, under a plain model's names, and a
@@ -26,11 +26,11 @@ from pydantic import Field
 from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RunFacts
-from rlzoo.memory_estimate import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
+from rlzoo.models.memory import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
 from rlzoo.models.weights import load_checkpoint_weights
 
 if TYPE_CHECKING:
-    from rlzoo.config import RunConfig
+    from rlzoo.config.schema import RunConfig
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -68,7 +68,7 @@ class HFRolloutEngine(RolloutEngine):
         self.model, _ = load_model(context.model_dir, context.dtype)
         self._peft = None
         if context.lora is not None and context.lora.sync != "merged":
-            from rlzoo.models.lora import wrap
+            from rlzoo.engines.lora import wrap
 
             # peft puts its layers into self.model itself; generate() and the routing hooks stay on self.model (the
             # PeftModel's own hooks would never fire: its generate() is the wrapped model's)

@@ -46,10 +46,10 @@ from rlzoo.engines.micro_batches import (
 )
 from rlzoo.engines.tokens import hidden_logprobs
 from rlzoo.errors import RlzooError
-from rlzoo.metrics import SkippedUpdates
 from rlzoo.moe import Layout, Routing, find_routers, record_routing, replay_routing, require_routers
 from rlzoo.moe.hooks import ForwardLayout, forward_layout
 from rlzoo.moe.routers import layout_of
+from rlzoo.util.reductions import SkippedUpdates
 
 NONFINITE = "train/nonfinite_steps"  # always a SkippedUpdates: the fault policy reads the declaration
 
@@ -171,7 +171,7 @@ class ModuleTrainingEngine(TrainingEngine):
     def adapter(self, version: int = 0) -> Adapter:
         if not self.lora:
             raise RlzooError(f"training engine {self.name!r} trains every weight (model.lora is null): no adapters")
-        from rlzoo.models.lora import adapter
+        from rlzoo.engines.lora import adapter
 
         with self._whole_model() as model:
             return adapter(model, version)
@@ -191,8 +191,8 @@ class ModuleTrainingEngine(TrainingEngine):
     def _load_module(self) -> torch.nn.Module:
         """The model to train in fp32 master weights: the policy (``context.head == "lm"``), with fresh LoRA adapters
         when ``context.lora`` is set, or a critic."""
+        from rlzoo.engines.lora import wrap
         from rlzoo.models import load_model, load_value_model
-        from rlzoo.models.lora import wrap
 
         if self.context.head == "value":
             return load_value_model(self.context.model_dir, "float32", seed=self.context.seed)
@@ -365,7 +365,7 @@ class ModuleTrainingEngine(TrainingEngine):
 class BasePolicy:
     """A LoRA policy's base model, for the KL reference: the training engine's own forwards with the adapters
     disabled, so the reference costs no second copy of the weights (:meth:`ModuleTrainingEngine.without_adapters`).
-    It answers the passes a reference :class:`~rlzoo.learner.Learner` asks for; it never trains."""
+    It answers the passes a reference :class:`~rlzoo.rl.learner.Learner` asks for; it never trains."""
 
     def __init__(self, engine: ModuleTrainingEngine) -> None:
         self.engine = engine

@@ -11,7 +11,7 @@ def rlzoo_rollout_engines() -> list[type]:
 
     engines: list[type] = [HFRolloutEngine]
     try:
-        from rlzoo.engines.vllm_rollout import VLLMRolloutEngine
+        from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
     except ImportError:  # the module itself imports vllm lazily; absent only in a partial checkout
         pass
     else:
@@ -21,7 +21,7 @@ def rlzoo_rollout_engines() -> list[type]:
 
 @hookimpl
 def rlzoo_training_engines() -> list[type]:
-    from rlzoo.engines.deepspeed_trainer import DeepSpeedTrainingEngine  # imports deepspeed only in start()
+    from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
     from rlzoo.engines.torch_trainer import TorchTrainingEngine
 
     return [TorchTrainingEngine, DeepSpeedTrainingEngine]

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from rlzoo.checkpoint import load_optimizer, save_optimizer
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext
 from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
+from rlzoo.runtime.checkpoint.files import load_optimizer, save_optimizer
 
 
 class TorchTrainingEngine(ModuleTrainingEngine):
@@ -64,8 +64,8 @@ class TorchTrainingEngine(ModuleTrainingEngine):
         return {NONFINITE: 0.0, "train/grad_norm": grad_norm.item()}
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        from rlzoo.engines.lora import merged_weights
         from rlzoo.models.export import checkpoint_weights
-        from rlzoo.models.lora import merged_weights
 
         return merged_weights(self._model) if self.lora else checkpoint_weights(self._model)
 
@@ -74,7 +74,7 @@ class TorchTrainingEngine(ModuleTrainingEngine):
         save_optimizer(self.optimizer, directory)
 
     def load_state(self, directory: Path) -> None:
-        from rlzoo.models.lora import load_adapter
+        from rlzoo.engines.lora import load_adapter
 
         if self.lora:
             load_adapter(self._model, directory / "model")

@@ -16,9 +16,10 @@ from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.run_facts import ModelFacts, Problem, RunFacts
 from rlzoo.interfaces.task import Sample, Task
-from rlzoo.interfaces.value_loss import ValueLoss, ValueLossResult
 from rlzoo.interfaces.tool import MalformedCall, ParsedTurn, Tool, ToolCall, ToolCallParser, ToolError, ToolTimeout
+from rlzoo.interfaces.value_loss import ValueLoss, ValueLossResult
 from rlzoo.interfaces.verifier import Verdict, Verifier
+from rlzoo.util.reductions import Max, Mean, Min, Sum
 
 __all__ = [
     "AdvantageSource",
@@ -34,6 +35,9 @@ __all__ = [
     "ModelFacts",
     "Observation",
     "MalformedCall",
+    "Max",
+    "Mean",
+    "Min",
     "MismatchCorrection",
     "Params",
     "ParsedTurn",
@@ -48,6 +52,7 @@ __all__ = [
     "RouterPolicy",
     "RunFacts",
     "Sample",
+    "Sum",
     "Task",
     "Tool",
     "ToolCall",

@@ -31,6 +31,16 @@ class RewardBatch:
                   sources that declare ``needs_teacher``; else None.
     old_logprobs: ``[batch, tokens]`` the behaviour policy's log-prob of each sampled token (the loop's old
                   log-probs), for sources that declare ``needs_teacher``; else None.
+    reward_parts: part name -> ``[batch]``, the named parts of each response's reward (:attr:`Verdict.parts`; a
+                  response whose verdict lacks a part has 0 there, as a verifier fault scores 0), plus ``shaping``
+                  (the reward shapers' terms, when there are shapers) and ``turns`` (an environment's turn rewards,
+                  when it gives them); None when no verdict of the batch carries parts.
+    reward_baselines: ``[batch]`` each response's baseline reward: the reward (verifier, turn rewards and shapers'
+                  terms) of one greedy response to the same prompt (ReMax), for sources that declare
+                  ``needs_greedy_baseline``; else None.
+    sum_pi_squared: ``[batch, tokens]`` ``sum_v pi_old(v | context_t)^2`` at each response position, for sources that
+                  declare ``needs_sum_pi_squared``. rlzoo's training engines do not compute it: such a source is
+                  usable from a loop of one's own that does, not in ``rlzoo train`` (its preflight says so).
     """
 
     rewards: torch.Tensor
@@ -42,7 +52,9 @@ class RewardBatch:
     values: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
-
+    reward_parts: dict[str, torch.Tensor] | None = None
+    reward_baselines: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
 
     def require(self, source: str, what: str, *fields: str) -> None:
         """Raise a clear error naming the ``fields`` advantage ``source`` reads that this batch lacks (``what``: what
@@ -65,7 +77,13 @@ class AdvantageSource(Component):
     - ``reads_token_rewards``: the source reads ``RewardBatch.token_rewards``, where the KL-in-reward penalty is
       (``algorithm.kl_in_reward`` needs such a source: the others would silently ignore it);
     - ``needs_teacher``: the source reads ``RewardBatch.teacher_logprobs`` and ``old_logprobs``, so the run needs a
-      teacher (``teacher``, on-policy distillation); a run with a teacher needs such a source.
+      teacher (``teacher``, on-policy distillation); a run with a teacher needs such a source;
+    - ``needs_reward_parts``: the source reads ``RewardBatch.reward_parts``, so the verifier must return named parts
+      (checked before the run when the verifier declares its parts, :meth:`Verifier.reward_parts`);
+    - ``needs_greedy_baseline``: the source reads ``RewardBatch.reward_baselines``, so each step also samples and
+      scores one greedy response per prompt (ReMax);
+    - ``needs_sum_pi_squared``: the source reads ``RewardBatch.sum_pi_squared``, which rlzoo's engines do not compute
+      (refused before a run).
     """
 
     kind = "advantage"
@@ -74,6 +92,9 @@ class AdvantageSource(Component):
     needs_values: ClassVar[bool] = False
     reads_token_rewards: ClassVar[bool] = False
     needs_teacher: ClassVar[bool] = False
+    needs_reward_parts: ClassVar[bool] = False
+    needs_greedy_baseline: ClassVar[bool] = False
+    needs_sum_pi_squared: ClassVar[bool] = False
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -102,6 +123,23 @@ class AdvantageSource(Component):
                 f"null, but advantage {self.name!r} ({at}) reads a teacher's log-probs: add a teacher (teacher: "
                 "{model: <a model folder>} or {tiny: {...}}), or use an advantage that needs none "
                 f"({', '.join(usable)})",
+            ))
+        verifier = run.components.get("verifier")  # null: the task's default, which declares no parts
+        if self.needs_reward_parts and verifier is not None and verifier.reward_parts() == ():
+            usable = run.names("advantage", lambda cls: not cls.needs_reward_parts)
+            problems.append((
+                "verifier",
+                f"{verifier.name!r} returns no reward parts, but advantage {self.name!r} ({at}) normalises each part "
+                "on its own: use a verifier that returns named parts (weighted: one part per verifier it combines), "
+                f"or an advantage that reads the reward alone ({', '.join(usable)})",
+            ))
+        if self.needs_sum_pi_squared:
+            usable = run.names("advantage", lambda cls: not cls.needs_sum_pi_squared)
+            problems.append((
+                f"{at}.name",
+                f"advantage {self.name!r} reads sum_v pi(v)^2 at every response position (RewardBatch.sum_pi_squared), "
+                "which rlzoo's training engines do not compute: call it from a loop of your own that does, or use "
+                f"another advantage ({', '.join(usable)})",
             ))
         return problems
 

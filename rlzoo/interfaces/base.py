@@ -54,7 +54,7 @@ class Component:
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
         """The problems a run with these parameters would hit, found before anything starts.
 
-        ``rlzoo config check`` and the start of ``rlzoo train`` (:func:`rlzoo.preflight.preflight`) construct every
+        ``rlzoo config check`` and the start of ``rlzoo train`` (:func:`rlzoo.preflight.checks.preflight`) construct every
         component the config names and call this on each; ``at`` is this component's config field (e.g.
         ``rollout.engine``, ``algorithm.reward_shaping.0``) and ``run`` what is known without starting anything:
         the config, the model's facts, the process count, the other components and the memory estimate
@@ -79,15 +79,30 @@ class Component:
         class says how the values of the step's several calls (its minibatches, its generation batches) and of
         the ranks combine. Reporting the same ``metric`` twice in one call keeps the last value.
 
-        The core collects the reports right after each call (:func:`rlzoo.metrics.take_reports`): the objective's
+        The core collects the reports right after each call (:func:`rlzoo.interfaces.base.take_reports`): the objective's
         after each minibatch (ratio estimator, clipper, aggregation, KL estimator, regularisers), the loop's after
         each use of the advantage source, batch filter, reward shapers and train-inference correction; the router
-        policy's are collected by the routing learner. Verifiers' reports are not collected: a verifier runs in a
-        worker thread that may outlive its time limit, so its reports would be racy or lost; its faults are
-        counted by :mod:`rlzoo.scoring`, and it records its phases' metrics with
+        policy's are collected by the routing learner; the engines' after each generation batch (rollout engine),
+        each update, the old-log-prob pass and the weight sync (:mod:`rlzoo.rl.learner`). Verifiers' reports are
+        not collected: a verifier runs in a worker thread that may outlive its time limit, so its reports would be
+        racy or lost; its faults are counted by :mod:`rlzoo.rl.scoring`, and it records its phases' metrics with
         :meth:`rlzoo.interfaces.Verifier.record_phase` instead.
         """
         self.__dict__.setdefault("_metric_reports", {})[metric] = value
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"
+
+
+def take_reports(component: Component) -> dict[str, float]:
+    """The metrics ``component`` reported since the last call (:meth:`~rlzoo.interfaces.Component.report`), keyed
+    ``<namespace>/<name>/<metric>``, and its buffer cleared.
+
+    ``<namespace>`` is the kind's ``metric_namespace`` (its ``kind`` if it declares none), ``<name>`` the
+    component's registered name: the name keeps two components of one kind in a run (two reward shapers, two
+    regularisers) from writing the same key, and says which component a key came from."""
+    reports = component.__dict__.pop("_metric_reports", None)
+    if not reports:
+        return {}
+    prefix = f"{component.metric_namespace or component.kind}/{component.name}"
+    return {f"{prefix}/{metric}": value for metric, value in reports.items()}

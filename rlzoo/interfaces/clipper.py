@@ -18,7 +18,7 @@ class ClipResult:
     clipped_high: bool, the clip removed this token's gradient because the ratio rose above the upper bound
                   (for dual clip this includes tokens held by the ``c*|A|`` bound).
     metrics:      extra scalar metrics of this clipper (e.g. ``clip/cov_fraction``), reported under these keys as
-                  they are, combined over minibatches by their declared class (:mod:`rlzoo.metrics`). A clipper may
+                  they are, combined over minibatches by their declared class (:mod:`rlzoo.util.reductions`). A clipper may
                   instead ``self.report(...)`` them (:meth:`Component.report`, keys ``clip/<name>/<metric>``).
     """
 

@@ -1,6 +1,6 @@
 """Environments: what answers the policy between the turns of a multi-turn episode.
 
-An episode is a loop (:mod:`rlzoo.episodes`): the policy generates a turn, the environment reads its text and
+An episode is a loop (:mod:`rlzoo.episodes.runner`): the policy generates a turn, the environment reads its text and
 answers with an :class:`Observation` (tool results, a user message) or ends the episode; the observation's tokens
 are appended to the episode's one token sequence (in the context, out of the loss) and the policy generates the
 next turn. The task's verifier scores the last turn's text; an environment may add a reward per turn, which the

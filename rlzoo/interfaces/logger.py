@@ -13,7 +13,7 @@ calls, in order:
 - :meth:`Logger.close` always, also after a crash or an interrupt (then without ``finish``).
 
 A logger that raises is reported once as a warning naming it and is not called again; the run and the other
-loggers go on (:mod:`rlzoo.tracking`). Resume: the steps after the checkpoint are run again and logged again
+loggers go on (:mod:`rlzoo.reporting.trackers`). Resume: the steps after the checkpoint are run again and logged again
 (exactly the same values, since a resume is exact); a tracker that can replace them does (TensorBoard's
 ``purge_step``), one that cannot logs only what it does not hold yet (:meth:`TrackedRun.unlogged`).
 """

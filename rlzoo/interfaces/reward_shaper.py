@@ -36,7 +36,7 @@ class RewardShaper(Component):
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
         """:meth:`budget_problems` for responses of up to ``rollout.max_new_tokens`` tokens (per turn of an episode:
-        :meth:`rlzoo.config.RunConfig.response_budget`)."""
+        :meth:`rlzoo.config.schema.RunConfig.response_budget`)."""
         return [(at, problem) for problem in self.budget_problems(run.config.response_budget())]
 
     def budget_problems(self, budget: int) -> list[str]:

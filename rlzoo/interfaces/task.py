@@ -18,7 +18,7 @@ class Sample:
     """One verifiable example.
 
     prompt:        the text given to the policy; with ``messages`` set, their text (for splitting and logs).
-                   A plain prompt is encoded as it is, unless ``prompt.plain: chat`` (:mod:`rlzoo.prompts`).
+                   A plain prompt is encoded as it is, unless ``prompt.plain: chat`` (:mod:`rlzoo.episodes.prompts`).
     answer:        the reference answer a verifier checks against.
     demonstration: a correct response, used by cold-start SFT; ``None`` if the task has none.
     meta:          anything else a verifier needs (``tests`` for code, ``steps`` for process rewards, ...).
@@ -26,7 +26,7 @@ class Sample:
                    tokenizer's chat template; ``None`` for a plain-string prompt.
     demonstration_turns: a correct multi-turn episode for the cold start: the policy's turns as assistant messages
                    (``{"content": ..., "tool_calls": [{"name": ..., "arguments": {...}}]}``); the observations
-                   between them come from the run's environment (:meth:`rlzoo.episodes.EpisodeRunner.demonstration`).
+                   between them come from the run's environment (:meth:`rlzoo.episodes.runner.EpisodeRunner.demonstration`).
     """
 
     prompt: str
@@ -75,7 +75,7 @@ class Task(Component):
     def check(self) -> list[tuple[str, str]]:
         """Problems a run with these parameters would hit, found cheaply (e.g. a data file that does not exist).
 
-        Called by :func:`rlzoo.preflight.preflight` (``rlzoo config check`` and the start of ``rlzoo train``)
+        Called by :func:`rlzoo.preflight.checks.preflight` (``rlzoo config check`` and the start of ``rlzoo train``)
         before anything heavy starts; must not load the data itself. Returns ``(parameter, message)`` pairs, the
         message saying what is allowed; ``[]`` (the default) means nothing to report.
         """

@@ -154,10 +154,16 @@ class ToolCallParser(Component):
 
     ``parse`` never raises on the model's text: a call it cannot read is a :class:`MalformedCall` with the reason,
     which the runner turns into an error observation counted as ``malformed``.
+
+    ``call_markup`` declares the text every call is written with, whatever its tool and arguments (``hermes``:
+    ``<tool_call>{"name":"","arguments":{}}</tool_call>``): a policy whose tokenizer cannot write one of its
+    characters (a tiny model's character tokenizer, built from the task's alphabet) never makes a call, so the
+    preflight refuses it (:func:`rlzoo.episodes.rules.tool_markup_rule`). ``""``: nothing declared, not checked.
     """
 
     kind = "tool_parser"
     metric_namespace = "tool_parser"
+    call_markup: ClassVar[str] = ""
 
     def parse(self, text: str) -> ParsedTurn:
         raise NotImplementedError

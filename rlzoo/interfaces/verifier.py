@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rlzoo.interfaces.base import Component
 from rlzoo.interfaces.task import Sample
-from rlzoo.metrics import REDUCERS, Sum, declared
+from rlzoo.util.reductions import REDUCERS, Sum, declared
 
 _PHASE_LOCK = threading.Lock()  # guards every verifier's phase metrics (scoring may run in a worker thread)
 
@@ -26,6 +26,9 @@ class Verdict:
     correct:      whether the response counts as correct (``reward/correct_fraction``, ``eval/accuracy``,
                   pass@k). Left out, it is ``reward >= 1.0``, the binary verifiers' convention; a verifier whose
                   rewards mean something else (a reward model's score, partial credit) says it itself.
+    parts:        named parts of the reward (e.g. ``{"correct": 1.0, "format": 0.5}``), for advantages that treat
+                  each on its own (``gdpo``) and the ``reward/parts/<name>_mean`` metrics; ``None``: none. ``reward``
+                  stays the one number the other advantages read (how the parts make it is the verifier's business).
     """
 
     reward: float
@@ -33,6 +36,7 @@ class Verdict:
     step_spans: list[tuple[int, int]] | None = None
     reason: str | None = None
     correct: bool | None = None
+    parts: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.correct is None:
@@ -49,7 +53,7 @@ class Verifier(Component):
     Phase metrics. A verifier cannot :meth:`~rlzoo.interfaces.Component.report` (it may run in a worker thread
     that outlives its time limit), but it may time and measure its own phases (a reward model's forward passes)
     with :meth:`timed_phase` and :meth:`record_phase`: the values accumulate, thread-safely, until
-    :func:`rlzoo.scoring.score` takes them (:meth:`take_phase_metrics`) after each scoring and adds them to the
+    :func:`rlzoo.rl.scoring.score` takes them (:meth:`take_phase_metrics`) after each scoring and adds them to the
     step's metrics under their own keys (``time/reward_model``, ``memory/reward_model_peak_gb``). A scoring that
     outlived ``train.verifier_timeout_s`` adds what it measured to a later scoring's metrics.
     """
@@ -62,6 +66,13 @@ class Verifier(Component):
     def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict]:
         return [self.verify(s, r) for s, r in zip(samples, responses, strict=True)]
 
+    def reward_parts(self) -> tuple[str, ...] | None:
+        """The names of the parts every verdict of this verifier carries (:attr:`Verdict.parts`), so that a run
+        whose advantage reads parts (``gdpo``) is checked before it starts; ``()``: it returns none. ``None`` (the
+        default): not declared, a verdict may carry parts or not, and a missing part is reported when the step that
+        needs it is scored."""
+        return None
+
     def judges_correctness(self) -> bool:
         """Whether :attr:`Verdict.correct` is this verifier's judgement. ``False`` for one that only scores (a
         reward model without a threshold: its verdicts are never correct); a combination of verifiers (``weighted``)
@@ -71,7 +82,7 @@ class Verifier(Component):
     def record_phase(self, key: str, value: float) -> None:
         """Add ``value`` to the phase metric ``key`` (a full metric key, e.g. ``memory/reward_model_peak_gb``),
         combined with the value held since the last :meth:`take_phase_metrics` by its declared reduction over
-        minibatches: a :class:`~rlzoo.metrics.Sum` adds up, ``Min`` / ``Max`` keep the extreme, a plain float (or
+        minibatches: a :class:`~rlzoo.util.reductions.Sum` adds up, ``Min`` / ``Max`` keep the extreme, a plain float (or
         ``Mean``) keeps the latest value. Thread-safe."""
         with _PHASE_LOCK:
             held = self.__dict__.setdefault("_phase_metrics", {})
@@ -82,7 +93,7 @@ class Verifier(Component):
 
     @contextmanager
     def timed_phase(self, name: str) -> Iterator[None]:
-        """Time the block into ``time/<name>``: a :class:`~rlzoo.metrics.Sum` of seconds (summed over the step's
+        """Time the block into ``time/<name>``: a :class:`~rlzoo.util.reductions.Sum` of seconds (summed over the step's
         scorings: its generation batches, and the ranks' shares when every rank scores its own)."""
         start = time.perf_counter()
         try:
@@ -92,7 +103,7 @@ class Verifier(Component):
 
     def take_phase_metrics(self) -> dict[str, float]:
         """The phase metrics recorded since the last call, and the buffer cleared (``{}`` when none were).
-        :func:`rlzoo.scoring.score` calls it after every scoring; a verifier made of others (``weighted``) overrides
+        :func:`rlzoo.rl.scoring.score` calls it after every scoring; a verifier made of others (``weighted``) overrides
         it to add its parts' (:meth:`record_phase` each of theirs, then return ``super().take_phase_metrics()``)."""
         with _PHASE_LOCK:
             return self.__dict__.pop("_phase_metrics", None) or {}

@@ -29,7 +29,7 @@ def checkpoint_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 @torch.no_grad()
 def checkpoint_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
     """:func:`checkpoint_weights` of ``state_dict``, a state of ``model`` under its in-memory names (e.g. with LoRA
-    adapters merged in, :func:`rlzoo.models.lora.merged_weights`)."""
+    adapters merged in, :func:`rlzoo.engines.lora.merged_weights`)."""
     ignore = getattr(model, "_keys_to_ignore_on_save", None) or ()
     for key in ignore:
         state_dict.pop(key, None)

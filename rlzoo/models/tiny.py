@@ -1,7 +1,7 @@
 """Tiny Qwen3 / Qwen3-MoE policies built from a transformers config with random weights.
 
-Sizes come from the run config and must meet :meth:`rlzoo.config.TinyModelConfig.shape_problems` (checked here
-and, with the engine-dependent rules, by :mod:`rlzoo.preflight` before a run starts); the vocabulary is the
+Sizes come from the run config and must meet :meth:`rlzoo.config.schema.TinyModelConfig.shape_problems` (checked here
+and, with the engine-dependent rules, by :mod:`rlzoo.preflight.checks` before a run starts); the vocabulary is the
 tokenizer's length. transformers is imported on first use: its model classes take seconds to import, and the
 engines plugin imports this module during plugin discovery.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlzoo.config import TinyModelConfig
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.errors import ConfigError
 
 if TYPE_CHECKING:

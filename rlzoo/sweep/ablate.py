@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlzoo.errors import RlzooError
 from rlzoo.registry import Registry
+from rlzoo.runtime import runlock
 from rlzoo.sweep.grid import Sweep, build_sweep, check_folder, parse_vary, write_manifest
-from rlzoo.sweep.jobs import plan
+from rlzoo.sweep.jobs import make_jobs, preflight_runs
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 from rlzoo.sweep.local import cores, run_local
 from rlzoo.sweep.plot import plot_ablation
 from rlzoo.sweep.progress import SweepProgress
 from rlzoo.sweep.summary import collect, summarise, write_tables
-
 
 
 @dataclass
@@ -33,10 +33,15 @@ class AblateOptions:
     max_runs: int = DEFAULT_MAX_RUNS
     yes: bool = False
     progress: bool = True
+    plugins: list[str] = field(default_factory=list)  # --plugin: loaded here, recorded in each run's config.yaml
 
 
 def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str, int]]:
-    """Run the sweep (what is not finished); returns it and the exit status of each job run now."""
+    """Run the sweep (what is not finished); returns it and the exit status of each job run now.
+
+    The sweep holds its ``--out`` folder's lock from before it writes there until this process ends (the summary
+    written after this returns is the sweep's too): another sweep on the folder is refused at once, naming it."""
+    runlock.check_sweep_folder(options.out)  # before the grid's configs are built: a second sweep stops at once
     varies = [parse_vary(text) for text in options.vary]
     size = math.prod(len(v.values) for v in varies) * options.seeds
     if size > options.max_runs and not options.yes:
@@ -48,10 +53,13 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
         from rlzoo.sweep.ray_backend import check_ray
 
         check_ray()
-    sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry)
+    sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry, options.plugins)
     check_folder(sweep)
+    todo, done = preflight_runs(sweep.runs, registry)  # every run preflighted before anything is written
+    # from here on the sweep writes into --out (a folder refused above is left untouched, without a lock file)
+    runlock.hold_sweep_folder(sweep.out, runlock.process_command())
     threads = options.cpus_per_run or max(1, cores() // options.jobs)
-    cold_jobs, jobs, done = plan(sweep.runs, registry, threads)  # every run preflighted before anything starts
+    cold_jobs, jobs = make_jobs(todo, threads)
     write_manifest(sweep)
     print(
         f"sweep {sweep.out}: {len(sweep.cells)} cells x {options.seeds} seeds = {len(sweep.runs)} runs; "

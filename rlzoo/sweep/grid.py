@@ -2,7 +2,7 @@
 
 Folders::
 
-    OUT/sweep.json                 the manifest: config file, base config hash, --set, --vary grid, seeds
+    OUT/sweep.json                 the manifest: config file, base config hash, --set, --vary grid, seeds, plugins
     OUT/cold_start/<fingerprint>/  cold-start models, one per distinct cold start (shared by the cells, per seed)
     OUT/<cell>/seed<S>/            a normal run folder (config.yaml, metrics.jsonl, checkpoints/, log.txt)
 
@@ -15,15 +15,20 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlzoo.config import RunConfig, TrackingConfig, build_config, dump_config, parse_override, read_yaml
+from rlzoo.config.loading import dump_config, parse_override, read_yaml
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import RunConfig, TrackingConfig
 from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.local_plugins import digests
 from rlzoo.registry import Registry
+from rlzoo.runtime import runlock
 
 MANIFEST = "sweep.json"
 COLD_STARTS = "cold_start"
@@ -117,16 +122,18 @@ def sweep_tracking(tracking: TrackingConfig, out: Path, cell: str, seed: int, va
 
 
 def build_sweep(
-    config_file: str, varies: list[Vary], seeds: int, out: Path, sets: list[str], registry: Registry
+    config_file: str, varies: list[Vary], seeds: int, out: Path, sets: list[str], registry: Registry,
+    plugins: Sequence[str] = (),
 ) -> Sweep:
-    """Every cell's config built and validated (``ConfigError`` naming the cell and the field at second 0)."""
-    from rlzoo.sft import cold_start_fingerprint
+    """Every cell's config built and validated (``ConfigError`` naming the cell and the field at second 0).
+    ``plugins`` (``--plugin``) join each cell's config, so its run's ``config.yaml`` loads them in the job."""
+    from rlzoo.runtime.cold_start import cold_start_fingerprint
 
     base = read_yaml(config_file)
     keys = [v.key for v in varies]
     if len(set(keys)) != len(keys):
         raise RlzooError(f"--vary names a key twice: {', '.join(keys)}; give each key once with all its values")
-    base_config = build_config(base, sets, registry, source=config_file)
+    base_config = build_config(base, sets, registry, source=config_file, plugins=plugins)
     runs: list[Run] = []
     problems: list[tuple[str, str]] = []
     for combo in itertools.product(*(v.values for v in varies)) if varies else [()]:
@@ -137,7 +144,8 @@ def build_sweep(
             seed = base_config.seed + i
             run_dir = out / cell / f"seed{seed}"
             try:
-                config = build_config(base, [*overrides, f"seed={seed}", f"output_dir={run_dir}"], registry)
+                config = build_config(base, [*overrides, f"seed={seed}", f"output_dir={run_dir}"], registry,
+                                      plugins=plugins, folder=Path(config_file).parent)
             except ConfigError as err:
                 problems.extend((f"cell {cell}: {loc}", msg) for loc, msg in err.problems)
                 break  # the other seeds of this cell fail the same way
@@ -159,6 +167,7 @@ def build_sweep(
         "set": sets,
         "vary": {v.key: list(v.values) for v in varies},
         "seeds": seeds,
+        "plugins": digests(base_config.plugins),
         "cells": {cell: {k: str(v) for k, v in r.values.items()} for cell, r in {r.cell: r for r in runs}.items()},
     }
     return Sweep(out, manifest, runs)
@@ -169,8 +178,8 @@ def check_folder(sweep: Sweep) -> None:
     path = sweep.out / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text())
-        identity = ("base_config_hash", "set", "vary", "seeds")
-        differ = [key for key in identity if old.get(key) != sweep.manifest[key]]
+        identity = ("base_config_hash", "set", "vary", "seeds", "plugins")  # plugins: their files' digests
+        differ = [key for key in identity if old.get(key, {} if key == "plugins" else None) != sweep.manifest[key]]
         if differ:
             raise RlzooError(
                 f"{sweep.out} holds a different sweep (its {', '.join(differ)} differ{'s' if len(differ) == 1 else ''}"
@@ -179,7 +188,8 @@ def check_folder(sweep: Sweep) -> None:
         return
     if sweep.out.exists() and not sweep.out.is_dir():
         raise RlzooError(f"--out {sweep.out} is a file; name a folder")
-    if sweep.out.exists() and any(sweep.out.iterdir()):
+    # a sweep's lock file alone (a sweep stopped before its manifest was written) does not make the folder taken
+    if sweep.out.exists() and any(p.name != runlock.LOCK_NAME for p in sweep.out.iterdir()):
         raise RlzooError(f"{sweep.out} is not empty and holds no {MANIFEST}: choose an empty or new --out folder")
 
 

@@ -13,11 +13,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.checkpoint import latest_checkpoint
-from rlzoo.metrics import read_metrics
-from rlzoo.preflight import preflight
+from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry
-from rlzoo.sft import cold_start_dir
+from rlzoo.reporting.metrics_log import read_metrics
+from rlzoo.runtime.checkpoint.files import latest_checkpoint
+from rlzoo.runtime.cold_start import cold_start_dir
 from rlzoo.sweep.grid import Run, write_config
 
 PROCESS_LOG = "process.log"  # each job's stdout and stderr (the run's own log.txt holds the engines' messages)
@@ -50,10 +50,15 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], list[Job], list[Run]]:
-    """``(cold-start jobs, run jobs, finished runs)``. Every run still to do is preflighted here, before any starts
-    (``ConfigError`` naming every failing run; nothing written then); then each new run's resolved config is
-    written to ``run_dir/config.yaml``, which its command starts from; a run to resume starts from the
-    ``config.yaml`` it recorded, left as it is."""
+    """``(cold-start jobs, run jobs, finished runs)``: :func:`preflight_runs`, then :func:`make_jobs`."""
+    todo, done = preflight_runs(runs, registry)
+    cold_jobs, jobs = make_jobs(todo, threads)
+    return cold_jobs, jobs, done
+
+
+def preflight_runs(runs: list[Run], registry: Registry) -> tuple[list[tuple[Run, Path | None]], list[Run]]:
+    """``(runs still to do with the run folder each resumes or None, finished runs)``. Every run still to do is
+    preflighted here, before any starts (``ConfigError`` naming every failing run); nothing is written."""
     from rlzoo.errors import ConfigError
 
     todo, done, problems = [], [], []
@@ -69,6 +74,13 @@ def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], 
         todo.append((run, resume))
     if problems:
         raise ConfigError(problems)
+    return todo, done
+
+
+def make_jobs(todo: list[tuple[Run, Path | None]], threads: int) -> tuple[list[Job], list[Job]]:
+    """``(cold-start jobs, run jobs)`` of the preflighted runs: each new run's resolved config is written to
+    ``run_dir/config.yaml``, which its command starts from; a run to resume starts from the ``config.yaml`` it
+    recorded, left as it is."""
     cold_jobs: dict[Path, Job] = {}
     jobs = []
     for run, resume in todo:
@@ -81,4 +93,4 @@ def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], 
         jobs.append(Job(name, args, run.run_dir / PROCESS_LOG, threads, needs))
         if needs is not None and not needs.is_file():
             cold_jobs.setdefault(cold, Job(f"cold start {cold.name}", ["sft", str(config_file)], cold.parent / f"{cold.name}.log", threads))
-    return list(cold_jobs.values()), jobs, done
+    return list(cold_jobs.values()), jobs

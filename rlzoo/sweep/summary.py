@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from rlzoo.errors import RlzooError
-from rlzoo.metrics import read_metrics
+from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.sweep.grid import MANIFEST
 from rlzoo.sweep.stats import mean_ci
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from pathlib import Path
@@ -12,15 +11,13 @@ from pydantic import Field
 
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, Problem, RunFacts, Sample, Verdict, Verifier
-from rlzoo.metrics import Max
+from rlzoo.util.reductions import Max
 
 if TYPE_CHECKING:
     import torch
 
 GB = 10**9  # decimal gigabytes, as rlzoo's memory estimate prints them
 HEAD_SUFFIX = "ForSequenceClassification"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
@@ -224,21 +221,18 @@ class RewardModelVerifier(Verifier):
 
 def folder_problems(params: RewardModelVerifier.Params) -> list[tuple[str, str]]:
     """``(parameter, message)`` for what makes ``params.path`` unusable as a reward model: read from its files'
-    metadata (``config.json``, file names), nothing loaded."""
+    metadata (``config.json``, file names; :meth:`rlzoo.interfaces.RunFacts.model_folder`, the policy's check),
+    nothing loaded."""
     path = Path(params.path).expanduser()
     expected = (
         f"a Hugging Face sequence-classification model folder (config.json naming a ...{HEAD_SUFFIX}, weights, tokenizer)"
     )
-    if not path.is_dir():
-        return [("path", f"{path} {'is a file' if path.exists() else 'does not exist'}; expected {expected}")]
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        return [("path", f"{path} has no config.json; expected {expected}")]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return [("path", f"{path}/config.json is not readable JSON: {err}")]
-    if not isinstance(config, dict):
-        return [("path", f"{path}/config.json is not a JSON object")]
+    folder = RunFacts.model_folder(path)
+    if folder.absent is not None:
+        return [("path", f"{path} {folder.absent}; expected {expected}")]
+    config = folder.config
+    if config is None:
+        return [("path", str(folder.unreadable))]
     architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     if not any(a.endswith(HEAD_SUFFIX) for a in architectures):
         what = f"a {', '.join(architectures)} folder" if architectures else "a folder whose config.json names no model class"
@@ -254,12 +248,7 @@ def folder_problems(params: RewardModelVerifier.Params) -> list[tuple[str, str]]
             f"{path} has {count} labels (config.json id2label); the reward-model verifier reads one score: use a "
             "model saved with num_labels=1"
         )))
-    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
-        problems.append(("path", f"{path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})"))
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        problems.append((
-            "path", f"{path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save the reward model's tokenizer into it"
-        ))
+    problems += [("path", message) for message in folder.problems(tokenizer=": save the reward model's tokenizer into it")]
     context = config.get("max_position_embeddings")
     if params.max_tokens is not None and isinstance(context, int) and params.max_tokens > context:
         problems.append(("max_tokens", f"{params.max_tokens} exceeds the reward model's context ({context} positions, "

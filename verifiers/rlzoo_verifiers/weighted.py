@@ -1,4 +1,4 @@
-"""The ``weighted`` verifier: a weighted sum of other verifiers' rewards."""
+"""The ``weighted`` verifier: a weighted sum of other verifiers' rewards, each of which is also a named reward part."""
 
 from __future__ import annotations
 
@@ -11,6 +11,20 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 import rlzoo
 from rlzoo.errors import ConfigError, RegistryError, RlzooError
 from rlzoo.interfaces import Params, Problem, RunFacts, Sample, Verdict, Verifier
+
+
+def part_labels(parts: list[dict[str, Any]]) -> list[str]:
+    """Each part's reward-part name: its ``label``, else its verifier's name, suffixed ``_<index>`` when another
+    part names the same verifier or label (so that two ``regex`` parts are ``regex_0`` and ``regex_1``)."""
+    explicit = [part.get("label") for part in parts]
+    taken = [label for label in explicit if label is not None]
+    names = [part.get("name") for part in parts]
+    out = []
+    for index, (label, name) in enumerate(zip(explicit, names, strict=True)):
+        if label is None:
+            label = name if names.count(name) == 1 and name not in taken else f"{name}_{index}"
+        out.append(str(label))
+    return out
 
 
 def _error(loc: tuple[str | int, ...], message: str, value: Any) -> InitErrorDetails:
@@ -28,6 +42,11 @@ class WeightedVerifier(Verifier):
     ``verifier.verifiers.<i>``. A batch is scored by each part's ``verify_batch`` in turn (if one raises, the
     scoring falls back to one response at a time, and a response a part cannot score gets 0 as a whole).
 
+    Each part's unweighted reward is also a named reward part of the verdict (:attr:`Verdict.parts`), named by the
+    part's ``label`` (default: its verifier's name, or ``<name>_<index>`` when two parts share it), for an advantage
+    that normalises parts one by one (``gdpo``) and the ``reward/parts/<label>_mean`` metrics; a part's own reward
+    parts (a nested ``weighted``) are not carried, its reward is.
+
     ``correct`` is true when every deciding part says correct: the parts listed in ``correct_from`` (indices into
     ``verifiers``), or by default every part that judges correctness (``judges_correctness()``: all but a
     ``reward-model`` without a threshold); never, when no part decides. Only outcome rewards are combined (a
@@ -36,11 +55,12 @@ class WeightedVerifier(Verifier):
     """
 
     name = "weighted"
-    formula = "reward = sum_i weight_i * reward_i; correct = all(correct_i for the deciding parts)"
+    formula = "reward = sum_i weight_i * reward_i; parts = {label_i: reward_i}; correct = all(correct_i, deciding parts)"
 
     class Params(Params):
         verifiers: list[dict[str, Any]] = Field(
-            min_length=1, description="the parts: {name: <verifier>, weight: 1.0, ...its parameters}"
+            min_length=1,
+            description="the parts: {name: <verifier>, weight: 1.0, label: <reward part name>, ...its parameters}",
         )
         correct_from: list[int] | None = Field(
             None, description="indices of the parts whose correctness decides; null: every part that judges it"
@@ -54,13 +74,16 @@ class WeightedVerifier(Verifier):
             errors, out = [], []
             for index, part in enumerate(parts):
                 part = dict(part)
-                name, weight = part.pop("name", None), part.pop("weight", 1.0)
+                name, weight, label = part.pop("name", None), part.pop("weight", 1.0), part.pop("label", None)
                 if not isinstance(name, str):
                     message = "each part names a verifier: {name: <verifier>, weight: ..., ...its parameters}"
                     errors.append(_error((index, "name"), message, name))
                     continue
                 if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                     errors.append(_error((index, "weight"), "a part's weight is a finite number", weight))
+                    continue
+                if label is not None and not (isinstance(label, str) and label.strip() and "/" not in label):
+                    errors.append(_error((index, "label"), "a part's label is a non-empty name without '/'", label))
                     continue
                 try:
                     params = registry.validate_params("verifier", name, part)
@@ -71,7 +94,14 @@ class WeightedVerifier(Verifier):
                     for loc, message in err.problems:
                         errors.append(_error((index, *[f for f in loc.split(".") if f]), message, part))
                     continue
-                out.append({"name": name, "weight": float(weight), **params.model_dump()})
+                labelled = {"label": label} if label is not None else {}  # left out unless given: as before labels
+                out.append({"name": name, "weight": float(weight), **labelled, **params.model_dump()})
+            if not errors:
+                labels = part_labels(out)
+                for index, label in enumerate(labels):
+                    if labels.count(label) > 1 and "label" in out[index]:
+                        message = f"two parts are labelled {label!r}: give each part its own label"
+                        errors.append(_error((index, "label"), message, label))
             if errors:
                 raise ValidationError.from_exception_data("weighted verifier parts", errors)
             return out
@@ -96,9 +126,11 @@ class WeightedVerifier(Verifier):
         registry = rlzoo.default_registry()
         self.parts: list[Verifier] = []
         self.weights: list[float] = []
+        self.labels = part_labels(self.params.verifiers)
         for index, spec in enumerate(self.params.verifiers):
             spec = dict(spec)
             name, weight = spec.pop("name"), spec.pop("weight")
+            spec.pop("label", None)
             try:
                 self.parts.append(registry.create("verifier", name, spec, loc=f"verifiers.{index}"))
             except ConfigError as err:
@@ -111,6 +143,9 @@ class WeightedVerifier(Verifier):
 
     def judges_correctness(self) -> bool:
         return bool(self.deciders)
+
+    def reward_parts(self) -> tuple[str, ...]:
+        return tuple(self.labels)
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
         """Each part's own rules at ``<at>.verifiers.<i>``; a part in ``correct_from`` must judge correctness."""
@@ -143,7 +178,8 @@ class WeightedVerifier(Verifier):
             reward = sum(w * float(v.reward) for w, v in zip(self.weights, verdicts, strict=True))
             reasons = [f"{part.name}: {v.reason}" for part, v in zip(self.parts, verdicts, strict=True) if v.reason]
             correct = bool(self.deciders) and all(bool(verdicts[i].correct) for i in self.deciders)
-            out.append(Verdict(reward=reward, reason="; ".join(reasons) or None, correct=correct))
+            parts = {label: float(v.reward) for label, v in zip(self.labels, verdicts, strict=True)}
+            out.append(Verdict(reward=reward, reason="; ".join(reasons) or None, correct=correct, parts=parts))
         return out
 
     def take_phase_metrics(self) -> dict[str, float]:

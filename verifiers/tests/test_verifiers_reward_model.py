@@ -20,10 +20,10 @@ import rlzoo
 from rlzoo.cli import main
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import ModelFacts, RunFacts, Sample
-from rlzoo.memory_estimate import MemoryEstimate
-from rlzoo.metrics import Max, Sum, reduce_minibatches
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.scoring import score
+from rlzoo.models.memory import MemoryEstimate
+from rlzoo.rl.scoring import score
+from rlzoo.util.reductions import Max, Sum, reduce_minibatches
 from rlzoo_verifiers.reward_model import weight_bytes
 
 ALPHABET = "0123456789+-*="
@@ -125,7 +125,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     with torch.random.fork_rng():
         torch.manual_seed(1)
         out["untrained"] = save_model(Qwen3ForSequenceClassification(reward_model_config(plain)), plain, root / "untrained")
-    from rlzoo.config import TinyModelConfig
+    from rlzoo.config.schema import TinyModelConfig
 
     tiny = TinyModelConfig(architecture="qwen3", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                            head_dim=16, intermediate_size=64, max_position_embeddings=64)

@@ -42,7 +42,8 @@ class ReverseKLAdvantage(AdvantageSource):
 
     The per-token reverse KL to a teacher (``teacher``) as an advantage, discount 0 (Thinking Machines' on-policy
     distillation), added to the advantage of a nested source of the task reward (``task``; null: none). Its
-    capabilities are the nested source's (``needs_values``, ``needs_step_rewards``, ``reads_token_rewards``) plus
+    capabilities are the nested source's (``needs_values``, ``needs_step_rewards``, ``reads_token_rewards``,
+    ``needs_greedy_baseline``, ``needs_reward_parts``; its own preflight refuses what no run supplies) plus
     ``needs_teacher``; the critic's returns, if any, are the nested source's.
     """
 
@@ -97,6 +98,8 @@ class ReverseKLAdvantage(AdvantageSource):
             self.needs_values = self.task.needs_values
             self.needs_step_rewards = self.task.needs_step_rewards
             self.reads_token_rewards = self.task.reads_token_rewards
+            self.needs_greedy_baseline = self.task.needs_greedy_baseline
+            self.needs_reward_parts = self.task.needs_reward_parts
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
         """The nested source's rules at ``<at>.task``, then this source's own (the teacher) on the fields the nested

@@ -1,1 +1,1 @@
-"""Train-inference mismatch corrections: none, tis, icepop."""
+"""Train-inference mismatch corrections: none, tis, icepop (weights); rejection, opsm (rejected samples)."""

@@ -6,8 +6,10 @@ importance weight of tokens whose train-inference ratio is moderate, drop the re
     w <- w if low <= w <= high else 0
 
 The log-weight is clamped to +-20 before exp (verl's safety bound). The weights carry no gradient; they multiply
-the per-token policy loss, so a dropped token contributes nothing. As verl's ``compute_rollout_correction_weights``
-with a ``"low_high"`` threshold.
+the per-token policy loss, so a dropped token contributes nothing (its weight is 0, but it stays in the loss's
+denominators, as in verl). As verl's ``compute_rollout_correction_weights`` with a ``"low_high"`` threshold, and
+``tis`` with ``action: mask, low: low, threshold: high``. Reports ``oob_fraction``, the share of response tokens
+dropped (verl's ``rollout_is_oob_ratio``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from pydantic import Field, model_validator
 
 from rlzoo.interfaces import MismatchCorrection, Params
-from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked
+from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked, token_fraction
 
 
 class IcePop(MismatchCorrection):
@@ -46,4 +48,5 @@ class IcePop(MismatchCorrection):
             log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
         w = torch.exp(log_w.clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT)).detach()
         kept = (w >= self.params.low) & (w <= self.params.high)
+        self.report("oob_fraction", token_fraction(~kept, mask))
         return masked(torch.where(kept, w, torch.zeros_like(w)), mask)

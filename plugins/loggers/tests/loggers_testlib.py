@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rlzoo.interfaces import TrackedRun
-from rlzoo.tracking import Trackers
+from rlzoo.reporting.trackers import Trackers
 
 TAGS = {"sweep": "sw", "cell": "lr=0.001", "seed": "1", "lr": "0.001"}
 EVAL_EVERY = 5
@@ -20,7 +20,7 @@ EVAL_EVERY = 5
 
 def tracked_run(tmp_path: Path, name: str = "cell/seed1", **changes: Any) -> TrackedRun:
     """A run as the core describes it to a logger: a real resolved config (a RunConfig's), sweep-like tags."""
-    from rlzoo.config import RunConfig
+    from rlzoo.config.schema import RunConfig
 
     run_dir = tmp_path / "run"
     config = RunConfig(output_dir=str(run_dir), seed=1, tracking={"group": "sw", "tags": TAGS})
@@ -51,7 +51,7 @@ def step_metrics(step: int) -> dict[str, float]:
 
 
 def log_steps(logger: Any, steps: range) -> None:
-    """Call a logger (or :class:`rlzoo.tracking.Trackers`) as ``TrainingRun.run`` does for these steps."""
+    """Call a logger (or :class:`rlzoo.reporting.trackers.Trackers`) as ``TrainingRun.run`` does for these steps."""
     for step in steps:
         metrics = step_metrics(step)
         if step % EVAL_EVERY == 0:

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from loggers_testlib import read_wandb, wandb_records
-from rlzoo.metrics import read_metrics
+
+from rlzoo.reporting.metrics_log import read_metrics
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")

@@ -8,10 +8,14 @@ import sys
 import time
 
 import pytest
+from loggers_testlib import (
+    artifacts,  # noqa: F401 (a fixture)
+    complete,
+    log_steps,
+    tracked_run,
+)
 
-from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import complete, log_steps, tracked_run
-from rlzoo.tracking import Trackers, start_trackers
+from rlzoo.reporting.trackers import Trackers, start_trackers
 from rlzoo_loggers.mlflow_logger import MlflowLogger
 from rlzoo_loggers.tensorboard_logger import TensorBoardLogger
 from rlzoo_loggers.wandb_logger import WandbLogger
@@ -85,7 +89,7 @@ def test_a_missing_library_is_named_with_its_extra_before_anything_starts(
     tmp_path, caplog, monkeypatch, registry, library, logger
 ):
     pytest.importorskip("tensorboard")
-    from rlzoo.config import RunConfig
+    from rlzoo.config.schema import RunConfig
 
     other = "tensorboard" if logger != "tensorboard" else "wandb"
     pytest.importorskip(other)

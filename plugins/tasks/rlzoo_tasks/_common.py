@@ -1,10 +1,14 @@
-"""Helpers shared by the tasks: seeded RNGs, drawing from finite pools, generated train/eval splits."""
+"""Helpers shared by the tasks: seeded RNGs, drawing from finite pools, generated train/eval splits, data files
+this user may read, prompt lengths at the preflight."""
 
 from __future__ import annotations
 
 import copy
+import os
 import random
+import stat
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from rlzoo.interfaces import Sample
@@ -57,6 +61,30 @@ MEASURE_BYTES = 16 * 2**20
 def data_files(params: Any) -> list[tuple[str, str]]:
     """``(field, path)`` of a file-backed task's data: ``path``, and ``eval_path`` when it is given."""
     return [("path", params.path)] + ([("eval_path", params.eval_path)] if params.eval_path is not None else [])
+
+
+def unreadable(path: Path) -> str | None:
+    """Why this user may not read ``path``: a file it may not open (mode 000: only root's override reads it), a
+    folder it may not list, or a parent folder it may not enter; nothing is read. ``None`` also when there is no
+    such path (the caller says that in its own words)."""
+    try:
+        status = os.stat(path)
+        if stat.S_ISDIR(status.st_mode):
+            os.listdir(path)
+        elif stat.S_ISREG(status.st_mode):
+            with open(path, "rb"):
+                pass
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        try:
+            status = os.stat(path)
+            mode = f" (mode {status.st_mode & 0o777:03o}, owner uid {status.st_uid})"
+        except OSError:
+            mode = ""
+        return (f"{path}: {err.strerror or err}: this user (uid {os.geteuid()}) may not read it{mode}; give it read "
+                "permission (chmod a+r), or run as a user who may read it")
+    return None
 
 
 def char_budget(run: Any) -> tuple[int, int] | None:

@@ -12,7 +12,7 @@ Layouts (``layout``):
   ``reward_model.ground_truth`` the answer, ``data_source`` / ``ability`` / ``extra_info`` kept in ``Sample.meta``;
   its default verifier is ``math``. A field set (not null) overrides the layout's.
 
-Chat messages become ``Sample.messages`` and are rendered by the tokenizer's chat template (:mod:`rlzoo.prompts`).
+Chat messages become ``Sample.messages`` and are rendered by the tokenizer's chat template (:mod:`rlzoo.episodes.prompts`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from pydantic import Field
 
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
-
 from rlzoo_tasks._common import (
     MEASURE_BYTES,
     char_budget,
@@ -41,6 +40,7 @@ from rlzoo_tasks._common import (
     overlong_problem,
     rng_for,
     take,
+    unreadable,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ def _type_name(value: Any) -> str:
 def path_problem(path: str, fmt: str) -> str | None:
     """Why ``path`` cannot be read in format ``fmt``, or ``None``; looks at the path only, never reads the data."""
     p = Path(path).expanduser()
+    if (problem := unreadable(p)) is not None:
+        return problem
     if p.is_dir():
         return None if fmt in ("auto", "arrow") else f"{p} is a folder; format {fmt!r} needs a file (folders: auto)"
     if not p.exists():

@@ -23,6 +23,7 @@ from rlzoo_tasks._common import (
     overlong_problem,
     rng_for,
     take,
+    unreadable,
 )
 
 if TYPE_CHECKING:
@@ -43,8 +44,10 @@ def _type_name(value: Any) -> str:
 
 
 def missing_file(path: str | Path) -> str | None:
-    """Why ``path`` cannot be read as a data file, or ``None`` when it is an existing file."""
+    """Why ``path`` cannot be read as a data file, or ``None`` when it is an existing file this user may read."""
     path = Path(path).expanduser()
+    if (problem := unreadable(path)) is not None:
+        return problem
     if path.is_file():
         return None
     what = "is a folder, not a file" if path.is_dir() else "data file not found"

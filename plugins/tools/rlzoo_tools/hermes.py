@@ -26,6 +26,7 @@ class HermesParser(ToolCallParser):
     """
 
     name = "hermes"
+    call_markup = '<tool_call>{"name":"","arguments":{}}</tool_call>'  # format_call of a call with no name or arguments
     reference = "verl HermesToolParser; NousResearch Hermes function calling"
     verl_name = "hermes"
 

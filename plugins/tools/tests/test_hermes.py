@@ -84,3 +84,12 @@ def test_round_trip_of_a_random_arguments_object():
 
 def test_format_result_is_the_qwen_tool_response():
     assert PARSER.format_result("calculator", "4") == "<tool_response>\n4\n</tool_response>"
+
+
+def test_the_declared_call_markup_is_what_every_written_call_holds():
+    """``call_markup`` (what the preflight checks the policy's tokenizer against) is a call with no name and no
+    arguments as ``format_call`` writes it, and every written call holds each of its characters."""
+    assert HermesParser.call_markup == PARSER.format_call(ToolCall("", {}))
+    written = PARSER.format_call(ToolCall("calculator", {"expression": "537*853"}))
+    assert set(HermesParser.call_markup) <= set(written)
+    assert PARSER.parse(written).calls == [ToolCall("calculator", {"expression": "537*853"})]

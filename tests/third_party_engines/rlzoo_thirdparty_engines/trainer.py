@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rlzoo.engines import LossFn, TokenBatch
-from rlzoo.engines.torch_trainer import TorchTrainingEngine
+from rlzoo.engines import LossFn, TokenBatch, TorchTrainingEngine
 
 
 class RelayTrainingEngine(TorchTrainingEngine):

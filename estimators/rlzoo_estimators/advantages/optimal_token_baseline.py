@@ -1,0 +1,92 @@
+"""Optimal token baseline (OTB, verl's ``optimal_token_baseline``): a baseline per prompt group *and per position*,
+the return weighted by how much gradient energy each response has accumulated up to that position.
+
+    G_{i,t} = sum_{t' >= t} m_{t'} r_{i,t'}                                   (reward-to-go of the token rewards)
+    s_{i,t} = 1 - 2 pi_t + sum_v pi(v)^2          = ||grad_logits log pi(y_t)||^2 of a softmax, pi_t = exp(old_logp)
+    W_{i,t} = sum_{t' <= t} m_{t'} s_{i,t'}                                   (cumulative path-variance proxy)
+    B_t     = sum_{i in g} m_{i,t} G_{i,t} W_{i,t} / (sum_{i in g} m_{i,t} W_{i,t} + eps)
+    A_{i,t} = m_{i,t} (G_{i,t} - B_t)
+
+``B_t`` is the variance-minimising baseline ``E[G W] / E[W]`` of the gradient estimator at position ``t``. A group of
+one response gets ``B = 0``. With ``zero_tail`` the baseline of a group's single longest response is 0 beyond the
+second-longest one's length (where it alone would give ``B_t ~ G_t``, an advantage of ~0). Positions are columns of
+the batch (use ``tir-optimal-token-baseline`` when responses have holes, multi-turn). As verl's
+``compute_optimal_token_baseline_advantage`` without its rollout-IS option (``rollout_is_weights``, which scales
+``s`` by the squared correction weight).
+
+``sum_v pi(v)^2`` (``RewardBatch.sum_pi_squared``) is a statistic of the whole next-token distribution of the old
+policy; rlzoo's training engines do not compute it yet, so ``rlzoo train`` refuses this source before the run (use it
+from a loop of your own that computes it, with ``old_logprobs`` and ``token_rewards``).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
+from rlzoo_estimators._util import float_dtype, masked
+from rlzoo_estimators.advantages.remax import reward_to_go
+
+
+def group_token_baselines(
+    returns: torch.Tensor, energy: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor,
+    *, zero_tail: bool, eps: float, skip_empty: bool,
+) -> torch.Tensor:
+    """``[B, L]`` baselines ``B_t = sum_g m G W / (sum_g m W + eps)`` per group of equal ``group_index`` and column;
+    0 for a group of one (``skip_empty``: empty rows belong to no group). ``zero_tail``: 0 in the unique longest row
+    of a group from the second-longest row's length on (lengths as counts of ``valid``, positions as columns)."""
+    baselines = torch.zeros_like(returns)
+    lengths = valid.sum(dim=-1)
+    m = valid.to(returns.dtype)
+    groups = group_index.reshape(-1).to(lengths.device)
+    for group in torch.unique(groups):
+        rows = torch.nonzero((groups == group) & ((lengths > 0) if skip_empty else True)).flatten()
+        if len(rows) < 2:
+            continue
+        numerator = (returns[rows] * energy[rows] * m[rows]).sum(dim=0)
+        denominator = (energy[rows] * m[rows]).sum(dim=0) + eps
+        baselines[rows] = (numerator / denominator).unsqueeze(0).expand(len(rows), -1)
+        if zero_tail:
+            ordered = torch.sort(lengths[rows]).values
+            longest, second = int(ordered[-1]), int(ordered[-2])
+            at_longest = rows[lengths[rows] == longest]
+            if len(at_longest) == 1 and longest > second:
+                baselines[at_longest[0], second:] = 0.0
+    return baselines
+
+
+def path_energy(old_logprobs: torch.Tensor, sum_pi_squared: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``W_t = sum_{t' <= t} m s_t'``, ``s_t = 1 - 2 exp(old_logp_t) + sum_pi_squared_t`` (float64)."""
+    per_token = 1.0 - 2.0 * torch.exp(old_logprobs.to(torch.float64)) + sum_pi_squared.to(torch.float64)
+    return masked(per_token, mask).cumsum(dim=-1)
+
+
+class OptimalTokenBaselineAdvantage(AdvantageSource):
+    """OTB: reward-to-go minus a per-position group baseline weighted by each response's accumulated gradient energy."""
+
+    name = "optimal-token-baseline"
+    formula = (
+        "A_{i,t} = G_{i,t} - sum_g G W / sum_g W at position t, W_{i,t} = sum_{t'<=t} (1 - 2 pi_t' + sum_v pi(v)^2)"
+    )
+    reference = "optimal token baseline (verl, core_algos.compute_optimal_token_baseline_advantage)"
+    verl_name = "adv_estimator=optimal_token_baseline"
+    reads_token_rewards = True
+    needs_sum_pi_squared = True
+
+    class Params(Params):
+        zero_tail: bool = Field(
+            True, description="0 baseline for a group's unique longest response past the second-longest (verl: handle_zero_tail)"
+        )
+        eps: float = Field(1e-8, ge=0.0, description="added to the baseline's denominator")
+
+    def compute(self, batch: RewardBatch) -> torch.Tensor:
+        what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
+        batch.require(self.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
+        returns = reward_to_go(batch.token_rewards, batch.mask)
+        energy = path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask)
+        baselines = group_token_baselines(
+            returns, energy, batch.mask > 0, batch.group_index, zero_tail=self.params.zero_tail, eps=self.params.eps,
+            skip_empty=False,
+        )
+        return masked(returns - baselines, batch.mask).to(float_dtype(batch.rewards, batch.mask))

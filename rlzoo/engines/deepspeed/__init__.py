@@ -1,0 +1,1 @@
+"""The DeepSpeed training engine: its config, environment, module and checkpoints."""

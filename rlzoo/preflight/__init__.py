@@ -1,0 +1,1 @@
+"""Everything ``rlzoo train`` would reject at start-up, checked before anything heavy starts: the rule list, and what a resume may change."""

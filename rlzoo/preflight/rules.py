@@ -1,0 +1,63 @@
+"""The preflight's rules, in the order their problems are reported: each ``(RunFacts) -> list[Problem]``.
+
+A rule lives with what it checks: the critic's in :mod:`rlzoo.rl.critic`, the teacher's in :mod:`rlzoo.rl.teacher`,
+LoRA's in :mod:`rlzoo.engines.lora`, ``rollout.overlap``'s in :mod:`rlzoo.rl.overlap_rules`, the prompts' and
+episodes' in :mod:`rlzoo.episodes.rules`, each component's in its own :meth:`rlzoo.interfaces.Component.preflight`
+(:func:`component_rule`); the rules about the run as a whole (installed packages, the policy's model, GPU memory,
+batches, evaluation, the run folder, what a resume may change) live in this package, one module each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlzoo.engines.lora import lora_rule
+from rlzoo.episodes.rules import (
+    chat_template_rule,
+    episode_rule,
+    prompt_room_rule,
+    response_room_rule,
+    tool_markup_rule,
+)
+from rlzoo.interfaces import Problem, RunFacts
+from rlzoo.preflight.batches import batch_rule
+from rlzoo.preflight.evaluation import evaluation_rule
+from rlzoo.preflight.folders import run_folder_rule
+from rlzoo.preflight.memory_fit import memory_rule
+from rlzoo.preflight.model import model_rule
+from rlzoo.preflight.packages import engine_package_rule
+from rlzoo.preflight.resume_changes import resume_change_rule
+from rlzoo.rl.critic import critic_rule
+from rlzoo.rl.overlap_rules import overlap_rule
+from rlzoo.rl.teacher import teacher_rule
+
+Rule = Callable[[RunFacts], list[Problem]]
+
+
+def component_rule(run: RunFacts) -> list[Problem]:
+    """Each constructed component's own rules (:meth:`rlzoo.interfaces.Component.preflight`), by its field."""
+    problems: list[Problem] = []
+    for loc, component in run.components.items():
+        problems += component.preflight(run, loc)
+    return problems
+
+
+RULES: tuple[Rule, ...] = (
+    engine_package_rule,
+    model_rule,
+    memory_rule,
+    chat_template_rule,
+    response_room_rule,
+    episode_rule,
+    tool_markup_rule,
+    prompt_room_rule,
+    batch_rule,
+    overlap_rule,
+    critic_rule,
+    lora_rule,
+    teacher_rule,
+    component_rule,
+    evaluation_rule,
+    run_folder_rule,
+    resume_change_rule,
+)

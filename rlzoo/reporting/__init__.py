@@ -1,0 +1,1 @@
+"""What a run reports: metrics log, experiment trackers, console, plots."""

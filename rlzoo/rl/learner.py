@@ -1,0 +1,121 @@
+"""The training engine as one RL step sees it: whole-batch log-probs, minibatch updates, weights pushed out.
+
+The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:`TrainingEngine` and the run's
+:class:`~rlzoo.runtime.distributed.Dist`:
+
+- :meth:`Learner.old_logprobs` — the behaviour policy's ``[B, T]`` log-probs and entropies of the whole batch
+  (the entropy comes from the same no-gradient pass, so ``policy/entropy`` costs no extra forward), or
+  :meth:`Learner.without_old_pass` when the rollout engine's log-probs stand in for them;
+- :meth:`Learner.logprobs` — ``[B, T]`` log-probs of the whole batch: each rank computes its share of the rows
+  (``Dist.share``) and the shares are gathered, so every rank holds the same full tensor;
+- :meth:`Learner.update` — one optimizer step on the minibatch ``rows``: each rank runs forward and backward on its
+  share; ``loss_fn`` receives the log-probs of the *whole* minibatch (the other ranks' rows without gradient), so
+  every aggregation sees the global normaliser, and the loss is multiplied by the world size because the engine
+  averages the ranks' gradients while each rank's holds only its rows' part of the sum;
+- :meth:`Learner.push_weights` — the new weights into rank 0's rollout engine, or into every rank's when each
+  rank samples (every rank joins when gathering the weights is a collective, ``TrainingEngine.collective_weights``);
+  under LoRA the adapters themselves when the run chose to send them (``sends_adapters``), else the merged weights.
+
+In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
+:class:`rlzoo.rl.routing_learner.RoutingLearner`, which adds the router policy's record/replay around the same calls.
+
+The engines' own metrics (``Component.report``, :func:`~rlzoo.interfaces.base.take_reports`): the training engine's
+are taken after each :meth:`Learner.update` (part of that minibatch's metrics, so they combine over the step's
+minibatches as declared), after :meth:`Learner.old_logprobs` and after :meth:`Learner.push_weights`, which also
+takes the rollout engine's (its weight sync); the last two reach the step through :meth:`Learner.step_metrics`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlzoo.engines import LossFn, RolloutEngine, TokenBatch, TrainingEngine
+from rlzoo.engines.tokens import select_rows
+from rlzoo.interfaces.base import take_reports
+from rlzoo.runtime.distributed import SINGLE, Dist
+
+
+class Learner:
+    """Whole-batch log-probs and minibatch updates of one training engine, over the run's processes."""
+
+    def __init__(self, engine: TrainingEngine, dist: Dist = SINGLE) -> None:
+        self.engine = engine
+        self.dist = dist
+        self.sends_adapters = False  # set by the run's assembly (model.lora.sync); else the (merged) weights
+        self._adapter_version = 0
+        self.reports: dict[str, float] = {}  # the engines' reports outside the updates, until step_metrics
+
+    def old_logprobs(
+        self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, T]`` log-probs and entropies of the behaviour policy (before any update of this rollout batch).
+
+        ``rollout_logp`` are the rollout engine's log-probs and ``rollout_routing`` each row's
+        ``Generation.routing`` (``None`` where the engine recorded none); MoE learners use them."""
+        logp, entropy = self.logprobs_and_entropy(batch)
+        self.reports.update(take_reports(self.engine))
+        return logp, entropy
+
+    def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
+        """Instead of :meth:`old_logprobs` when the rollout engine's log-probs are the old ones and nothing needs
+        the training engine's (``algorithm.old_logprobs: rollout-only``): prepare the updates of ``batch``."""
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` log-probs of every row of ``batch`` under the current weights, without gradient."""
+        count = batch.input_ids.shape[0]
+        mine = self.dist.share(torch.arange(count))
+        return self.dist.gather_rows(self.engine.logprobs(select_rows(batch, mine)), count)
+
+    def values(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` values of every row of ``batch`` (a critic's engine, head ``"value"``), without gradient."""
+        count = batch.input_ids.shape[0]
+        mine = self.dist.share(torch.arange(count))
+        return self.dist.gather_rows(self.engine.values(select_rows(batch, mine)), count)
+
+    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, T]`` log-probs and entropies of every row of ``batch``, without gradient."""
+        count = batch.input_ids.shape[0]
+        logp, entropy = self.engine.logprobs_and_entropy(select_rows(batch, self.dist.share(torch.arange(count))))
+        return self.dist.gather_rows(logp, count), self.dist.gather_rows(entropy, count)
+
+    def update(
+        self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False
+    ) -> dict[str, float]:
+        """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``, or
+        ``loss_fn(logp, entropy)`` with ``with_entropy`` (both with gradient)."""
+        local = select_rows(batch, self.dist.share(rows))
+        metrics = self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
+        return {**metrics, **take_reports(self.engine)}
+
+    def _global_loss(self, loss_fn: LossFn, count: int) -> LossFn:
+        if not self.dist.active:
+            return loss_fn
+
+        def global_loss(*local: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = loss_fn(*(self.dist.gather_rows_differentiable(t, count) for t in local))
+            return loss * self.dist.world, metrics
+
+        return global_loss
+
+    def push_weights(self, rollout: RolloutEngine, every_rank: bool = False) -> None:
+        """Send the current weights to this rank's rollout engine: rank 0's only, or with ``every_rank`` each
+        rank's own (the data-parallel update leaves the same weights on every rank)."""
+        receives = every_rank or self.dist.is_main
+        if not (self.engine.collective_weights or receives):
+            return
+        if self.sends_adapters:
+            self._adapter_version += 1
+            adapter = self.engine.adapter(self._adapter_version)
+            if receives:
+                rollout.sync_adapter(adapter)
+        else:
+            weights = self.engine.named_weights()
+            if receives:
+                rollout.sync_weights(weights)
+        self.reports.update({**take_reports(self.engine), **take_reports(rollout)})
+
+    def step_metrics(self) -> dict[str, float]:
+        """Diagnostics of the rollout batch just trained on (none for a dense policy), and the engines' reports
+        since the last call outside the updates (the old-log-prob pass, the weight push)."""
+        reports, self.reports = self.reports, {}
+        return reports

@@ -1,0 +1,106 @@
+"""The building blocks a run is assembled from: components from their specs, the models it starts from, engine contexts.
+
+Used by :class:`rlzoo.runtime.run.TrainingRun`, by ``rlzoo sft`` (the cold start alone) and by the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlzoo.config.base import DEFAULT_ROLLOUT_ENGINE, ComponentSpec
+from rlzoo.config.schema import LoraConfig, RunConfig
+from rlzoo.engines import EngineContext, RolloutEngine
+from rlzoo.episodes.prompts import fit_prompts, prompt_budget
+from rlzoo.episodes.runner import build_episode_runner
+from rlzoo.errors import RlzooError
+from rlzoo.interfaces import Task, Verifier
+from rlzoo.registry import Registry
+from rlzoo.rl import loop
+from rlzoo.rl.teacher import teacher_cold_start_config
+from rlzoo.runtime.cold_start import ensure_cold_start
+
+
+def create(registry: Registry, kind: str, spec: ComponentSpec) -> Any:
+    """The ``kind`` component a spec names, built with its params through the registry."""
+    return registry.create(kind, spec.name, spec.params)
+
+
+def make_task(config: RunConfig, registry: Registry) -> Task:
+    """The config's task."""
+    return create(registry, "task", config.task)
+
+
+def verifier_for(config: RunConfig, task: Task, registry: Registry) -> Verifier:
+    """The config's verifier, else the task's default one."""
+    if config.verifier is not None:
+        return create(registry, "verifier", config.verifier)
+    return registry.create("verifier", task.default_verifier)
+
+
+def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path:
+    """The model RL starts from: ``model.path``, or the cold start (built and evaluated unless already there)."""
+    if config.model.path:
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise RlzooError(f"model.path {path} is not a Hugging Face model folder (no config.json)")
+        return path
+    if not config.cold_start.enabled:
+        raise RlzooError("model.path is null and cold_start.enabled is false: there is no model to train")
+    verifier = verifier_for(config, task, registry)
+    eval_set = task.samples("eval", config.train.eval_prompts, config.seed)
+
+    def evaluate_fn(model_dir: Path) -> dict[str, float]:
+        rollout = registry.create("rollout_engine", DEFAULT_ROLLOUT_ENGINE)  # in process, cheap to start
+        tokenizer = load_tokenizer(model_dir)
+        rollout.start(engine_context(config, model_dir, tokenizer))
+        budget = prompt_budget(episode_context(rollout, model_dir), config.rollout.max_new_tokens)
+        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval", budget)
+        episodes = build_episode_runner(config, registry, tokenizer, episode_context(rollout, model_dir))
+        return loop.evaluate(samples, rollout, verifier, tokenizer, config, episodes)
+
+    return ensure_cold_start(config, task, evaluate_fn, progress, registry)
+
+
+def teacher_model_dir(config: RunConfig, task: Task, registry: Registry, progress: bool = True) -> Path | None:
+    """The teacher's folder: ``teacher.model``, or the tiny teacher's cold start (built and evaluated as the policy's,
+    unless already there); ``None`` without a teacher."""
+    if config.teacher is None:
+        return None
+    if config.teacher.model:
+        return Path(config.teacher.model)
+    return initial_model_dir(teacher_cold_start_config(config), task, registry, progress)
+
+
+def episode_context(rollout: RolloutEngine, model_dir: Path) -> int | None:
+    """The most tokens an episode may hold: the rollout engine's limit, else the model's positions."""
+    limit = rollout.context_tokens()
+    return limit if limit is not None else model_positions(model_dir)
+
+
+def model_positions(model_dir: Path) -> int | None:
+    """The model folder's ``max_position_embeddings`` (``None`` if its config.json does not say)."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model folder's Hugging Face tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None) -> EngineContext:
+    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic)."""
+    return EngineContext(
+        model_dir=Path(model_dir),
+        dtype=config.model.dtype,
+        seed=config.seed,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        lora=lora,
+    )
