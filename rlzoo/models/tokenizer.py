@@ -25,6 +25,20 @@ def char_vocab(alphabet: str) -> dict[str, int]:
     return vocab
 
 
+def vocab_difference(vocab: dict[str, int], policy: dict[str, int] | None, whose: str) -> str | None:
+    """How ``vocab`` (a teacher's, a critic's: ``whose``) maps tokens to other ids than the policy's, as a phrase
+    (``3 tokens differ, e.g. 'x': id 4 in the critic's, absent in the policy's``); ``None`` when they agree or the
+    policy's is unknown."""
+    if policy is None:
+        return None
+    differ = sorted(token for token in vocab.keys() | policy.keys() if vocab.get(token) != policy.get(token))
+    if not differ:
+        return None
+    example = differ[0]
+    ids = [f"id {ids[example]}" if example in ids else "absent" for ids in (vocab, policy)]
+    return f"{len(differ)} tokens differ, e.g. {example!r}: {ids[0]} in the {whose}'s, {ids[1]} in the policy's"
+
+
 def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 

@@ -30,6 +30,7 @@ from rlzoo.episodes.rules import policy_vocab
 from rlzoo.interfaces import LossAggregation, Problem, RunFacts, ValueLoss
 from rlzoo.interfaces.base import take_reports
 from rlzoo.models.folder import MISSING, NOT_A_MODEL_FOLDER, ModelFolder, config_facts
+from rlzoo.models.tokenizer import vocab_difference
 from rlzoo.rl.learner import Learner
 from rlzoo.util.tensors import masked_mean
 
@@ -163,14 +164,10 @@ def _critic_tokenizer_problems(run: RunFacts, path: Path, folder: ModelFolder) -
     critic = folder.vocab()[0] if folder.tokenizer_file.is_file() else None  # unreadable: nothing to compare
     if critic is None or policy is None:
         return problems
-    differ = sorted(token for token in critic.keys() | policy.keys() if critic.get(token) != policy.get(token))
-    if differ:
-        example = differ[0]
-        ids = [f"id {vocab[example]}" if example in vocab else "absent" for vocab in (critic, policy)]
+    if (mismatch := vocab_difference(critic, policy, "critic")) is not None:
         problems.append((
             loc,
-            f"the tokenizer of {path} differs from the policy's ({source}): {len(differ)} tokens differ, e.g. "
-            f"{example!r}: {ids[0]} in the critic's, {ids[1]} in the policy's; the critic reads the policy's token "
-            "ids: use a critic built on the policy's tokenizer",
+            f"the tokenizer of {path} differs from the policy's ({source}): {mismatch}; the critic reads the "
+            "policy's token ids: use a critic built on the policy's tokenizer",
         ))
     return problems

@@ -27,7 +27,7 @@ from rlzoo.engines import TokenBatch
 from rlzoo.interfaces import Component, Problem, RunFacts
 from rlzoo.models.folder import MISSING, NOT_A_MODEL_FOLDER, ModelFolder, read_config
 from rlzoo.models.memory import ModelShape
-from rlzoo.models.tokenizer import char_vocab
+from rlzoo.models.tokenizer import char_vocab, vocab_difference
 from rlzoo.rl.learner import Learner
 from rlzoo.util.tensors import masked_mean
 
@@ -97,7 +97,7 @@ def teacher_rule(run: RunFacts) -> list[Problem]:
     if teacher.tiny is not None:
         problems += [(f"teacher.tiny.{field}", message) for field, message in teacher.tiny.shape_problems()]
         task = run.components.get("task")
-        mismatch = _vocab_mismatch(_char_vocab(task), policy) if task is not None else None
+        mismatch = vocab_difference(_char_vocab(task), policy, "teacher") if task is not None else None
         if mismatch:
             problems.append((
                 "teacher.tiny",
@@ -133,7 +133,7 @@ def _teacher_folder_problems(run: RunFacts, path: Path, policy: dict[str, int] |
             f"{path} has vocab_size {size} but the policy's is {sampled}: the policy can sample every id up to "
             f"{sampled - 1} and the teacher scores each one; use a teacher whose vocab_size is at least {sampled}",
         ))
-    mismatch = _vocab_mismatch(vocab, policy)
+    mismatch = vocab_difference(vocab, policy, "teacher")
     if mismatch:
         problems.append((
             loc,
@@ -167,19 +167,3 @@ def _policy_vocab_size(run: RunFacts, policy: dict[str, int] | None) -> int | No
     hf, _ = read_config(Path(run.config.model.path) / "config.json")  # unreadable: a problem of model.path
     size = hf.get("vocab_size") if hf is not None else None
     return size if isinstance(size, int) else None
-
-
-def _vocab_mismatch(teacher: dict[str, int], policy: dict[str, int] | None) -> str | None:
-    """How the teacher's token -> id map differs from the policy's; ``None`` when they agree (or one is unknown)."""
-    if policy is None:
-        return None
-    differ = [token for token in teacher.keys() | policy.keys() if teacher.get(token) != policy.get(token)]
-    if not differ:
-        return None
-
-    def where(vocab: dict[str, int], token: str) -> str:
-        return f"id {vocab[token]}" if token in vocab else "absent"
-
-    example = min(differ)
-    return (f"{len(differ)} tokens differ, e.g. {example!r}: {where(teacher, example)} in the teacher's, "
-            f"{where(policy, example)} in the policy's")
