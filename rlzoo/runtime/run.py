@@ -337,7 +337,7 @@ class TrainingRun:
                 metrics = {}
                 if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
                     metrics.update(self.evaluate())
-                    trackers.log_evaluation(step, metrics)
+                    trackers.log_evaluation(step, dict(metrics))  # metrics grows below
                 prompts = loop.sample_prompts(self.train_set, step, config)
                 metrics.update(loop.rl_step(step, prompts, self.components, config))
                 logger.log(step, metrics)

@@ -1,5 +1,5 @@
 """``ablation.png``: per cell, the mean curve over seeds with its 95% CI band (Student t), for reward, held-out
-accuracy, clip fraction and expert flip rate."""
+accuracy, clip fraction and expert flip rate (a dense model's runs log none: response length instead)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ PANELS = [
     ("clip/fraction", "clip fraction"),
     ("moe/flip_rate", "expert flip rate"),
 ]
+DENSE_PANEL = ("response/length_mean", "response length")  # in the flip rate's place where no run logged it
 
 
 def curve(runs: list[RunRecord], key: str) -> tuple[list[int], list[float], list[float]]:
@@ -39,7 +40,9 @@ def plot_ablation(records: list[RunRecord], out: Path, title: str = "") -> Path:
     for record in records:
         cells.setdefault(record.cell, []).append(record)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
-    for ax, (key, name) in zip(axes.flat, PANELS):
+    logged = {key for record in records for row in record.rows for key in row}
+    panels = [DENSE_PANEL if key == "moe/flip_rate" and key not in logged else (key, name) for key, name in PANELS]
+    for ax, (key, name) in zip(axes.flat, panels):
         drawn = False
         for cell, runs in cells.items():
             steps, mean, half = curve(runs, key)

