@@ -500,7 +500,7 @@ def test_the_torn_middle_line_does_not_hide_the_rest_of_the_run(results):
     folder, _ = results["compare-torn-middle-line"]
     table = (folder / "run" / "summary.md").read_text()
     assert "unfinished" not in table
-    assert "| run | 1 | 0.5 | 0.5 | 0.75 |" in table
+    assert "| run | 1 | 0.5 | 0.5 | 0.25 | 0.25 | 0.75 | 1 |" in table  # initial 0.25 at step 0, gain 0.25
 
 
 # -- the rules in-process ----------------------------------------------------------------------------------------
