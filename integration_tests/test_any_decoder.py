@@ -25,6 +25,7 @@ from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.runtime.run import train
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
 ENGINES = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed")),
                              reason="needs vLLM (bash scripts/install.sh --vllm) and DeepSpeed")
 ALPHABET = "0123456789+-*="
@@ -50,16 +51,30 @@ def tiny_folder(root: Path, architecture: str, head: str = "causal") -> Path:
     return save_model(model, tokenizer, root / f"{architecture}-{head}")
 
 
-def run_config(run_dir: Path, model_dir: Path, *overrides: str):
+def overrides(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
     """Two short steps; a random model never answers right, so a format reward (a ``+`` anywhere in the response,
     about a third of random responses) splits each group and every run has a gradient to follow."""
-    return build_config(read_yaml(REPO / "examples" / "gspo_tiny_moe.yaml"), [
+    return [
         f"model.path={model_dir}", "cold_start.enabled=false", f"output_dir={run_dir}",
         "verifier={name: regex, pattern: '[+]', fullmatch: false}",
         "rollout.prompts_per_step=4", "rollout.group_size=4", "train.steps=2", "train.eval_every=2",
         "train.eval_prompts=8", "train.checkpoint_every=2", "algorithm.minibatches_per_rollout=2",
-        *overrides,
-    ])
+        *extra,
+    ]
+
+
+def run_config(run_dir: Path, model_dir: Path, *extra: str):
+    return build_config(read_yaml(EXAMPLE), overrides(run_dir, model_dir, *extra))
+
+
+def train_in_a_process(run_dir: Path, model_dir: Path, *extra: str) -> Path:
+    """``rlzoo train`` as a subprocess: DeepSpeed ZeRO-3 keeps process-group state a later in-process ZeRO-3 run
+    (another test module) would trip over."""
+    sets = [arg for item in overrides(run_dir, model_dir, *extra) for arg in ("--set", item)]
+    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "train", str(EXAMPLE), *sets], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
 
 
 def saved_names(model_dir: Path) -> set[str]:
@@ -80,7 +95,7 @@ def llama(tmp_path_factory) -> Path:
 @ENGINES
 @pytest.mark.parametrize("trainer", ["{name: deepspeed, zero_stage: 3}", "{name: torch}"], ids=["zero3", "torch"])
 def test_tied_llama_trains_on_vllm_and_checkpoints_one_embedding(tmp_path, llama, trainer):
-    run_dir = train(run_config(tmp_path / "run", llama, f"trainer.engine={trainer}", "trainer.lr=0.01"), progress=False)
+    run_dir = train_in_a_process(tmp_path / "run", llama, f"trainer.engine={trainer}", "trainer.lr=0.01")
     rows = [r for r in assert_finite_metrics(run_dir, 2) if "reward/mean" in r]
     assert rows[0]["advantage/abs_mean"] > 0
     # weight sync reaches vLLM through the tie: at step 1 vLLM samples from the trained policy, so its log-probs
