@@ -21,7 +21,7 @@ from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components, rl_step, sample_prompts
 from rlzoo.rl.objective import build_objective
 from rlzoo.rl.overlap import OverlappedRollouts
-from rlzoo.rl.rollouts import RolloutSchedule
+from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.util.timer import Timer
 
 

@@ -195,6 +195,25 @@ class RolloutConfig(Section):
         description="0: sample each step's batch at its start; 1: sample step t+1's batch while step t trains, by "
         "step t's weights (staleness 1; old log-probs under the sampling weights; rlzoo.rl.overlap, docs/overlap.md)",
     )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="null: sample each step's batch in the loop (or by rollout.overlap); k: a producer thread samples "
+        "continuously, at most k weight versions ahead of the trainer (0: in lockstep, the synchronous order of "
+        "work; rlzoo.rl.async_rollouts, docs/async.md)",
+    )
+    queue_size: int | None = Field(
+        None,
+        ge=1,
+        description="with max_staleness: how many responses may wait sampled for the trainer (at least one step's, "
+        "prompts_per_step x group_size); null: max_staleness steps' worth (one step's with k = 0)",
+    )
+    partial: Literal["off", "continue", "restart"] = Field(
+        "off",
+        description="with max_staleness: a generation in flight at a weight update is finished by the weights it "
+        "started with (off); continue (in-flight update) and restart (resume from the prefix) need a rollout engine "
+        "that can stop or update mid-generation, which neither hf nor vllm here can",
+    )
     per_rank: bool = Field(
         True,
         description="multi-process runs: every rank samples and scores its share of each step's prompts with its "

@@ -138,6 +138,8 @@ class RolloutEngine(Component):
     - ``loads_adapters``: started with ``EngineContext.lora`` (the policy trains LoRA adapters, ``model.lora``), it
       can receive the adapters themselves (:meth:`sync_adapter`) instead of the merged weights, for the targets
       :meth:`adapter_targets_supported` accepts.
+    - ``updates_in_flight``: it can stop a generation at a weight update and resume it from its prefix, or load
+      new weights while generating (``rollout.partial: restart|continue``); hf and vllm here cannot.
     """
 
     kind = "rollout_engine"
@@ -145,6 +147,7 @@ class RolloutEngine(Component):
     loads_adapters: ClassVar[bool] = False
     runs_under_launcher: ClassVar[bool] = True
     runs_per_rank: ClassVar[bool] = False
+    updates_in_flight: ClassVar[bool] = False
 
     def start(self, context: EngineContext) -> None:
         raise NotImplementedError

@@ -1,7 +1,8 @@
 """The preflight's rules, in the order their problems are reported: each ``(RunFacts) -> list[Problem]``.
 
 A rule lives with what it checks: the critic's in :mod:`rlzoo.rl.critic`, the teacher's in :mod:`rlzoo.rl.teacher`,
-LoRA's in :mod:`rlzoo.engines.lora`, ``rollout.overlap``'s in :mod:`rlzoo.rl.overlap_rules`, the prompts' and
+LoRA's in :mod:`rlzoo.engines.lora`, ``rollout.overlap``'s in :mod:`rlzoo.rl.overlap_rules`, ``rollout.max_staleness``'s
+in :mod:`rlzoo.rl.async_rules`, the prompts' and
 episodes' in :mod:`rlzoo.episodes.rules`, each component's in its own :meth:`rlzoo.interfaces.Component.preflight`
 (:func:`component_rule`); the rules about the run as a whole (installed packages, the policy's model, GPU memory,
 batches, evaluation, the run folder, what a resume may change) live in this package, one module each.
@@ -27,6 +28,7 @@ from rlzoo.preflight.memory_fit import memory_rule
 from rlzoo.preflight.model import model_rule
 from rlzoo.preflight.packages import engine_package_rule
 from rlzoo.preflight.resume_changes import resume_change_rule
+from rlzoo.rl.async_rules import async_rule
 from rlzoo.rl.critic import critic_rule
 from rlzoo.rl.overlap_rules import overlap_rule
 from rlzoo.rl.teacher import teacher_rule
@@ -53,6 +55,7 @@ RULES: tuple[Rule, ...] = (
     prompt_room_rule,
     batch_rule,
     overlap_rule,
+    async_rule,
     critic_rule,
     lora_rule,
     teacher_rule,

@@ -27,12 +27,28 @@ takes the rollout engine's (its weight sync); the last two reach the step throug
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from rlzoo.engines import LossFn, RolloutEngine, TokenBatch, TrainingEngine
+from rlzoo.engines import Adapter, LossFn, RolloutEngine, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import select_rows
 from rlzoo.interfaces.base import take_reports
 from rlzoo.runtime.distributed import SINGLE, Dist
+
+
+@dataclass
+class WeightsUpdate:
+    """One version of the policy on its way to a rollout engine: its LoRA adapters, or all its weights."""
+
+    adapter: Adapter | None = None
+    weights: list[tuple[str, torch.Tensor]] | None = None
+
+    def load_into(self, rollout: RolloutEngine) -> None:
+        if self.adapter is not None:
+            rollout.sync_adapter(self.adapter)
+        else:
+            rollout.sync_weights(self.weights)
 
 
 class Learner:
@@ -96,6 +112,17 @@ class Learner:
             return loss * self.dist.world, metrics
 
         return global_loss
+
+    def capture_weights(self) -> WeightsUpdate:
+        """A copy of the current weights (or, with ``sends_adapters``, the adapters) that a rollout engine loads
+        later, while training goes on (:mod:`rlzoo.rl.async_rollouts`; one process)."""
+        if self.sends_adapters:
+            self._adapter_version += 1
+            update = WeightsUpdate(adapter=self.engine.adapter(self._adapter_version))  # a CPU copy already
+        else:
+            update = WeightsUpdate(weights=[(name, t.detach().clone()) for name, t in self.engine.named_weights()])
+        self.reports.update(take_reports(self.engine))
+        return update
 
     def push_weights(self, rollout: RolloutEngine, every_rank: bool = False) -> None:
         """Send the current weights to this rank's rollout engine: rank 0's only, or with ``every_rank`` each

@@ -38,7 +38,7 @@ either way every rank then holds the whole batch in the same order. MoE routing 
 are not the loop's business: the :class:`~rlzoo.rl.learner.Learner` hides the split over ranks and, for MoE
 policies, the router policy's Routing Replay (:mod:`rlzoo.rl.routing_learner`).
 
-When the rollouts are sampled is the :class:`~rlzoo.rl.rollouts.RolloutSchedule`'s business: by default at the start
+When the rollouts are sampled is the :class:`~rlzoo.rl.schedule.RolloutSchedule`'s business: by default at the start
 of their step, by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.rl.overlap`) step t+1's batch is
 sampled while step t trains, and its old log-probs are computed under the weights that sampled it.
 """
@@ -63,7 +63,8 @@ from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
-from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, RolloutSchedule
+from rlzoo.rl.rollouts import RolloutBatch, RolloutParts
+from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.rollouts import advantages as compute_advantages
 from rlzoo.rl.scoring import score
 from rlzoo.rl.teacher import Teacher, distill_metrics
@@ -128,6 +129,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     rollout = rollout_batch(step, prompts, c, config, timer)
     if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
         c.schedule.settle(timer)
+        c.schedule.publish(step, c.learner, c.rollout, c.rollout_per_rank, updated=False)
         return c.dist.reduce_metrics({**rollout.metrics, **timer.metrics()})
     batch = rollout.batch
     with timer("old_logprobs"):
@@ -144,7 +146,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         updates, critic_updates = minibatch_updates(step, batch, old, advantages, values, returns, c, config)
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
-        c.learner.push_weights(c.rollout, every_rank=c.rollout_per_rank)
+        c.schedule.publish(step, c.learner, c.rollout, c.rollout_per_rank, updated=True)
     metrics = step_metrics(rollout, old, advantage_metrics, updates, values, returns, critic_updates, teacher_logp)
     metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's

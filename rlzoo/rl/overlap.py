@@ -53,7 +53,8 @@ from typing import Any
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import TrainingEngine
 from rlzoo.interfaces import Sample
-from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, RolloutSchedule, collect
+from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, collect
+from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.util.timer import Timer
 
 

@@ -1,5 +1,5 @@
 """A step's rollout batch: sample ``group_size`` responses per prompt, score and shape them, keep the groups the
-batch filter keeps, and the :class:`RolloutSchedule` that says when that happens.
+batch filter keeps (:mod:`rlzoo.rl.schedule` says when that happens).
 
     collect(step, prompts):
         repeat up to the batch filter's `max_gen_batches` times, fresh prompts after the first:
@@ -10,7 +10,7 @@ batch filter keeps, and the :class:`RolloutSchedule` that says when that happens
         assemble: the kept groups as one padded TokenBatch, rewards per response and per token
     advantages (in the step, after the old log-probs and values): the KL-in-reward penalty, the advantage source
 
-:func:`rlzoo.rl.loop.rl_step` asks its schedule for the step's batch; the base schedule calls :func:`collect` at the
+:func:`rlzoo.rl.loop.rl_step` asks its schedule for the step's batch; the base :class:`rlzoo.rl.schedule.RolloutSchedule` calls :func:`collect` at the
 start of the step, :class:`rlzoo.rl.overlap.OverlappedRollouts` (``rollout.overlap: 1``) calls the same function one
 step ahead in a background thread. Neither calls back into the loop: they take :class:`RolloutParts`, what sampling,
 scoring and assembling use, not the step's whole :class:`~rlzoo.rl.loop.Components`.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,32 +61,6 @@ class RolloutParts:
     per_rank: bool  # every rank samples its share of the prompts with its own started engine
     step_rewards: bool  # the advantage source reads per-step rewards (needs_step_rewards): assemble places them
     greedy_baseline: bool = False  # the advantage source reads a greedy response's reward (needs_greedy_baseline)
-
-
-class RolloutSchedule:
-    """When a step's rollout batch is sampled and under which weights its old log-probs are computed.
-
-    This base samples each batch at the start of its step (:func:`collect`), with the weights the step trains
-    from, so nothing is in flight across steps. :class:`rlzoo.rl.overlap.OverlappedRollouts` (``rollout.overlap: 1``)
-    samples step t+1's batch while step t trains."""
-
-    def collect(
-        self, step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
-    ) -> RolloutBatch:
-        """Step ``step``'s rollout batch (on rank 0, or on every rank with per-rank rollouts)."""
-        return collect(step, prompts, parts, config, timer)
-
-    def behaviour_weights(self) -> AbstractContextManager[None]:
-        """Around the old-log-prob pass of the batch :meth:`collect` returned last: the training engine holds the
-        weights that sampled it."""
-        return nullcontext()
-
-    def settle(self, timer: Timer, new_weights: bool = False) -> None:
-        """Before a step returns: no generation is in flight; ``new_weights``: the rollout engine is about to
-        receive the step's updated weights."""
-
-    def close(self) -> None:
-        """When the run ends (also by an error): wait for any generation still in flight."""
 
 
 @dataclass

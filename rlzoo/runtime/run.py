@@ -49,6 +49,7 @@ from rlzoo.rl import loop
 from rlzoo.rl.critic import Critic
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.objective import build_objective
+from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.overlap import OverlappedRollouts
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.routing_learner import RoutingLearner
@@ -220,13 +221,17 @@ class TrainingRun:
         )
 
     def _setup_schedule(self) -> loop.RolloutSchedule:
-        """Rollouts at the start of each step, or (``rollout.overlap: 1``) the next step's during this one."""
-        if self.config.rollout.overlap == 0:
+        """Rollouts at the start of each step, the next step's during this one (``rollout.overlap: 1``), or from a
+        producer thread at most ``rollout.max_staleness`` weight versions ahead."""
+        train_set, config, rollout = self.train_set, self.config, self.config.rollout
+        prompts_for = lambda step: loop.sample_prompts(train_set, step, config)  # noqa: E731
+        if rollout.max_staleness is not None:
+            batch = rollout.prompts_per_step * rollout.group_size
+            capacity = max(rollout.max_staleness, 1) if rollout.queue_size is None else rollout.queue_size // batch
+            return AsyncRollouts(prompts_for, config.train.steps, rollout.max_staleness, capacity)
+        if rollout.overlap == 0:
             return loop.RolloutSchedule()
-        train_set, config = self.train_set, self.config
-        return OverlappedRollouts(
-            self.trainer, lambda step: loop.sample_prompts(train_set, step, config), config.train.steps
-        )
+        return OverlappedRollouts(self.trainer, prompts_for, config.train.steps)
 
     def _setup_learner(self) -> Learner:
         """A dense policy trains through a plain learner; an MoE policy through the router policy's replay."""
@@ -382,4 +387,5 @@ class TrainingRun:
         return [f for f in files if f.is_file()]
 
     def evaluate(self) -> dict[str, float]:
-        return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config, self.episodes)
+        with self.components.schedule.paused():  # a producer thread shares the rollout engine
+            return loop.evaluate(self.eval_set, self.rollout, self.verifier, self.tokenizer, self.config, self.episodes)
