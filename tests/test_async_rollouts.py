@@ -240,3 +240,28 @@ def test_preflight_refuses_what_the_producer_cannot_honour(overrides, world, loc
 def test_a_negative_or_non_integer_staleness_is_a_config_error(value):
     with pytest.raises(ConfigError, match="rollout.max_staleness"):
         build_config({}, [f"rollout.max_staleness={value}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["rollout.max_staleness=-1"], "rollout.max_staleness"),
+        (["rollout.max_staleness=2", "rollout.queue_size=8"], "rollout.queue_size"),
+        (["rollout.max_staleness=2", "rollout.partial=continue"], "rollout.partial"),
+    ],
+)
+def test_rlzoo_train_refuses_bad_async_settings_in_one_line(tmp_path, overrides, field):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "gspo_tiny_moe.yaml"
+    found = shutil.which("rlzoo")
+    command = [found] if found else [sys.executable, "-m", "rlzoo.cli"]
+    sets = [arg for o in [*overrides, f"output_dir={tmp_path / 'run'}"] for arg in ("--set", o)]
+    proc = subprocess.run([*command, "train", str(example), *sets], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and field in proc.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything is written
