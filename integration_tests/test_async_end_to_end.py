@@ -6,7 +6,7 @@ batch sampled afresh by the checkpoint's weights."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_finite_metrics, make_config
+from conftest import assert_finite_metrics, make_config, metrics_without_times
 
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
@@ -92,25 +92,12 @@ def test_async_on_vllm_and_deepspeed(tmp_path, cold_start_root):
 def test_async_killed_anywhere_resumes_with_every_step_once(tmp_path, cold_start_root, k):
     """SIGKILL after the step-4 checkpoint, with batches queued or in flight: they are dropped, the resumed run trains
     steps 4..7 once each. With k = 0 the run is deterministic, so it must log the uninterrupted run's metrics."""
-    import os
-    import signal
-    import time
-
-    from test_resume import STEPS, rlzoo, write_config
-
-    from conftest import metrics_without_times
+    from test_resume import STEPS, kill_after_checkpoint, rlzoo, write_config
 
     config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", [f"rollout.max_staleness={k}"])
     killed_dir = tmp_path / "killed"
     victim = rlzoo("train", str(config), "--set", f"output_dir={killed_dir}")
-    latest = killed_dir / "checkpoints" / "latest"
-    deadline = time.time() + 600
-    while not (latest.is_file() and latest.read_text().strip() == "step_000004"):
-        assert victim.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.02)
-    os.kill(victim.pid, signal.SIGKILL)
-    assert victim.wait(timeout=60) == -signal.SIGKILL
+    kill_after_checkpoint(victim, killed_dir, "step_000004")
     before = _train_rows(read_metrics(killed_dir / "metrics.jsonl"))
     assert len(before) < STEPS
 

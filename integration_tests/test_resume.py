@@ -50,6 +50,18 @@ def write_config(path: Path, cold_start_dir: Path, extra: list[str] = ()) -> Pat
     return path
 
 
+def kill_after_checkpoint(victim: subprocess.Popen, run_dir: Path, checkpoint: str) -> None:
+    """SIGKILL ``victim`` as soon as ``run_dir``'s latest checkpoint is ``checkpoint``."""
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + 600
+    while not (latest.is_file() and latest.read_text().strip() == checkpoint):
+        assert victim.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.kill(victim.pid, signal.SIGKILL)
+    assert victim.wait(timeout=60) == -signal.SIGKILL
+
+
 def rlzoo(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "rlzoo.cli", *args],
@@ -69,14 +81,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold
 
     killed_dir = tmp_path / "killed"
     victim = rlzoo("train", str(config), "--set", f"output_dir={killed_dir}")
-    latest = killed_dir / "checkpoints" / "latest"
-    deadline = time.time() + 600
-    while not (latest.is_file() and latest.read_text().strip() == "step_000004"):
-        assert victim.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.02)
-    os.kill(victim.pid, signal.SIGKILL)
-    assert victim.wait(timeout=60) == -signal.SIGKILL
+    kill_after_checkpoint(victim, killed_dir, "step_000004")
     assert len([r for r in read_metrics(killed_dir / "metrics.jsonl") if "reward/mean" in r]) < STEPS
 
     resumed = rlzoo("train", str(config), "--resume", str(killed_dir))

@@ -16,42 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlzoo.config.resolution import build_config
-from rlzoo.config.schema import RunConfig, TinyModelConfig
-from rlzoo.engines import EngineContext
-from rlzoo.engines.hf_rollout import HFRolloutEngine
-from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.errors import ConfigError
-from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
 from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.learner import Learner
-from rlzoo.rl.loop import Components, rl_step, sample_prompts
-from rlzoo.rl.objective import build_objective
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.staleness_queue import StalenessQueue
-
-
-class CharSum(Verifier):
-    """A reward that varies with every character, so the responses of a group differ and every step updates."""
-
-    name = "char-sum"
-
-    def verify(self, sample: Sample, response: str) -> Verdict:
-        return Verdict(float(sum(map(ord, response)) % 5))
-
-
-def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-class WatchedRollout(HFRolloutEngine):
-    """The hf engine, remembering the weights each generate() call sampled with."""
-
-    def generate(self, prompts, sampling):
-        self.sampled_with.append(_state(self.model))
-        return super().generate(prompts, sampling)
+from schedule_testlib import same, start_rig, state
 
 
 class WatchedLearner(Learner):
@@ -63,64 +35,30 @@ class WatchedLearner(Learner):
         return logp, entropy
 
     def capture_weights(self):
-        self.history.append(_state(self.engine.model))
+        self.history.append(state(self.engine.model))
         return super().capture_weights()
 
     def push_weights(self, rollout, every_rank=False):
-        self.history.append(_state(self.engine.model))
+        self.history.append(state(self.engine.model))
         super().push_weights(rollout, every_rank)
 
 
 def _run(tmp_path, max_staleness: int | None, steps: int = 4, seed: int = 0):
     torch.manual_seed(seed)
-    tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
-    save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
-    config = RunConfig.model_validate({
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4, "max_staleness": max_staleness},
-        "trainer": {"lr": 3e-2},
-        "algorithm": {"minibatches_per_rollout": 2},
-        "train": {"steps": steps},
-    })
-    context = EngineContext(tmp_path / "m", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    trainer = TorchTrainingEngine()
-    trainer.start(context, config.trainer)
-    rollout = WatchedRollout()
-    rollout.start(context)
-    rollout.sampled_with = []
-    learner = WatchedLearner(trainer)
-    learner.seen, learner.history = [], [_state(trainer.model)]
-    registry = default_registry()
-    train_set = [Sample(f"{a}+{b}=", str(a + b)) for a in range(5) for b in range(5)]
+    rig = start_rig(tmp_path, steps, max_staleness=max_staleness)
+    learner = WatchedLearner(rig.trainer)
+    learner.seen, learner.history = [], [state(rig.trainer.model)]
     schedule = RolloutSchedule()
     if max_staleness is not None:
-        prompts_for = lambda step: sample_prompts(train_set, step, config)  # noqa: E731
-        schedule = AsyncRollouts(prompts_for, steps, max_staleness, max(max_staleness, 1))
-    c = Components(
-        objective=build_objective(config.algorithm, registry),
-        advantage=registry.create("advantage", "group"),
-        verifier=CharSum(),
-        correction=registry.create("correction", "none"),
-        rollout=rollout,
-        learner=learner,
-        tokenizer=tokenizer,
-        train_set=train_set,
-        schedule=schedule,
-    )
-    try:
-        metrics = [rl_step(step, sample_prompts(train_set, step, config), c, config) for step in range(steps)]
-    finally:
-        schedule.close()
-    return trainer, rollout, learner, metrics
+        schedule = AsyncRollouts(rig.prompts_for, steps, max_staleness, max(max_staleness, 1))
+    metrics = rig.run(learner, schedule)
+    return rig.trainer, rig.rollout, learner, metrics
 
 
 def _without_times(metrics: dict[str, float]) -> dict[str, float]:
     added = {"rollout/staleness", "rollout/ready"}
     return {k: v for k, v in metrics.items() if not k.startswith("time/") and k not in added}
 
-
-def _same(a: dict, b: dict) -> bool:
-    return all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
@@ -133,7 +71,7 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
         assert a.keys() == b.keys()
         assert all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a), \
             {k: (a[k], b[k]) for k in a if a[k] != b[k]}
-    assert _same(_state(sync_trainer.model), _state(async_trainer.model))
+    assert same(state(sync_trainer.model), state(async_trainer.model))
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -147,10 +85,10 @@ def test_batches_are_sampled_at_most_k_versions_back_and_old_logprobs_are_the_pr
     for step, (batch, old, rollout_logp) in enumerate(learner.seen):
         behaviour = step - staleness[step]
         sampled = rollout.sampled_with[step]
-        assert _same({key: history[behaviour][key] for key in sampled}, sampled)  # the version it reports
+        assert same({key: history[behaviour][key] for key in sampled}, sampled)  # the version it reports
         # the old pass ran under the trainer's weights of this step (proximal), not the sampling ones
         with torch.no_grad():
-            current = _state(trainer.model)
+            current = state(trainer.model)
             trainer.model.load_state_dict(history[step])
             proximal = trainer.logprobs(batch)
             trainer.model.load_state_dict(current)

@@ -8,42 +8,15 @@ import pytest
 import torch
 
 from rlzoo.config.resolution import build_config
-from rlzoo.config.schema import RunConfig, TinyModelConfig
-from rlzoo.engines import EngineContext, ModuleTrainingEngine
-from rlzoo.engines.hf_rollout import HFRolloutEngine
-from rlzoo.engines.torch_trainer import TorchTrainingEngine
+from rlzoo.engines import ModuleTrainingEngine
 from rlzoo.errors import ConfigError
-from rlzoo.interfaces import Sample, Verdict, Verifier
-from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
 from rlzoo.rl.learner import Learner
-from rlzoo.rl.loop import Components, rl_step, sample_prompts
-from rlzoo.rl.objective import build_objective
 from rlzoo.rl.overlap import OverlappedRollouts
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.util.timer import Timer
-
-
-class CharSum(Verifier):
-    """A reward that varies with every character, so the responses of a group differ and every step updates."""
-
-    name = "char-sum"
-
-    def verify(self, sample: Sample, response: str) -> Verdict:
-        return Verdict(float(sum(map(ord, response)) % 5))
-
-
-def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-class WatchedRollout(HFRolloutEngine):
-    """The hf engine, remembering the weights each generate() call sampled with."""
-
-    def generate(self, prompts, sampling):
-        self.sampled_with.append(_state(self.model))
-        return super().generate(prompts, sampling)
+from schedule_testlib import same, start_rig, state
 
 
 class WatchedLearner(Learner):
@@ -55,51 +28,21 @@ class WatchedLearner(Learner):
         return logp, entropy
 
     def push_weights(self, rollout, every_rank=False):
-        self.history.append(_state(self.engine.model))
+        self.history.append(state(self.engine.model))
         super().push_weights(rollout, every_rank)
 
 
 def _run(tmp_path, overlap: int, steps: int = 3):
-    tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
-    save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
-    config = RunConfig.model_validate({
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4, "overlap": overlap},
-        "trainer": {"lr": 3e-2},
-        "algorithm": {"minibatches_per_rollout": 2},
-        "train": {"steps": steps},
-    })
-    context = EngineContext(tmp_path / "m", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    trainer = TorchTrainingEngine()
-    trainer.start(context, config.trainer)
-    rollout = WatchedRollout()
-    rollout.start(context)
-    rollout.sampled_with = []
-    learner = WatchedLearner(trainer)
-    learner.seen, learner.history = [], [_state(trainer.model)]
-    registry = default_registry()
-    train_set = [Sample(f"{a}+{b}=", str(a + b)) for a in range(5) for b in range(5)]
-    schedule = RolloutSchedule()
-    if overlap:
-        schedule = OverlappedRollouts(trainer, lambda step: sample_prompts(train_set, step, config), steps)
-    c = Components(
-        objective=build_objective(config.algorithm, registry),
-        advantage=registry.create("advantage", "group"),
-        verifier=CharSum(),
-        correction=registry.create("correction", "none"),
-        rollout=rollout,
-        learner=learner,
-        tokenizer=tokenizer,
-        train_set=train_set,
-        schedule=schedule,
-    )
-    metrics = [rl_step(step, sample_prompts(train_set, step, config), c, config) for step in range(steps)]
-    schedule.close()
-    return trainer, rollout, learner, schedule, metrics
+    rig = start_rig(tmp_path, steps, overlap=overlap)
+    learner = WatchedLearner(rig.trainer)
+    learner.seen, learner.history = [], [state(rig.trainer.model)]
+    schedule = OverlappedRollouts(rig.trainer, rig.prompts_for, steps) if overlap else RolloutSchedule()
+    metrics = rig.run(learner, schedule)
+    return rig.trainer, rig.rollout, learner, schedule, metrics
 
 
 def _logprobs_under(trainer, weights, batch):
-    current = _state(trainer.model)
+    current = state(trainer.model)
     trainer.model.load_state_dict(weights)
     try:
         return trainer.logprobs(batch)
@@ -107,34 +50,31 @@ def _logprobs_under(trainer, weights, batch):
         trainer.model.load_state_dict(current)
 
 
-def _same(a: dict, b: dict) -> bool:
-    return all(torch.equal(a[k], b[k]) for k in a)
-
 
 def test_old_logprobs_are_those_of_the_weights_that_sampled_the_batch(tmp_path):
     steps = 3
     trainer, rollout, learner, schedule, metrics = _run(tmp_path, overlap=1, steps=steps)
     history = learner.history  # w_0 .. w_steps
-    assert len(history) == steps + 1 and not _same(history[0], history[1]) and not _same(history[1], history[2])
+    assert len(history) == steps + 1 and not same(history[0], history[1]) and not same(history[1], history[2])
     assert schedule.versions == {0: 0, 1: 0, 2: 1}  # batch 0 sampled now, batch t+1 during step t by w_t
     assert [m["rollout/staleness"] for m in metrics] == [0.0, 1.0, 1.0]
     assert len(rollout.sampled_with) == steps
     for step, (batch, old) in enumerate(learner.seen):
         sampler = schedule.versions[step]
         # the rollout engine sampled batch `step` with w_sampler (the trainer's fp32 weights it was last synced with)
-        assert _same({k: history[sampler][k] for k in rollout.sampled_with[step]}, rollout.sampled_with[step])
+        assert same({k: history[sampler][k] for k in rollout.sampled_with[step]}, rollout.sampled_with[step])
         assert torch.allclose(old, _logprobs_under(trainer, history[sampler], batch), atol=1e-6)
         if sampler != step:  # stale: the trainer held w_step, whose log-probs differ
             now = _logprobs_under(trainer, history[step], batch)
             assert (old - now).abs()[batch.response_mask.bool()].max() > 1e-4
-    assert _same(_state(trainer.model), history[steps])  # the exchange put the trainer's weights back every time
+    assert same(state(trainer.model), history[steps])  # the exchange put the trainer's weights back every time
 
 
 def test_without_overlap_old_logprobs_are_the_current_weights(tmp_path):
     trainer, rollout, learner, schedule, metrics = _run(tmp_path, overlap=0, steps=2)
     assert all("rollout/staleness" not in m and "time/prefetch_wait" not in m for m in metrics)
     for step, (batch, old) in enumerate(learner.seen):
-        assert _same({k: learner.history[step][k] for k in rollout.sampled_with[step]}, rollout.sampled_with[step])
+        assert same({k: learner.history[step][k] for k in rollout.sampled_with[step]}, rollout.sampled_with[step])
         assert torch.allclose(old, _logprobs_under(trainer, learner.history[step], batch), atol=1e-6)
 
 
@@ -153,17 +93,17 @@ class ModuleOnly(ModuleTrainingEngine):
 def test_behaviour_weights_exchange_and_restore_exactly():
     model = torch.nn.Linear(3, 2)
     schedule = OverlappedRollouts(ModuleOnly(model), lambda step: [], steps=10)
-    w0 = _state(model)
+    w0 = state(model)
     with schedule.behaviour_weights():  # a fresh batch: nothing exchanged; the snapshot takes w0
-        assert _same(_state(model), w0)
+        assert same(state(model), w0)
     with torch.no_grad():
         model.weight.add_(1.0)
-    w1 = _state(model)
+    w1 = state(model)
     schedule.settle(Timer(), new_weights=True)
     schedule.batch_version = 0  # a batch sampled by w0, trained from w1
     with schedule.behaviour_weights():
-        assert _same(_state(model), w0)
-    assert _same(_state(model), w1)
+        assert same(state(model), w0)
+    assert same(state(model), w1)
     assert all(torch.equal(s, p) for s, p in zip(schedule.snapshot, model.parameters()))  # next: w1's batch
     schedule.batch_version = -1
     with pytest.raises(RuntimeError, match="staleness above 1"):
