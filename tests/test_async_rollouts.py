@@ -65,6 +65,7 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
     sync_trainer, _, _, sync_metrics = _run(tmp_path / "sync", None)
     async_trainer, _, _, async_metrics = _run(tmp_path / "async", 0)
     assert [m["rollout/staleness"] for m in async_metrics] == [0.0] * 4
+    assert [m["rollout/ready"] for m in async_metrics] == [0.0] * 4  # nothing sampled before its step asks
     assert all("time/rollout_wait" in m for m in async_metrics)
     for sync, produced in zip(sync_metrics, async_metrics, strict=True):
         a, b = _without_times(sync), _without_times(produced)

@@ -86,12 +86,12 @@ class StalenessQueue(Generic[Item, Update]):
             if index != self._entered + 1:
                 raise RuntimeError(f"step {index} taken after step {self._entered}: the steps are taken in order")
             self._entered = index
+            ready = len(self._ready)  # before the producer hears of this step (so with k = 0 always 0)
             self._cond.notify_all()
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="rlzoo-rollout-producer", daemon=True)
             self._thread.start()
         with self._cond:
-            ready = len(self._ready)
             self._cond.wait_for(lambda: index in self._ready or self._error is not None)
             self._raise_error()
             item, version = self._ready.pop(index)
