@@ -24,12 +24,13 @@ class RegistryError(RlzooError):
 
 class UnknownComponentError(RegistryError):
     def __init__(
-        self, kind: str, name: str, valid: list[str], suggestion: str | None, failed_plugins: list[str] | None = None
+        self, kind: str, name: str, valid: list[str], suggestion: str | None, failed_plugins: list[str] | None = None,
+        peer: str | None = None,
     ) -> None:
         self.kind, self.name, self.valid, self.suggestion = kind, name, valid, suggestion
         msg = f"unknown {kind} {name!r}"
-        if suggestion:
-            msg += f"; did you mean {suggestion!r}?"
+        if suggestion:  # peer: where another framework calls the suggestion `name` (e.g. verl's loss_mode=vanilla)
+            msg += f"; did you mean {suggestion!r}" + (f" ({peer})?" if peer else "?")
         msg += f" Valid {kind} names: {', '.join(valid) if valid else '(none installed)'}"
         if failed_plugins:  # the name may be one of theirs
             msg += ". Not loaded, so their components are missing: " + "; ".join(failed_plugins)

@@ -243,10 +243,24 @@ class Registry:
             return self._components[key]
         except KeyError:
             valid = self.names(kind)
-            close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+            peer = self._peer_name(kind, name)
+            close = [peer[0]] if peer else difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
             raise UnknownComponentError(
-                kind, name, valid, close[0] if close else None, [str(e) for e in self.load_errors]
+                kind, name, valid, close[0] if close else None, [str(e) for e in self.load_errors],
+                peer[1] if peer else None,
             ) from None
+
+    def _peer_name(self, kind: str, name: str) -> tuple[str, str] | None:
+        """The component of ``kind`` that verl or TRL call ``name`` (a value of its ``verl_name`` / ``trl_name``,
+        e.g. ``vanilla`` in ``policy_loss.loss_mode=vanilla``), and where that name comes from."""
+        wanted = name.strip().lower().replace("-", "_")
+        for info in self.components(kind):
+            for peer, spelled in (("verl", getattr(info.cls, "verl_name", "")), ("TRL", getattr(info.cls, "trl_name", ""))):
+                for part in (spelled or "").split(","):
+                    value = part.split("=", 1)[-1].strip().strip("'\"")
+                    if wanted in {v.strip().lower() for v in value.split("|")}:
+                        return info.name, f"{peer}'s {part.strip()}"
+        return None
 
     def validate_params(self, kind: str, name: str, params: Mapping[str, Any], loc: str = "") -> Params:
         cls = self.get(kind, name).cls

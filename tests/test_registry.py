@@ -118,6 +118,24 @@ def test_unknown_name_lists_valid_names_and_suggests_closest():
         assert name in message
 
 
+@pytest.mark.parametrize(
+    "kind, name, expected, peer",
+    [
+        ("clipper", "vanilla", "ppo", "verl's policy_loss.loss_mode=vanilla"),
+        ("clipper", "dppo_tv", "dppo-tv", "verl's policy_loss.loss_mode=dppo_tv"),
+        ("advantage", "reinforce_plus_plus", "reinforce++", "verl's adv_estimator=reinforce_plus_plus"),
+        ("kl", "low_var_kl", "k3", "verl's kl_loss_type=low_var_kl"),
+    ],
+)
+def test_a_peers_name_suggests_the_component_it_names(kind, name, expected, peer):
+    registry = default_registry()
+    assert expected in registry.names(kind)
+    with pytest.raises(UnknownComponentError) as info:
+        registry.get(kind, name)
+    assert info.value.suggestion == expected
+    assert f"did you mean {expected!r} ({peer})?" in str(info.value)
+
+
 def test_unknown_name_in_synthetic_registry_lists_only_that_kind():
     registry = Registry()
     registry.add_plugin(plugin_module("p", clippers=[HalfClip], ratio_estimators=[StrayRatio]), name="p", distribution="d")

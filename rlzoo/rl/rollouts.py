@@ -10,7 +10,8 @@ batch filter keeps (:mod:`rlzoo.rl.schedule` says when that happens).
         assemble: the kept groups as one padded TokenBatch, rewards per response and per token
     advantages (in the step, after the old log-probs and values): the KL-in-reward penalty, the advantage source
 
-:func:`rlzoo.rl.loop.rl_step` asks its schedule for the step's batch; the base :class:`rlzoo.rl.schedule.RolloutSchedule` calls :func:`collect` at the
+:func:`rlzoo.rl.loop.rl_step` asks its schedule for the step's batch; the base
+:class:`rlzoo.rl.schedule.RolloutSchedule` calls :func:`collect` at the
 start of the step, :class:`rlzoo.rl.overlap.OverlappedRollouts` (``rollout.overlap: 1``) calls the same function one
 step ahead in a background thread. Neither calls back into the loop: they take :class:`RolloutParts`, what sampling,
 scoring and assembling use, not the step's whole :class:`~rlzoo.rl.loop.Components`.
