@@ -1,14 +1,15 @@
 """Throughput of the rollout schedules, side by side in one run: synchronous, ``rollout.overlap: 1`` and
 ``rollout.max_staleness`` k = 0, 1, 2, 4 (docs/async.md).
 
-    python benchmarks/async_throughput.py --scale long [--steps 6] [--warmup 1] [--settings sync,overlap,0,1,2,4]
+    python benchmarks/async_throughput.py --scale long [--steps 11] [--warmup 1] [--tail 4] [--settings sync,0,overlap,1,2,4]
     python benchmarks/async_throughput.py --scale real        # SmolLM2-135M-Instruct (rlzoo model import first)
 
 Each setting is one ``rlzoo train`` of the scale's config (``examples/bench/long.yaml``: the 13M MoE writing
 ~150-token worked sums, vLLM + DeepSpeed; ``examples/smollm2_arithmetic.yaml``: the real model, vLLM + torch) from the
 same starting model, one after another on this machine. A step's wall time is the interval between consecutive
-``metrics.jsonl`` lines (the first ``--warmup`` steps dropped); trained tokens are the responses' tokens of those
-steps. Ratios are against k = 0 (the producer thread held in lockstep) and against the synchronous loop, measured in
+``metrics.jsonl`` lines. The first ``--warmup`` steps are dropped, and so are the last ``--tail`` (default: the
+largest k): near its end a run that samples ahead has nothing left to sample, its last steps train alone and
+would flatter it. Trained tokens are the responses' tokens of the timed steps. Ratios are against k = 0 (the producer thread held in lockstep) and against the synchronous loop, measured in
 the same invocation. Writes ``<out>/async_<scale>.json``, ``.md`` and ``.png``.
 """
 
@@ -57,15 +58,16 @@ def train_once(args: argparse.Namespace, setting: str, cold_start: Path) -> dict
     if measured.returncode != 0:
         return {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
     timed = [(t, row) for t, row in measured.line_times if "reward/mean" in row and "final" not in row]
-    kept = timed[args.warmup:]
-    walls = [timed[k][0] - timed[k - 1][0] for k in range(max(args.warmup, 1), len(timed))]
-    responses = [row["response/count"] if "response/count" in row else args.responses for _, row in kept]
-    tokens = [row["response/length_mean"] * n for (_, row), n in zip(kept, responses, strict=True)]
+    end = len(timed) - args.tail
+    kept = timed[args.warmup:end]
+    walls = [timed[k][0] - timed[k - 1][0] for k in range(max(args.warmup, 1), end)]
+    tokens = [row["response/length_mean"] * args.responses for _, row in kept]
     phases = sorted({k[5:] for _, row in kept for k in row if k.startswith("time/")})
     return {
         "status": "ok",
         "step_seconds": walls,
         "tokens": tokens[-len(walls):] if walls else [],
+        "all_step_seconds": [timed[k][0] - timed[k - 1][0] for k in range(1, len(timed))],
         "phases": {p: statistics.mean(row.get(f"time/{p}", 0.0) for _, row in kept) for p in phases},
         "staleness": [row.get("rollout/staleness", 0.0) for _, row in kept],
         "reward_mean": [row["reward/mean"] for _, row in timed],
@@ -100,7 +102,8 @@ def fmt(value: Any, spec: str = ".3f") -> str:
 
 def report(result: dict[str, Any]) -> str:
     lines = [
-        f"# Rollout schedules at `{result['scale']}` ({result['steps']} steps, {result['warmup']} warm-up dropped)",
+        f"# Rollout schedules at `{result['scale']}` ({result['steps']} steps; the first {result['warmup']} and the last "
+        f"{result.get('tail', 0)} not timed)",
         "",
         f"{result['machine']['platform']}, {result['machine']['cpus']} CPUs, load average before "
         f"{result['machine']['load_before'][0]:.2f}; {result['machine']['date']}.",
@@ -147,17 +150,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="long")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=11)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--settings", default="sync,overlap,0,1,2,4")
+    parser.add_argument("--tail", type=int, help="last steps not timed (default: the largest k, 1 for overlap)")
+    parser.add_argument("--settings", default="sync,0,overlap,1,2,4")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-async")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     args = parser.parse_args(argv)
     settings = args.settings.split(",")
     for setting in settings:
         overrides_for(setting)
-    if args.steps <= args.warmup + 1:
-        parser.error(f"--steps {args.steps} must exceed --warmup {args.warmup} + 1 (two timed steps at least)")
+    if args.tail is None:
+        args.tail = max([int(s) for s in settings if s.isdigit()] + [1 if "overlap" in settings else 0])
+    if args.steps <= args.warmup + args.tail + 1:
+        parser.error(f"--steps {args.steps} must exceed --warmup {args.warmup} + --tail {args.tail} + 1 (two timed "
+                     "steps at least)")
     from rlzoo.config.loading import read_yaml
     from rlzoo.config.resolution import build_config
 
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     cold_start = args.work / f"cold_start-{args.scale}"
     result: dict[str, Any] = {
-        "scale": args.scale, "steps": args.steps, "warmup": args.warmup, "runs": {},
+        "scale": args.scale, "steps": args.steps, "warmup": args.warmup, "tail": args.tail, "runs": {},
         "machine": {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(),
                     "cpus": os.cpu_count(), "load_before": os.getloadavg()},
     }
