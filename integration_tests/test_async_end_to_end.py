@@ -72,18 +72,23 @@ def test_async_multi_turn_episodes_with_a_tool(tmp_path, cold_start_root):
 
 
 def test_async_on_vllm_and_deepspeed(tmp_path, cold_start_root):
+    """Through `rlzoo train` in a subprocess: DeepSpeed and vLLM in this process would leave state behind them."""
     pytest.importorskip("vllm")
     pytest.importorskip("deepspeed")
-    run_dir = tmp_path / "vllm"
-    config = make_config(
-        run_dir, cold_start_root, "rollout.max_staleness=2", "train.steps=4",
+    from test_resume import rlzoo, write_config
+
+    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", [
+        "rollout.max_staleness=2", "train.steps=4",
         "rollout.engine={name: vllm, kv_cache_memory_bytes: 67108864}",
         "trainer.engine={name: deepspeed, zero_stage: 2, moe: deepspeed}",
         "algorithm.router={name: replay-rollout}",
-    )
-    train(config, progress=False)
+    ])
+    run_dir = tmp_path / "vllm"
+    run = rlzoo("train", str(config), "--set", f"output_dir={run_dir}")
+    assert run.wait(timeout=600) == 0, run.stderr.read().decode()
     rows = assert_finite_metrics(run_dir, 4)
     assert _staleness(rows)[0] == 0.0 and all(0 <= s <= 2 for s in _staleness(rows)) and max(_staleness(rows)) > 0
+    assert all("moe/rollout_train_disagreement" in r for r in _train_rows(rows))  # R3 on vLLM's recorded routing
     evaluations = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
     assert len(evaluations) >= 2  # the producer paused for the evaluations, which ran on the same engine
 
