@@ -11,7 +11,7 @@ behind the policy that trains on them (:class:`rlzoo.rl.staleness_queue.Stalenes
 
 The objective sees staleness through the two log-probs (docs/async.md): ``algorithm.old_logprobs: train`` clips the
 ratio against the proximal policy and a correction such as ``tis`` weights each token by proximal/behaviour
-(AReaL's decoupled PPO loss; the ``decoupled_ppo`` preset); ``rollout`` or ``rollout-only`` clip against the
+(with ``action: mask`` and a cap: AReaL's decoupled PPO loss, tests/test_decoupled_objective.py); ``rollout`` or ``rollout-only`` clip against the
 behaviour policy itself (verl's bypass mode). Unlike ``rollout.overlap: 1`` (:mod:`rlzoo.rl.overlap`), the old pass is
 never run under the sampling weights, so no snapshot of them is kept: memory is one copy of the weights (or of the
 LoRA adapters) on its way to the producer.

@@ -66,8 +66,8 @@ from rlzoo.rl.learner import Learner
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts
-from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.rollouts import advantages as compute_advantages
+from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.scoring import score
 from rlzoo.rl.teacher import Teacher, distill_metrics
 from rlzoo.runtime.distributed import SINGLE, Dist

@@ -46,10 +46,10 @@ from rlzoo.reporting.metrics_log import MetricsLogger, NullMetricsLogger
 from rlzoo.reporting.plot import plot_run
 from rlzoo.reporting.trackers import Trackers, start_trackers
 from rlzoo.rl import loop
+from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.critic import Critic
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.objective import build_objective
-from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.overlap import OverlappedRollouts
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.routing_learner import RoutingLearner
