@@ -20,6 +20,9 @@ def main(config_json: str, tokenizer_dir: str, out_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = AutoConfig.from_pretrained(str(Path(config_json).parent))
     config.vocab_size = len(tokenizer)
+    # the family's special-token ids may lie outside another tokenizer's vocabulary: take the tokenizer's
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(config, key, getattr(tokenizer, key))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -370,6 +370,11 @@ class TrackingConfig(Section):
 class RunConfig(Section):
     seed: int = 0
     output_dir: str = "runs/default"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="where the hf rollout engine and the torch training engines (policy, reference, critic, teacher) "
+        "run: auto = cuda when torch sees a GPU, else cpu; DeepSpeed places its engines itself, vLLM by its build",
+    )
     plugins: list[str] = Field(
         default_factory=list,
         description="Python files (./my_loss.py, relative to this file's folder) or modules (my_pkg.my_module) whose "

@@ -56,7 +56,7 @@ class AuxLoss:
             return loss, metrics
         aux = whole.loss()
         metrics = {**metrics, METRIC: float(aux)}
-        return (loss + self.coef * aux if self.coef > 0 else loss), metrics
+        return (loss + self.coef * aux.to(loss.device) if self.coef > 0 else loss), metrics
 
     def share(self, part: BalanceTerms | None, whole: BalanceTerms | None) -> torch.Tensor | float:
         """``coef x`` this micro-batch's share of the minibatch's aux loss (its gradient is the whole loss's part)."""
@@ -74,5 +74,5 @@ class AuxLoss:
             return loss, metrics
         metrics = {**metrics, METRIC: float(aux.detach())}
         if self.coef > 0:
-            loss = loss + self.coef * aux
+            loss = loss + self.coef * aux.to(loss.device)  # the router's device; the policy loss is on the CPU
         return loss, metrics

@@ -94,6 +94,7 @@ class EngineContext:
     extra: dict[str, Any] = field(default_factory=dict)
     head: Literal["lm", "value"] = "lm"
     lora: LoraConfig | None = None
+    device: str = "cpu"  # where an engine that places its own model puts it: "cpu" or "cuda:<index>"
 
 
 @dataclass

@@ -66,6 +66,7 @@ class HFRolloutEngine(RolloutEngine):
 
         self.context = context
         self.model, _ = load_model(context.model_dir, context.dtype)
+        self.model.to(context.device)
         self._peft = None
         if context.lora is not None and context.lora.sync != "merged":
             from rlzoo.engines.lora import wrap
@@ -120,8 +121,8 @@ class HFRolloutEngine(RolloutEngine):
             recorder = RoutingRecorder(self.model).attach()
         try:
             result = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
+                input_ids=input_ids.to(self.context.device),
+                attention_mask=attention.to(self.context.device),
                 max_new_tokens=sampling.max_new_tokens,
                 eos_token_id=eos,
                 pad_token_id=pad,
@@ -134,7 +135,8 @@ class HFRolloutEngine(RolloutEngine):
                 recorder.detach()
         new_tokens = result.sequences[:, width:]
         logits = torch.stack(result.logits, dim=1).float()  # [B, steps, V]
-        logp = torch.log_softmax(logits, dim=-1).gather(2, new_tokens.unsqueeze(-1)).squeeze(-1)
+        logp = torch.log_softmax(logits, dim=-1).gather(2, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        new_tokens = new_tokens.cpu()
         routing = self._routing_columns(recorder, len(prompts), width) if recorder is not None else None
         generations = []
         for row, prompt in enumerate(prompts):

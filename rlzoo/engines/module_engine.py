@@ -215,7 +215,7 @@ class ModuleTrainingEngine(TrainingEngine):
 
     def _autocast(self):
         if self.config.dtype == "bfloat16":
-            return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+            return torch.autocast(self._device().type, dtype=torch.bfloat16)
         return nullcontext()
 
     def _device(self) -> torch.device:
@@ -245,11 +245,13 @@ class ModuleTrainingEngine(TrainingEngine):
                 **outputs,
             )
         if value_head:
-            return out.logits[..., 0].reshape(-1)[mb.predict.to(device)].float(), None
+            return out.logits[..., 0].reshape(-1)[mb.predict.to(device)].float().cpu(), None
         hidden = out.hidden_states[-1]  # [b, w, H], after the final norm
         picked = hidden.reshape(-1, hidden.shape[-1])[mb.predict.to(device)]  # [N, H]
         head = self.model.get_output_embeddings()
-        return hidden_logprobs(picked, head, mb.target.to(device), entropy, self.config.logits_chunk_tokens)
+        logp, ent = hidden_logprobs(picked, head, mb.target.to(device), entropy, self.config.logits_chunk_tokens)
+        # the loss and its inputs (advantages, old log-probs, masks) live on the CPU; autograd crosses back
+        return logp.cpu(), (ent.cpu() if ent is not None else None)
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
@@ -315,7 +317,7 @@ class ModuleTrainingEngine(TrainingEngine):
     ) -> dict[str, float]:
         whole = None
         with torch.no_grad():  # 1. the whole minibatch's log-probs and aux terms
-            logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64, device=self._device())
+            logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
             ent = torch.zeros_like(logp)
             for mb in plan:
                 with self._autocast(), self._aux_loss.forward():
@@ -339,6 +341,8 @@ class ModuleTrainingEngine(TrainingEngine):
             with self._autocast(), self._aux_loss.forward():
                 mb_logp, mb_ent = self._forward(batch, mb, with_entropy)
             surrogate = self._aux_loss.share(self._aux_loss.terms(mb.token_mask), whole)
+            if isinstance(surrogate, torch.Tensor):
+                surrogate = surrogate.cpu()  # the router's device; the log-prob terms below are on the CPU
             if mb.dummy:
                 surrogate = 0.0 * mb_logp.sum()
             else:

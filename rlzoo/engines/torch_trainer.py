@@ -20,7 +20,7 @@ from rlzoo.runtime.checkpoint.files import load_optimizer, save_optimizer
 
 
 class TorchTrainingEngine(ModuleTrainingEngine):
-    """Plain torch AdamW on one device; the reference for what the distributed engines must reproduce."""
+    """Plain torch AdamW on one device (``context.device``: the config's ``device``); the reference for what the distributed engines must reproduce."""
 
     name = "torch"
 
@@ -30,7 +30,7 @@ class TorchTrainingEngine(ModuleTrainingEngine):
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         self.context = context
         self.config = trainer_config
-        self._model = self._load_module()  # fp32 master weights
+        self._model = self._load_module().to(context.device)  # fp32 master weights
         self._model.train()
         self._prepare_model(self._model)
         self.optimizer = torch.optim.AdamW(

@@ -12,7 +12,8 @@ each ``(facts) -> problems`` (a problem is ``(dotted.field, message saying what 
 
 - components: every component the config names is constructed (no engine is started), so one whose constructor
   raises is reported as ``<field>: <kind> <name> (<distribution>) failed to set up: <message>``;
-- engines: the packages the chosen rollout / training engine needs are installed (:mod:`rlzoo.preflight.packages`);
+- engines: the packages the chosen rollout / training engine needs are installed, and a GPU where ``device: cuda``
+  asks for one (:mod:`rlzoo.preflight.packages`);
 - the model (:mod:`rlzoo.preflight.model`): ``model.path`` is a Hugging Face folder (``config.json``, weights, a
   tokenizer whose ids fit the model's ``vocab_size``), or, without it, the cold start is enabled and ``model.tiny``
   meets :meth:`rlzoo.config.schema.TinyModelConfig.shape_problems`;

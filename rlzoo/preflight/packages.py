@@ -1,5 +1,5 @@
-"""Installed packages: the Python packages a component declares it needs (``Component.requires``), and the rule that
-the chosen rollout and training engines' are installed."""
+"""What the machine has: the Python packages a component declares it needs (``Component.requires``), the rule that
+the chosen rollout and training engines' are installed, and a GPU where ``device: cuda`` asks for one."""
 
 from __future__ import annotations
 
@@ -37,4 +37,28 @@ def engine_package_rule(run: RunFacts) -> list[Problem]:
             f"{spec.name!r} needs the Python package {package!r}, which is not installed ({hint}); "
             f"engines usable here: {', '.join(usable) or '(none)'}",
         ))
+    return problems
+
+
+def device_rule(run: RunFacts) -> list[Problem]:
+    """``device: cuda`` needs a GPU that torch sees (``auto`` falls back to the CPU)."""
+    import torch
+
+    if run.config.device == "cuda" and not torch.cuda.is_available():
+        return [("device", "cuda, but torch sees no GPU here (allowed: auto, cpu, cuda; auto runs on the CPU)")]
+    return []
+
+
+def component_package_rule(run: RunFacts) -> list[Problem]:
+    """The packages every other component the config names declares it needs (``Component.requires``) are
+    installed: a verifier without its library would otherwise fail every response of the run's first steps."""
+    problems = []
+    for loc, component in run.components.items():
+        if loc in ("rollout.engine", "trainer.engine"):
+            continue  # engine_package_rule, with the engines usable here
+        for package in type(component).requires:
+            if importlib.util.find_spec(package) is None:
+                hint = type(component).install_hint or f"pip install {package}"
+                problems.append((loc, f"{component.name!r} needs the Python package {package!r}, which is not "
+                                      f"installed ({hint})"))
     return problems

@@ -26,7 +26,7 @@ from rlzoo.preflight.evaluation import evaluation_rule
 from rlzoo.preflight.folders import run_folder_rule
 from rlzoo.preflight.memory_fit import memory_rule
 from rlzoo.preflight.model import model_rule
-from rlzoo.preflight.packages import engine_package_rule
+from rlzoo.preflight.packages import component_package_rule, device_rule, engine_package_rule
 from rlzoo.preflight.resume_changes import resume_change_rule
 from rlzoo.rl.async_rules import async_rule
 from rlzoo.rl.critic import critic_rule
@@ -46,6 +46,8 @@ def component_rule(run: RunFacts) -> list[Problem]:
 
 RULES: tuple[Rule, ...] = (
     engine_package_rule,
+    component_package_rule,
+    device_rule,
     model_rule,
     memory_rule,
     chat_template_rule,

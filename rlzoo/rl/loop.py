@@ -70,6 +70,7 @@ from rlzoo.rl.rollouts import advantages as compute_advantages
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.scoring import score
 from rlzoo.rl.teacher import Teacher, distill_metrics
+from rlzoo.runtime.device import device_memory_metrics
 from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.decode import response_text
 from rlzoo.util.passk import mean_pass_at_k
@@ -150,7 +151,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     with timer("sync"):
         c.schedule.publish(step, c.learner, c.rollout, c.rollout_per_rank, updated=True)
     metrics = step_metrics(rollout, old, advantage_metrics, updates, values, returns, critic_updates, teacher_logp)
-    metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics()}
+    metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics(), **device_memory_metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
 
 

@@ -20,6 +20,7 @@ from rlzoo.registry import Registry
 from rlzoo.rl import loop
 from rlzoo.rl.teacher import teacher_cold_start_config
 from rlzoo.runtime.cold_start import ensure_cold_start
+from rlzoo.runtime.device import resolve_device
 
 
 def create(registry: Registry, kind: str, spec: ComponentSpec) -> Any:
@@ -91,7 +92,10 @@ def load_tokenizer(model_dir: Path) -> Any:
     """The model folder's Hugging Face tokenizer."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:  # e.g. SmolLM2 imported from GGUF by transformers 5.17: pad with the EOS token
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None) -> EngineContext:
@@ -103,4 +107,5 @@ def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: Lor
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         lora=lora,
+        device=resolve_device(config.device),
     )

@@ -61,6 +61,8 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
+    requires = ("math_verify",)
+    install_hint = "pip install math-verify (a dependency of rlzoo-verifiers: bash scripts/install.sh installs it)"
 
     class Params(Params):
         numbers_only: bool = Field(True, description="a numeric answer accepts only numbers, not expressions")
