@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from rlzoo.config.base import (
     DEFAULT_CRITIC_AGGREGATION,
@@ -64,6 +64,12 @@ class AlgorithmConfig(Section):
     aggregation: spec_class("aggregation") = Field(default_factory=_default("aggregation"))
     kl: spec_class("kl") = Field(default_factory=_default("kl"))
     kl_coef: float = Field(0.0, ge=0.0, description="coefficient of the KL-to-reference loss term; 0 disables it")
+    kl_bias_correction: bool = Field(
+        False,
+        description="multiply the per-token KL-to-reference term by the ratio w = pi_theta / pi_old (the ratio "
+        "estimator's, with its gradient): the KL's gradient at samples of the old policy (TRL's "
+        "use_bias_correction_kl, DeepSeek-V3.2); needs kl_coef > 0",
+    )
     kl_in_reward: spec_class("kl_controller") | None = Field(
         None,
         description="the reference KL (estimator `kl`, on the old log-probs) as a per-token reward penalty, its "
@@ -106,4 +112,11 @@ class AlgorithmConfig(Section):
             close = difflib.get_close_matches(value, list(PRESETS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown preset {value!r}{hint} Valid presets: {', '.join(PRESETS)}")
+        return value
+
+    @field_validator("kl_bias_correction")
+    @classmethod
+    def _kl_term_to_correct(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and not info.data.get("kl_coef"):
+            raise ValueError("true corrects the KL-to-reference loss term, which kl_coef 0 turns off: set kl_coef > 0")
         return value

@@ -5,6 +5,7 @@
     L_tok   = clipper.clip_batch(PolicyBatch(w, log_w, A, mask, logp, old_logp, rng)).loss * weights
               (per-token clippers only implement clip(w, A), which clip_batch calls by default)
     loss    = aggregation.aggregate(L_tok, mask) + kl_coef * aggregation.aggregate(kl.estimate(logp, ref_logp), mask)
+              (kl_bias_correction: the KL term's tokens times w, with w's gradient; TRL's use_bias_correction_kl)
               + sum_k regulariser_k.loss(logp, H, mask, aggregation)      (e.g. entropy: -coef * aggregate(H_t))
 
 ``objective(...)`` works on plain tensors, so it can be dropped into any training loop::
@@ -55,6 +56,7 @@ class Objective:
     # the defaults are the config's (rlzoo.config.algorithm.AlgorithmConfig), defined there once
     kl_coef: float = AlgorithmConfig.model_fields["kl_coef"].default
     log_ratio_clamp: float = AlgorithmConfig.model_fields["log_ratio_clamp"].default
+    kl_bias_correction: bool = AlgorithmConfig.model_fields["kl_bias_correction"].default
     regularisers: list[Regulariser] = field(default_factory=list)
 
     @property
@@ -101,7 +103,9 @@ class Objective:
             kl = self.kl.estimate(b.logp, b.ref_logp)
             metrics["kl/ref"] = masked_mean(kl.detach(), b.mask).item()
             if self.kl_coef:
-                kl_loss = b.aggregate(kl, self.aggregation)
+                # the k3 KL is unbiased at samples of the current policy; the batch was sampled by the old one, so
+                # weighting each token by w (not detached) makes the term's gradient the KL's (DeepSeek-V3.2)
+                kl_loss = b.aggregate(kl * torch.exp(log_w) if self.kl_bias_correction else kl, self.aggregation)
                 metrics["loss/kl"] = kl_loss.item()
                 loss = loss + self.kl_coef * kl_loss
         for regulariser in self.regularisers:
@@ -210,6 +214,7 @@ def build_objective(algorithm: AlgorithmConfig | Mapping[str, Any], registry: Re
         aggregation=make("aggregation", "aggregation"),
         kl=make("kl", "kl"),
         kl_coef=algorithm.kl_coef,
+        kl_bias_correction=algorithm.kl_bias_correction,
         log_ratio_clamp=algorithm.log_ratio_clamp,
         regularisers=[
             registry.create("regulariser", spec.name, spec.params, loc=f"algorithm.regularisers.{i}")
