@@ -29,9 +29,10 @@ CASES = [
          ("algorithm.advantage.weights: names 'format', which is not in parts (correct)",)),
     Case("gdpo-part-the-verifier-lacks", sets(WEIGHTED, "algorithm.advantage={name: gdpo, parts: [correct, style]}"),
          ("algorithm.advantage.parts.1: 'style' is not a reward part of verifier 'weighted'; its parts: correct, format",)),
-    Case("otb-without-sum-pi-squared", sets("algorithm.advantage.name=tir-optimal-token-baseline"),
-         ("algorithm.advantage.name: advantage 'tir-optimal-token-baseline' reads sum_v pi(v)^2",
-          "rlzoo's training engines do not compute")),
+    Case("otb-with-routing-replay",
+         sets("algorithm.advantage.name=tir-optimal-token-baseline", "algorithm.router={name: replay-old}"),
+         ("algorithm.router: 'replay-old' replays expert routing, but the pass that computes sum_v pi(v)^2 for "
+          "advantage 'tir-optimal-token-baseline'",)),
     Case("passk-one-response", sets("algorithm.advantage.name=grpo-passk", "rollout.group_size=1"),
          ("rollout.group_size: 1, but advantage 'grpo-passk'",)),
     Case("weighted-one-label-twice",

@@ -17,7 +17,7 @@ import rlzoo
 from rlzoo.config.schema import TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext
 from rlzoo.engines.micro_batches import padding_fraction, plan_micro_batches
-from rlzoo.engines.tokens import make_token_batch, response_logprobs_and_entropy
+from rlzoo.engines.tokens import make_token_batch, response_logprobs_and_entropy, response_positions
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 
@@ -91,6 +91,24 @@ def test_micro_batched_logprobs_and_entropy_equal_one_pass(tmp_path, moe, pack):
     # the one-pass reference takes log_softmax in float32
     assert (logp - reference_logp).abs().max() < 1e-6
     assert (entropy - reference_entropy).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+@pytest.mark.parametrize("pack", [False, True], ids=["sorted", "packed"])
+def test_micro_batched_sum_pi_squared_equals_the_full_logits(tmp_path, moe, pack):
+    """sum_v pi(v)^2 at each response position (the optimal token baseline's statistic), in micro-batches and
+    output-layer chunks, against softmax over the whole [B, L, V] logits of one forward."""
+    engine = _engine(tmp_path, moe, max_tokens_per_micro_batch=24, packing=pack, logits_chunk_tokens=5)
+    batch = _batch(9)
+    assert len(engine._plan(batch)) > 2
+    sums = engine.sum_pi_squared(batch)
+    with torch.no_grad():
+        logits = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    squares = (torch.softmax(logits.double(), dim=-1) ** 2).sum(dim=-1)  # [B, L]
+    expected = torch.gather(squares, 1, response_positions(batch)) * batch.response_mask
+    assert sums.dtype == torch.float64 and sums.shape == batch.response_mask.shape
+    assert (sums - expected).abs().max() < 1e-10
+    assert ((sums > 0) == (batch.response_mask > 0)).all()  # every response position, nothing else
 
 
 OBJECTIVES = {

@@ -220,9 +220,13 @@ def test_gdpo_parts_must_be_the_weighted_verifiers(tmp_path):
                                                     "correct, regex"}
 
 
-def test_a_source_needing_sum_pi_squared_and_passk_with_one_response_are_refused(tmp_path):
-    found = problems({"algorithm": {"advantage": {"name": "optimal-token-baseline"}}}, tmp_path)
-    assert list(found) == ["algorithm.advantage.name"]
-    assert "rlzoo's training engines do not compute" in found["algorithm.advantage.name"]
+def test_a_source_needing_sum_pi_squared_with_routing_replay_and_passk_with_one_response_are_refused(tmp_path):
+    registry = default_registry()  # the sum comes from the training engine: accepted without a replaying router
+    data = {"output_dir": str(tmp_path / "run"), "algorithm": {"advantage": {"name": "optimal-token-baseline"}, "router": None}}
+    preflight(build_config(data, registry=registry), registry)
+    found = problems({"algorithm": {"advantage": {"name": "optimal-token-baseline"},
+                                    "router": {"name": "replay-rollout"}}}, tmp_path)
+    assert list(found) == ["algorithm.router"]
+    assert found["algorithm.router"].startswith("'replay-rollout' replays expert routing, but the pass that computes")
     found = problems({"algorithm": {"advantage": {"name": "grpo-passk"}}, "rollout": {"group_size": 1}}, tmp_path)
     assert found["rollout.group_size"].startswith("1, but advantage 'grpo-passk'")

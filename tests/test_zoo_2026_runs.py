@@ -1,7 +1,8 @@
 """Short end-to-end runs of the 2026 zoo through the real CLI (tests/test_cli.py's tiny run, the hf rollout engine,
 one shared cold start): DPPO (the ``dppo-tv`` preset: its trust region, TIS truncation and the rollout engine's
-log-probs as the old ones), GDPO with the ``weighted`` verifier's reward parts, ReMax with its greedy baselines, and
-GDPO with a verifier that returns no parts and does not declare it, which stops at the first step with one line."""
+log-probs as the old ones), GDPO with the ``weighted`` verifier's reward parts, ReMax with its greedy baselines, the
+optimal token baseline with the training engine's sum_v pi(v)^2, and GDPO with a verifier that returns no parts and
+does not declare it, which stops at the first step with one line."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ RUNS = {
     "dppo": ["algorithm.preset=dppo-tv"],
     "gdpo": ["algorithm.preset=gdpo", WEIGHTED],
     "remax": ["algorithm.preset=remax"],
+    "otb": ["algorithm.advantage.name=optimal-token-baseline", "algorithm.router=null"],
     "gdpo-without-parts": ["algorithm.preset=gdpo"],
 }
 
@@ -68,6 +70,11 @@ def test_remax_runs_end_to_end_with_a_greedy_baseline(runs):
     metrics = finished(runs, "remax")
     assert "reward/baseline_mean" in metrics and metrics["time/baseline"] > 0
     assert "kl/in_reward" in metrics  # the preset's KL in the reward, on the token rewards remax reads
+
+
+def test_the_optimal_token_baseline_runs_end_to_end_on_the_engines_sum_pi_squared(runs):
+    metrics = finished(runs, "otb")
+    assert math.isfinite(metrics["advantage/abs_mean"]) and math.isfinite(metrics["loss/policy"])
 
 
 def test_a_run_without_parts_has_no_part_metrics(runs):

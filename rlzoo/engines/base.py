@@ -229,6 +229,8 @@ class TrainingEngine(Component):
     - ``trains_adapters``: can be started with ``EngineContext.lora`` (``model.lora``) to train LoRA adapters only:
       :meth:`named_weights` then gives the merged weights, :meth:`adapter` the adapters, :meth:`without_adapters`
       the base policy (the KL reference), and :meth:`save` writes the adapters as a peft folder.
+    - ``computes_sum_pi_squared``: :meth:`sum_pi_squared` gives ``sum_v pi(v)^2`` at each response position (the
+      optimal token baseline reads it).
     """
 
     kind = "training_engine"
@@ -236,6 +238,7 @@ class TrainingEngine(Component):
     collective_weights: ClassVar[bool] = False
     trains_values: ClassVar[bool] = False
     trains_adapters: ClassVar[bool] = False
+    computes_sum_pi_squared: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -254,6 +257,11 @@ class TrainingEngine(Component):
         at each response position (0 where masked), without gradient, from the same forwards and without a
         ``[B, T, vocab]`` logits tensor (:func:`rlzoo.engines.tokens.hidden_logprobs`)."""
         raise NotImplementedError(f"training engine {self.name!r} cannot compute the policy's entropy")
+
+    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` ``sum_v pi(v)^2`` of the full next-token distribution at each response position (0 where
+        masked), without gradient and without a ``[B, T, vocab]`` tensor (``computes_sum_pi_squared``)."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot compute sum_v pi(v)^2")
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         """One optimizer step on ``batch``: ``loss_fn(logp) -> (loss, metrics)`` (``loss_fn(logp, entropy)`` with

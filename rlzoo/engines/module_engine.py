@@ -44,7 +44,7 @@ from rlzoo.engines.micro_batches import (
     plan_micro_batches,
     with_count,
 )
-from rlzoo.engines.tokens import hidden_logprobs
+from rlzoo.engines.tokens import hidden_logprobs, hidden_sum_pi_squared
 from rlzoo.errors import RlzooError
 from rlzoo.moe import Layout, Routing, find_routers, record_routing, replay_routing, require_routers
 from rlzoo.moe.hooks import ForwardLayout, forward_layout
@@ -62,6 +62,8 @@ class ModuleTrainingEngine(TrainingEngine):
     implements what the core asks of the policy (:class:`TrainingEngine`): its MoE layout, recording and replaying
     its routing (hooks on the module's routers, :mod:`rlzoo.moe`), and copying / exchanging its weights for
     ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
+
+    computes_sum_pi_squared = True  # a no-grad pass through the output layer in chunks (sum_pi_squared)
 
     trains_values = True
     trains_adapters = True
@@ -228,9 +230,10 @@ class ModuleTrainingEngine(TrainingEngine):
         return with_count(plan, self._forward_count(len(plan)), self.context.pad_token_id)
 
     def _forward(
-        self, batch: TokenBatch, mb: MicroBatch, entropy: bool
+        self, batch: TokenBatch, mb: MicroBatch, entropy: bool, sum_pi_squared: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens; for a critic, their values."""
+        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens; for a critic, their values; with
+        ``sum_pi_squared``, ``sum_v pi(v)^2`` at their positions instead of the log-probs."""
         device = self._device()
         layout = ForwardLayout(mb.source_row, mb.source_pos, *batch.input_ids.shape)
         value_head = self.context.head == "value"
@@ -249,6 +252,8 @@ class ModuleTrainingEngine(TrainingEngine):
         hidden = out.hidden_states[-1]  # [b, w, H], after the final norm
         picked = hidden.reshape(-1, hidden.shape[-1])[mb.predict.to(device)]  # [N, H]
         head = self.model.get_output_embeddings()
+        if sum_pi_squared:
+            return hidden_sum_pi_squared(picked, head, self.config.logits_chunk_tokens).cpu(), None
         logp, ent = hidden_logprobs(picked, head, mb.target.to(device), entropy, self.config.logits_chunk_tokens)
         # the loss and its inputs (advantages, old log-probs, masks) live on the CPU; autograd crosses back
         return logp.cpu(), (ent.cpu() if ent is not None else None)
@@ -266,6 +271,18 @@ class ModuleTrainingEngine(TrainingEngine):
     @torch.no_grad()
     def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self._no_grad_pass(batch, entropy=True)
+
+    @torch.no_grad()
+    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
+        if self.context.head != "lm":
+            raise RlzooError(f"training engine {self.name!r} was started for a critic, which has no token distribution")
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+        for mb in self._plan(batch):
+            with self._autocast():
+                values, _ = self._forward(batch, mb, False, sum_pi_squared=True)
+            if not mb.dummy:
+                out[mb.out_row, mb.out_col] = values.double()
+        return out
 
     def _no_grad_pass(self, batch: TokenBatch, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)

@@ -187,3 +187,17 @@ def _head_chunk(
     if not entropy:
         return logp, None
     return logp, -(logp_all.exp() * logp_all).sum(dim=-1)
+
+
+def hidden_sum_pi_squared(hidden: torch.Tensor, head: torch.nn.Module, chunk_tokens: int) -> torch.Tensor:
+    """``[N]`` ``sum_v pi(v)^2`` of the next-token distribution ``pi = softmax(head(h))`` at each of the ``[N, H]``
+    hidden states, ``chunk_tokens`` positions at a time (no ``[N, vocab]`` tensor; at least fp32). The squared norm
+    of a softmax's gradient is ``1 - 2 pi(y) + sum_v pi(v)^2``: the optimal token baseline reads this statistic."""
+    sums = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        logits = head(hidden[start : start + chunk_tokens])
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        sums.append((probs * probs).sum(dim=-1))
+    if not sums:
+        return hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(sums)

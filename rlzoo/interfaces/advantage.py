@@ -39,8 +39,8 @@ class RewardBatch:
                   terms) of one greedy response to the same prompt (ReMax), for sources that declare
                   ``needs_greedy_baseline``; else None.
     sum_pi_squared: ``[batch, tokens]`` ``sum_v pi_old(v | context_t)^2`` at each response position, for sources that
-                  declare ``needs_sum_pi_squared``. rlzoo's training engines do not compute it: such a source is
-                  usable from a loop of one's own that does, not in ``rlzoo train`` (its preflight says so).
+                  declare ``needs_sum_pi_squared``: a no-grad pass of the training engine under the weights of the
+                  old pass (engines that declare ``computes_sum_pi_squared``); else None.
     """
 
     rewards: torch.Tensor
@@ -82,8 +82,9 @@ class AdvantageSource(Component):
       (checked before the run when the verifier declares its parts, :meth:`Verifier.reward_parts`);
     - ``needs_greedy_baseline``: the source reads ``RewardBatch.reward_baselines``, so each step also samples and
       scores one greedy response per prompt (ReMax);
-    - ``needs_sum_pi_squared``: the source reads ``RewardBatch.sum_pi_squared``, which rlzoo's engines do not compute
-      (refused before a run).
+    - ``needs_sum_pi_squared``: the source reads ``RewardBatch.sum_pi_squared`` (and ``old_logprobs``), so each step
+      runs one more no-grad pass of the training engine, which must declare ``computes_sum_pi_squared``; a router
+      policy that replays experts is refused with it (that pass routes afresh).
     """
 
     kind = "advantage"
@@ -134,14 +135,27 @@ class AdvantageSource(Component):
                 f"or an advantage that reads the reward alone ({', '.join(usable)})",
             ))
         if self.needs_sum_pi_squared:
-            usable = run.names("advantage", lambda cls: not cls.needs_sum_pi_squared)
-            problems.append((
-                f"{at}.name",
-                f"advantage {self.name!r} reads sum_v pi(v)^2 at every response position (RewardBatch.sum_pi_squared), "
-                "which rlzoo's training engines do not compute: call it from a loop of your own that does, or use "
-                f"another advantage ({', '.join(usable)})",
-            ))
+            problems += self._sum_pi_squared_problems(run, at)
         return problems
+
+    def _sum_pi_squared_problems(self, run: RunFacts, at: str) -> list[Problem]:
+        usable = ", ".join(run.names("advantage", lambda cls: not cls.needs_sum_pi_squared))
+        engine = run.training_engine
+        if engine is not None and not type(engine).computes_sum_pi_squared:
+            able = ", ".join(run.names("training_engine", lambda cls: cls.computes_sum_pi_squared))
+            return [(
+                "trainer.engine.name",
+                f"{engine.name!r} does not compute sum_v pi(v)^2, which advantage {self.name!r} ({at}) reads at every "
+                f"response position; use a training engine that does ({able}), or another advantage ({usable})",
+            )]
+        router = run.components.get("algorithm.router")
+        if router is not None and router.replays_routing():
+            return [(
+                "algorithm.router",
+                f"{router.name!r} replays expert routing, but the pass that computes sum_v pi(v)^2 for advantage "
+                f"{self.name!r} ({at}) routes afresh; use algorithm.router: null, or another advantage ({usable})",
+            )]
+        return []
 
     def advantages_and_returns(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The advantages and the critic's ``[batch, tokens]`` targets (returns); ``None`` targets for sources

@@ -82,6 +82,12 @@ class Learner:
         mine = self.dist.share(torch.arange(count))
         return self.dist.gather_rows(self.engine.logprobs(select_rows(batch, mine)), count)
 
+    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
+        """``[B, T]`` ``sum_v pi(v)^2`` at every response position of ``batch`` under the current weights."""
+        count = batch.input_ids.shape[0]
+        mine = self.dist.share(torch.arange(count))
+        return self.dist.gather_rows(self.engine.sum_pi_squared(select_rows(batch, mine)), count)
+
     def values(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` values of every row of ``batch`` (a critic's engine, head ``"value"``), without gradient."""
         count = batch.input_ids.shape[0]

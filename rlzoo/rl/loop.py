@@ -143,7 +143,8 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         values = c.critic.values(batch) if c.critic is not None else None
     with timer("advantage"):
         advantages, returns, advantage_metrics = compute_advantages(
-            rollout.rewards, c.advantage, c.kl_in_reward, old.logp, old.reference, values, teacher_logp
+            rollout.rewards, c.advantage, c.kl_in_reward, old.logp, old.reference, values, teacher_logp,
+            old.sum_pi_squared,
         )
     with timer("train"):
         updates, critic_updates = minibatch_updates(step, batch, old, advantages, values, returns, c, config)
@@ -175,6 +176,7 @@ class OldLogprobs:
     reference: Tensor | None  # the KL reference's, if there is one
     correction: Tensor  # the mismatch correction's weights (e.g. TIS)
     reports: dict[str, float]  # what the correction reported
+    sum_pi_squared: Tensor | None = None  # sum_v pi_old(v)^2 per position, for an advantage that reads it
 
 
 def old_logprobs(rollout: RolloutBatch, c: Components, source: str) -> OldLogprobs:
@@ -187,11 +189,17 @@ def old_logprobs(rollout: RolloutBatch, c: Components, source: str) -> OldLogpro
     else:
         with c.schedule.behaviour_weights():  # the weights that sampled the batch (overlap: the previous step's)
             train_logp, entropy = c.learner.old_logprobs(batch, rollout_logp, routings)
+    sum_pi_squared = None
+    if c.advantage.needs_sum_pi_squared:  # one more pass, under the same weights as the old one
+        with c.schedule.behaviour_weights():
+            sum_pi_squared = c.learner.sum_pi_squared(batch)
     old_logp = train_logp if source == "train" else rollout_logp
     ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
     # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
     correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
-    return OldLogprobs(old_logp, train_logp, entropy, rollout_logp, ref_logp, correction, take_reports(c.correction))
+    return OldLogprobs(
+        old_logp, train_logp, entropy, rollout_logp, ref_logp, correction, take_reports(c.correction), sum_pi_squared
+    )
 
 
 def minibatch_updates(

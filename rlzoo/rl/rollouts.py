@@ -254,16 +254,20 @@ def advantages(
     ref_logp: torch.Tensor | None,
     values: torch.Tensor | None,
     teacher_logp: torch.Tensor | None,
+    sum_pi_squared: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
     """The batch's ``[B, T]`` advantages, the critic's returns (``None`` without a critic) and their metrics: the
     KL-in-reward penalty first (on the old log-probs, ``kl_in_reward``), then the advantage ``source`` (which sees
-    the teacher's and the old log-probs when it declares ``needs_teacher``)."""
+    the teacher's and the old log-probs when it declares ``needs_teacher``, the old log-probs and
+    ``sum_pi_squared`` when it declares ``needs_sum_pi_squared``)."""
     metrics: dict[str, float] = {}
     if kl_in_reward is not None:
         penalised, metrics = kl_in_reward.penalise(rewards.token_rewards, old_logp, ref_logp, rewards.mask)
         rewards = replace(rewards, token_rewards=penalised)
     if source.needs_teacher:
         rewards = replace(rewards, teacher_logprobs=teacher_logp, old_logprobs=old_logp)
+    if source.needs_sum_pi_squared:
+        rewards = replace(rewards, old_logprobs=old_logp, sum_pi_squared=sum_pi_squared)
     advantage, returns = source.advantages_and_returns(replace(rewards, values=values))
     metrics = {**metrics, "advantage/abs_mean": masked_mean(advantage.abs(), rewards.mask).item()}
     return advantage, returns, {**metrics, **take_reports(source)}

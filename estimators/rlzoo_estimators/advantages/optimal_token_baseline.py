@@ -15,8 +15,8 @@ the batch (use ``tir-optimal-token-baseline`` when responses have holes, multi-t
 ``s`` by the squared correction weight).
 
 ``sum_v pi(v)^2`` (``RewardBatch.sum_pi_squared``) is a statistic of the whole next-token distribution of the old
-policy; rlzoo's training engines do not compute it yet, so ``rlzoo train`` refuses this source before the run (use it
-from a loop of your own that computes it, with ``old_logprobs`` and ``token_rewards``).
+policy: ``rlzoo train`` has the training engine compute it in one more no-grad pass (engines that declare
+``computes_sum_pi_squared``); from a loop of your own, pass it with ``old_logprobs`` and ``token_rewards``.
 """
 
 from __future__ import annotations

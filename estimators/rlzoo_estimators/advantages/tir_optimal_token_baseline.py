@@ -10,7 +10,7 @@ token is position ``n`` for every response of the group, so the baseline compare
 advantages are put back in their columns. Empty responses belong to no group; a group of one gets ``B = 0``.
 ``zero_tail`` as there, in policy-token positions. On responses without holes it equals ``optimal-token-baseline``
 (but for empty responses in a group). As verl's ``compute_multi_turn_optimal_token_baseline_advantage`` without
-``rollout_is_weights``. Needs ``sum_pi_squared``, which rlzoo's engines do not compute (refused before a run).
+``rollout_is_weights``. Needs ``sum_pi_squared`` (the training engine's, as ``optimal-token-baseline``).
 """
 
 from __future__ import annotations
