@@ -48,6 +48,8 @@ def test_async_trains_end_to_end_and_resumes(tmp_path, cold_start_root):
         ("lora", ["model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}"]),
         ("r3", ["algorithm.router={name: replay-rollout}"]),
         ("decoupled", ["algorithm.correction={name: tis, level: token, action: mask, threshold: 5.0}"]),
+        ("partial-continue", ["rollout.partial=continue", "algorithm.router=null"]),
+        ("partial-restart", ["rollout.partial=restart", "algorithm.router=null"]),
     ],
 )
 def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrides):
@@ -60,6 +62,8 @@ def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrid
         assert all("critic/vf_loss" in r for r in train_rows)
     if name == "r3":
         assert all("moe/rollout_train_disagreement" in r for r in train_rows)
+    if name.startswith("partial"):
+        assert all(0 <= r["rollout/token_staleness"] <= r["rollout/staleness"] for r in train_rows)
 
 
 def test_async_multi_turn_episodes_with_a_tool(tmp_path, cold_start_root):

@@ -160,8 +160,8 @@ def test_a_producer_error_reaches_the_trainer():
         (["rollout.max_staleness=1", "rollout.overlap=1"], 1, "rollout.max_staleness", "not with rollout.overlap"),
         (["rollout.max_staleness=1"], 2, "rollout.max_staleness", "one process"),
         (["rollout.max_staleness=1", "rollout.queue_size=3"], 1, "rollout.queue_size", "less than one step's batch"),
-        (["rollout.max_staleness=1", "rollout.partial=continue"], 1, "rollout.partial", "loads weights between"),
-        (["rollout.max_staleness=1", "rollout.partial=restart"], 1, "rollout.partial", "loads weights between"),
+        (["rollout.max_staleness=1", "rollout.partial=restart", "rollout.engine={name: vllm}"], 1, "rollout.partial",
+         "loads weights between"),
         (["rollout.queue_size=64"], 1, "rollout.queue_size", "only with rollout.max_staleness"),
     ],
 )

@@ -210,9 +210,10 @@ class RolloutConfig(Section):
     )
     partial: Literal["off", "continue", "restart"] = Field(
         "off",
-        description="with max_staleness: a generation in flight at a weight update is finished by the weights it "
-        "started with (off); continue (in-flight update) and restart (resume from the prefix) need a rollout engine "
-        "that can stop or update mid-generation, which neither hf nor vllm here can",
+        description="with max_staleness: off: a generation in flight when the trainer publishes new weights finishes "
+        "with the weights it started with; continue: it stops, loads them and goes on from each response's prefix "
+        "(a response's tokens then come from several versions); restart: it stops, loads them and samples the "
+        "unfinished responses again. Needs a rollout engine that declares updates_in_flight (hf; not vllm here)",
     )
     per_rank: bool = Field(
         True,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 
@@ -34,6 +34,21 @@ class SamplingSettings:
     seed: int | None = None
 
 
+class InFlightUpdates(Protocol):
+    """What a rollout engine that follows weight updates in flight is given (``rollout.partial``)."""
+
+    mode: Literal["continue", "restart"]  # an unfinished response goes on from its prefix, or starts again
+
+    def pending(self) -> bool:
+        """Newer weights are published than the engine holds (checked after each sampled token)."""
+
+    def load(self) -> int:
+        """Load the newest published weights into the engine; their version."""
+
+    def version(self) -> int:
+        """The version of the weights the engine holds."""
+
+
 @dataclass
 class Generation:
     """One sampled response, or one multi-turn episode (:mod:`rlzoo.episodes.runner`) as one token sequence.
@@ -50,6 +65,8 @@ class Generation:
     turn_rewards:      the environment's reward for each turn (``None``: none given).
     truncated:         the episode was ended by a limit (``episode.max_turns``, ``episode.max_tokens``, a turn
                        cut at ``rollout.max_new_tokens``), not by its environment.
+    versions:          per response token, the weight version that sampled it, when the engine followed weight
+                       updates in flight (``rollout.partial: continue|restart``); ``None``: not recorded.
     """
 
     prompt_ids: list[int]
@@ -61,6 +78,7 @@ class Generation:
     turns: list[tuple[int, int]] | None = None
     turn_rewards: list[float] | None = None
     truncated: bool = False
+    versions: list[int] | None = None
 
     @property
     def policy_tokens(self) -> int:
@@ -139,8 +157,9 @@ class RolloutEngine(Component):
     - ``loads_adapters``: started with ``EngineContext.lora`` (the policy trains LoRA adapters, ``model.lora``), it
       can receive the adapters themselves (:meth:`sync_adapter`) instead of the merged weights, for the targets
       :meth:`adapter_targets_supported` accepts.
-    - ``updates_in_flight``: it can stop a generation at a weight update and resume it from its prefix, or load
-      new weights while generating (``rollout.partial: restart|continue``); hf and vllm here cannot.
+    - ``updates_in_flight``: it can stop a generation when newer weights are published, load them and continue the
+      unfinished responses from their prefix or restart them (``rollout.partial: continue|restart``), through
+      :meth:`follow_updates`; hf can, vllm here cannot.
     """
 
     kind = "rollout_engine"
@@ -156,6 +175,12 @@ class RolloutEngine(Component):
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Generation]]:
         """For each prompt (token ids), ``sampling.n`` generations."""
         raise NotImplementedError
+
+    def follow_updates(self, updates: InFlightUpdates | None) -> None:
+        """From now on, stop generating when ``updates.pending()``, load the new weights (``updates.load()``) and
+        continue or restart the unfinished responses (``updates.mode``), recording each token's version in
+        ``Generation.versions``; ``None``: generate with the weights held (engines that declare ``updates_in_flight``)."""
+        raise NotImplementedError(f"rollout engine {self.name!r} cannot update its weights in flight")
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging-Face-named weights into the engine without rebuilding it."""

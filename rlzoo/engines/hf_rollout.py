@@ -17,13 +17,15 @@ wrapped model would add its adapters on top of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
+from transformers import StoppingCriteria, StoppingCriteriaList
 
-from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.base import Adapter, EngineContext, Generation, InFlightUpdates, RolloutEngine, SamplingSettings
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RunFacts
 from rlzoo.models.memory import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
@@ -40,6 +42,7 @@ class HFRolloutEngine(RolloutEngine):
     can_record_routing = True
     loads_adapters = True
     runs_per_rank = True  # an in-process model: one per rank is one more copy of the policy, nothing shared
+    updates_in_flight = True  # generate() stops at a StoppingCriteria that watches for newer weights
 
     class Params(Params):
         batch_size: int = Field(256, ge=1, description="sequences generated per generate() call")
@@ -104,7 +107,50 @@ class HFRolloutEngine(RolloutEngine):
                     out[index].append(generation)
         return out
 
+    def follow_updates(self, updates: InFlightUpdates | None) -> None:
+        if updates is not None and self.records_routing:
+            raise RlzooError("rollout.partial: the hf engine records no routing across a weight update in flight; "
+                             "use rollout.partial: off with a router policy that replays the rollout's experts")
+        self._updates = updates
+
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingSettings, greedy: bool) -> list[Generation]:
+        """One batch of rows; with weight updates followed in flight, a generation stopped by newer weights loads
+        them and goes on: the unfinished rows continue from their prefix (``continue``: a new prefill of prompt and
+        tokens so far under the new weights, the remaining budget; their KV cache is not kept) or start again
+        (``restart``). Rows advance in lockstep, so the unfinished ones have sampled the same number of tokens."""
+        updates = getattr(self, "_updates", None)
+        if updates is None:
+            return self._generate_rows(prompts, sampling, greedy, None)
+        interrupt = _Interrupt(updates.pending)
+        version = updates.version()
+        generations = self._generate_rows(prompts, sampling, greedy, interrupt)
+        for generation in generations:
+            generation.versions = [version] * len(generation.response_ids)
+        if not interrupt.fired:
+            return generations
+        updates.load()
+        rows = [i for i, g in enumerate(generations) if not g.finished and len(g.response_ids) < sampling.max_new_tokens]
+        if not rows:
+            return generations
+        if updates.mode == "restart":
+            for i, again in zip(rows, self._generate_chunk([prompts[i] for i in rows], sampling, greedy)):
+                generations[i] = again
+            return generations
+        done = len(generations[rows[0]].response_ids)
+        rest = replace(sampling, max_new_tokens=sampling.max_new_tokens - done)
+        prefixes = [prompts[i] + generations[i].response_ids for i in rows]
+        for i, more in zip(rows, self._generate_chunk(prefixes, rest, greedy)):
+            head = generations[i]
+            generations[i] = Generation(
+                list(prompts[i]), head.response_ids + more.response_ids,
+                head.response_logprobs + more.response_logprobs, more.finished,
+                versions=head.versions + more.versions,
+            )
+        return generations
+
+    def _generate_rows(
+        self, prompts: list[list[int]], sampling: SamplingSettings, greedy: bool, interrupt: _Interrupt | None
+    ) -> list[Generation]:
         pad = self.context.pad_token_id
         eos = self.context.eos_token_id
         width = max(len(p) for p in prompts)
@@ -128,6 +174,7 @@ class HFRolloutEngine(RolloutEngine):
                 pad_token_id=pad,
                 return_dict_in_generate=True,
                 output_logits=True,  # raw logits, before temperature / top-p: log-probs at temperature 1
+                stopping_criteria=StoppingCriteriaList([interrupt] if interrupt is not None else []),
                 **kwargs,
             )
         finally:
@@ -192,3 +239,15 @@ class HFRolloutEngine(RolloutEngine):
         if result.unexpected_keys or missing:
             raise KeyError(f"adapter does not fit this engine's adapters: unexpected {result.unexpected_keys[:3]}, "
                            f"missing {missing[:3]}")
+
+
+class _Interrupt(StoppingCriteria):
+    """Stops every row of a generate() once ``pending()`` says newer weights are published (checked per token)."""
+
+    def __init__(self, pending: Callable[[], bool]) -> None:
+        self.pending = pending
+        self.fired = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.fired = self.fired or self.pending()
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)

@@ -20,6 +20,14 @@ With ``k = 0`` batch s is generated only when step s asks for it, after the prev
 synchronous loop's order of work, so its metrics are the synchronous run's bit for bit apart from time/* and the
 added ``rollout/staleness`` and ``rollout/ready`` (tests/test_async_rollouts.py).
 
+With ``rollout.partial: continue|restart`` the rollout engine follows weight updates in flight
+(:meth:`rlzoo.engines.RolloutEngine.follow_updates`): when the trainer publishes while a batch is being sampled, the
+engine stops, loads the new weights and continues the unfinished responses from their prefix (or restarts them),
+so a response's tokens can come from several versions (``Generation.versions``; each token's rollout log-prob is
+its own version's, which is what the decoupled objective's behaviour policy needs). ``rollout/staleness`` stays the
+batch's oldest version; ``rollout/token_staleness`` is the mean over its tokens and ``rollout/interrupted`` the share
+of responses sampled by more than one version.
+
 Evaluation uses the rollout engine too: :meth:`AsyncRollouts.paused` waits for the batch in flight and loads the
 newest weights before it. Limits (:mod:`rlzoo.rl.async_rules`): one process; not with ``rollout.overlap``; the
 queue holds at least one step's batch. Resume: batches in the queue are not checkpointed; a resumed run generates
@@ -60,9 +68,10 @@ class AsyncRollouts(RolloutSchedule):
         steps: int,
         max_staleness: int,
         capacity: int,
+        partial: str = "off",
     ) -> None:
         self.prompts_for = prompts_for
-        self.steps, self.max_staleness, self.capacity = steps, max_staleness, capacity
+        self.steps, self.max_staleness, self.capacity, self.partial = steps, max_staleness, capacity, partial
         self.queue: StalenessQueue[_Produced, WeightsUpdate] | None = None
         self.rollout: RolloutEngine | None = None
         self._load_reports: dict[str, float] = {}  # the rollout engine's reports of its last weight load
@@ -80,6 +89,8 @@ class AsyncRollouts(RolloutSchedule):
                 max_staleness=self.max_staleness,
                 capacity=self.capacity,
             )
+            if self.partial != "off":
+                self.rollout.follow_updates(_QueueUpdates(self.queue, self.partial))
         taken = self.queue.take(step)
         for name, seconds in taken.item.timer.seconds.items():  # the producer's phases, as if sampled now
             timer.seconds[name] += seconds
@@ -87,6 +98,8 @@ class AsyncRollouts(RolloutSchedule):
         batch = taken.item.batch
         batch.metrics["rollout/staleness"] = float(step - taken.version)
         batch.metrics["rollout/ready"] = float(taken.ready)
+        if self.partial != "off":
+            batch.metrics.update(token_versions(step, batch))
         return batch
 
     def publish(self, step: int, learner: Learner, rollout: RolloutEngine, every_rank: bool, updated: bool) -> None:
@@ -105,6 +118,8 @@ class AsyncRollouts(RolloutSchedule):
     def close(self) -> None:
         if self.queue is not None:
             self.queue.close()
+            if self.partial != "off":
+                self.rollout.follow_updates(None)
 
     def _generate(self, step: int, parts: RolloutParts, config: RunConfig) -> _Produced:
         timer = Timer()
@@ -116,3 +131,32 @@ class AsyncRollouts(RolloutSchedule):
     def _load(self, update: WeightsUpdate) -> None:
         update.load_into(self.rollout)
         self._load_reports = take_reports(self.rollout)
+
+
+class _QueueUpdates:
+    """The queue's weight updates as a rollout engine follows them in flight (rlzoo.engines.InFlightUpdates)."""
+
+    def __init__(self, queue: StalenessQueue, mode: str) -> None:
+        self.queue, self.mode = queue, mode
+
+    def pending(self) -> bool:
+        return self.queue.newer_published()
+
+    def load(self) -> int:
+        return self.queue.load_in_flight()
+
+    def version(self) -> int:
+        return self.queue.loaded
+
+
+def token_versions(step: int, batch: RolloutBatch) -> dict[str, float]:
+    """``rollout/token_staleness``: mean over the batch's sampled tokens of ``step - version``; ``rollout/interrupted``:
+    the share of responses whose tokens came from more than one version (empty when no versions were recorded)."""
+    versions = [g.versions for g in batch.generations if g.versions]
+    tokens = [v for vs in versions for v in vs]
+    if not tokens:
+        return {}
+    return {
+        "rollout/token_staleness": step - sum(tokens) / len(tokens),
+        "rollout/interrupted": sum(len(set(vs)) > 1 for vs in versions) / len(batch.generations),
+    }

@@ -126,6 +126,24 @@ class StalenessQueue(Generic[Item, Update]):
             self._thread.join()
             self._thread = None
 
+    # -- the generator's side, during a generation (rollout.partial) -------------------------------------------------
+
+    def newer_published(self) -> bool:
+        """Weights newer than the generator's are published (a generation in flight may stop for them)."""
+        with self._cond:
+            return self._published[0] != self._loaded
+
+    def load_in_flight(self) -> int:
+        """Load the newest published weights into the generator in the middle of a generation (the caller holds
+        the generator lock: the producer, inside ``generate``); their version. Tokens sampled after it are newer
+        than the batch's version, so the bound on the batch's staleness still holds for every token."""
+        return self._load_newest()
+
+    @property
+    def loaded(self) -> int:
+        """The version of the weights the generator holds."""
+        return self._loaded
+
     # -- the producer ------------------------------------------------------------------------------------------------
 
     def _produce(self) -> None:

@@ -1,0 +1,173 @@
+"""Partial rollouts (``rollout.partial: continue|restart`` with ``rollout.max_staleness``): the hf engine stops a
+generation when newer weights are published, loads them, and continues the unfinished responses from their prefix
+or samples them again; each token records the version that sampled it.
+
+- the engine alone, with a scripted update after a few tokens: the tokens before it are the uninterrupted
+  generation's (same seed, same weights), the versions say where the update fell, a continued response's log-probs
+  are its tokens' under the weights that sampled them, and a restarted response is the new weights' alone;
+- the producer thread with a slowed engine, so that the trainer publishes while a batch is sampled: every token's
+  staleness stays within k and the batch metrics say how many responses were interrupted;
+- the preflight: vLLM here cannot update in flight, and R3 cannot replay a response stitched from several calls.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from rlzoo.config.resolution import build_config
+from rlzoo.config.schema import TinyModelConfig
+from rlzoo.engines import EngineContext, SamplingSettings
+from rlzoo.engines.hf_rollout import HFRolloutEngine
+from rlzoo.errors import ConfigError
+from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.preflight.checks import preflight
+from rlzoo.registry import default_registry
+from rlzoo.rl.async_rollouts import AsyncRollouts
+from rlzoo.rl.learner import Learner
+from schedule_testlib import start_rig
+
+MAX_NEW = 8
+AFTER = 3  # the update is published once this many tokens are sampled
+
+
+class ScriptedUpdate:
+    """One update, published after ``AFTER`` sampled tokens; ``scale`` changes the weights it loads (1: none)."""
+
+    def __init__(self, engine: HFRolloutEngine, mode: str, scale: float) -> None:
+        self.engine, self.mode, self.scale = engine, mode, scale
+        self.tokens, self.held = 0, 0
+
+    def pending(self) -> bool:
+        self.tokens += 1
+        return self.held == 0 and self.tokens >= AFTER
+
+    def load(self) -> int:
+        with torch.no_grad():
+            self.engine.model.get_output_embeddings().weight.mul_(self.scale)
+        self.held = 1
+        return self.held
+
+    def version(self) -> int:
+        return self.held
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tokenizer = build_char_tokenizer("0123456789+=")
+    folder = tmp_path_factory.mktemp("partial") / "m"
+    tiny = TinyModelConfig(architecture="qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    torch.manual_seed(0)
+    save_model(build_tiny_model(tiny, tokenizer), tokenizer, folder)
+    return folder, tokenizer
+
+
+def engine(model_dir) -> HFRolloutEngine:
+    folder, tokenizer = model_dir
+    hf = HFRolloutEngine()
+    hf.start(EngineContext(folder, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+    return hf
+
+
+PROMPTS = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
+SAMPLING = SamplingSettings(n=4, max_new_tokens=MAX_NEW, temperature=1.0, seed=7)
+
+
+def flat(groups):
+    return [g for group in groups for g in group]
+
+
+def teacher_forced(hf: HFRolloutEngine, generation) -> torch.Tensor:
+    ids = torch.tensor([generation.prompt_ids + generation.response_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf.model(input_ids=ids).logits.float(), dim=-1)[0]
+    start = len(generation.prompt_ids)
+    return logp[start - 1 : -1].gather(1, torch.tensor(generation.response_ids).unsqueeze(1)).squeeze(1)
+
+
+def test_continue_keeps_the_prefix_and_each_token_has_its_versions_log_prob(model_dir):
+    plain = flat(engine(model_dir).generate(PROMPTS, SAMPLING))
+    hf = engine(model_dir)
+    hf.follow_updates(ScriptedUpdate(hf, "continue", scale=1.0))  # an update that changes nothing: exact log-probs
+    followed = flat(hf.generate(PROMPTS, SAMPLING))
+    continued = 0
+    for before, after in zip(plain, followed, strict=True):
+        assert after.response_ids[:AFTER] == before.response_ids[:AFTER]  # sampled before the update: the same
+        assert len(after.response_ids) == len(after.response_logprobs) == len(after.versions) <= MAX_NEW
+        cut = min(AFTER, len(after.response_ids))
+        assert after.versions == [0] * cut + [1] * (len(after.response_ids) - cut)
+        continued += len(after.response_ids) > AFTER
+        assert torch.allclose(torch.tensor(after.response_logprobs), teacher_forced(hf, after), atol=1e-5)
+    assert continued > 0
+
+
+def test_after_a_real_update_the_continuation_is_sampled_by_the_new_weights(model_dir):
+    hf = engine(model_dir)
+    hf.follow_updates(ScriptedUpdate(hf, "continue", scale=3.0))
+    followed = [g for g in flat(hf.generate(PROMPTS, SAMPLING)) if len(g.response_ids) > AFTER]
+    assert followed
+    for generation in followed:  # the new weights' log-probs from the update on
+        new = teacher_forced(hf, generation)[AFTER:]
+        assert torch.allclose(torch.tensor(generation.response_logprobs[AFTER:]), new, atol=1e-5)
+
+
+def test_restart_samples_the_unfinished_responses_again_by_the_new_weights(model_dir):
+    hf = engine(model_dir)
+    hf.follow_updates(ScriptedUpdate(hf, "restart", scale=1.0))
+    followed = flat(hf.generate(PROMPTS, SAMPLING))
+    restarted = [g for g in followed if g.versions and g.versions[0] == 1]
+    assert restarted and all(set(g.versions) == {1} for g in restarted)
+    for g in followed:  # a response either ended before the update (version 0 alone) or was sampled again
+        assert set(g.versions) in ({0}, {1}) and len(g.response_ids) <= MAX_NEW
+        if set(g.versions) == {0}:
+            assert g.finished and len(g.response_ids) <= AFTER
+
+
+@pytest.mark.parametrize("mode", ["continue", "restart"])
+def test_the_producer_continues_across_published_weights_within_k(tmp_path, mode):
+    k, steps = 2, 5
+    torch.manual_seed(0)
+    rig = start_rig(tmp_path, steps, max_staleness=k, partial=mode, max_new_tokens=8)
+    schedule = AsyncRollouts(rig.prompts_for, steps, k, k, partial=mode)
+    original = rig.rollout.follow_updates
+
+    def follow(updates):
+        if updates is not None:
+            pending = updates.pending
+            updates.pending = lambda: (time.sleep(0.01), pending())[1]  # ~10 ms a token: publishes land inside
+        original(updates)
+
+    rig.rollout.follow_updates = follow
+    rig.rollout.sampled_with = []
+    metrics = rig.run(Learner(rig.trainer), schedule)
+    for step_metrics in metrics:
+        assert 0 <= step_metrics["rollout/token_staleness"] <= step_metrics["rollout/staleness"] <= k
+        assert 0.0 <= step_metrics["rollout/interrupted"] <= 1.0
+        assert torch.isfinite(torch.tensor(step_metrics["loss/policy"]))
+    if mode == "restart":  # a restarted response is one version's
+        assert all(m["rollout/interrupted"] == 0.0 for m in metrics)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.engine={name: vllm}", "rollout.partial=continue"], "loads weights between batches only"),
+        (["algorithm.router={name: replay-rollout}", "rollout.partial=restart"], "stitches a response"),
+    ],
+)
+def test_preflight_refuses_partial_rollouts_it_cannot_honour(tmp_path, overrides, message):
+    registry = default_registry()
+    config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 4}},
+                          ["rollout.max_staleness=1", *overrides, f"output_dir={tmp_path / 'run'}"], registry)
+    with pytest.raises(ConfigError) as err:
+        preflight(config, registry)
+    assert any(at == "rollout.partial" and message in text for at, text in err.value.problems), err.value.problems
+
+
+def test_partial_rollouts_on_hf_pass_the_preflight(tmp_path):
+    registry = default_registry()
+    config = build_config({}, ["rollout.max_staleness=1", "rollout.partial=continue", "algorithm.router=null",
+                               f"output_dir={tmp_path / 'run'}"], registry)
+    preflight(config, registry)
