@@ -189,18 +189,14 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     overlap: int = Field(
-        0,
-        ge=0,
-        le=1,
-        description="0: sample each step's batch at its start; 1: sample step t+1's batch while step t trains, by "
-        "step t's weights (staleness 1; old log-probs under the sampling weights; rlzoo.rl.overlap, docs/overlap.md)",
+        0, ge=0, le=1, description="0: sample each step's batch at its start; 1: sample step t+1's batch while step "
+        "t trains, by step t's weights (staleness 1; old log-probs under the sampling weights; rlzoo.rl.overlap, "
+        "docs/overlap.md)",
     )
     max_staleness: int | None = Field(
-        None,
-        ge=0,
-        description="null: sample each step's batch in the loop (or by rollout.overlap); k: a producer thread samples "
-        "continuously, at most k weight versions ahead of the trainer (0: in lockstep, the synchronous order of "
-        "work; rlzoo.rl.async_rollouts, docs/async.md)",
+        None, ge=0, description="null: sample each step's batch in the loop (or by rollout.overlap); k: a producer "
+        "thread samples continuously, at most k weight versions ahead of the trainer (0: in lockstep, the synchronous "
+        "order of work; rlzoo.rl.async_rollouts, docs/async.md)",
     )
     queue_size: int | None = Field(
         None,
@@ -209,11 +205,9 @@ class RolloutConfig(Section):
         "prompts_per_step x group_size); null: max_staleness steps' worth (one step's with k = 0)",
     )
     partial: Literal["off", "continue", "restart"] = Field(
-        "off",
-        description="with max_staleness: off: a generation in flight when the trainer publishes new weights finishes "
-        "with the weights it started with; continue: it stops, loads them and goes on from each response's prefix "
-        "(a response's tokens then come from several versions); restart: it stops, loads them and samples the "
-        "unfinished responses again. Needs a rollout engine that declares updates_in_flight (hf; not vllm here)",
+        "off", description="with max_staleness: off finishes a generation in flight by the weights it started with; "
+        "continue stops it at newer weights, loads them and goes on from each response's prefix; restart samples the "
+        "unfinished responses again (an engine that declares updates_in_flight: hf, not vllm)",
     )
     per_rank: bool = Field(
         True,
@@ -372,9 +366,8 @@ class RunConfig(Section):
     seed: int = 0
     output_dir: str = "runs/default"
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto",
-        description="where the hf rollout engine and the torch training engines (policy, reference, critic, teacher) "
-        "run: auto = cuda when torch sees a GPU, else cpu; DeepSpeed places its engines itself, vLLM by its build",
+        "auto", description="where the hf rollout engine and the torch training engines run: auto = cuda when torch "
+        "sees a GPU, else cpu; DeepSpeed places its engines itself, vLLM by its build",
     )
     plugins: list[str] = Field(
         default_factory=list,

@@ -179,7 +179,7 @@ class RolloutEngine(Component):
     def follow_updates(self, updates: InFlightUpdates | None) -> None:
         """From now on, stop generating when ``updates.pending()``, load the new weights (``updates.load()``) and
         continue or restart the unfinished responses (``updates.mode``), recording each token's version in
-        ``Generation.versions``; ``None``: generate with the weights held (engines that declare ``updates_in_flight``)."""
+        ``Generation.versions``; ``None``: generate with the weights held (engines declaring ``updates_in_flight``)."""
         raise NotImplementedError(f"rollout engine {self.name!r} cannot update its weights in flight")
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

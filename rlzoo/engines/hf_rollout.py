@@ -129,7 +129,8 @@ class HFRolloutEngine(RolloutEngine):
         if not interrupt.fired:
             return generations
         updates.load()
-        rows = [i for i, g in enumerate(generations) if not g.finished and len(g.response_ids) < sampling.max_new_tokens]
+        budget = sampling.max_new_tokens
+        rows = [i for i, g in enumerate(generations) if not g.finished and len(g.response_ids) < budget]
         if not rows:
             return generations
         if updates.mode == "restart":

@@ -274,22 +274,16 @@ class ModuleTrainingEngine(TrainingEngine):
 
     @torch.no_grad()
     def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
-        if self.context.head != "lm":
-            raise RlzooError(f"training engine {self.name!r} was started for a critic, which has no token distribution")
-        out = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
-        for mb in self._plan(batch):
-            with self._autocast():
-                values, _ = self._forward(batch, mb, False, sum_pi_squared=True)
-            if not mb.dummy:
-                out[mb.out_row, mb.out_col] = values.double()
-        return out
+        return self._no_grad_pass(batch, entropy=False, sum_pi_squared=True)[0]
 
-    def _no_grad_pass(self, batch: TokenBatch, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _no_grad_pass(
+        self, batch: TokenBatch, entropy: bool, sum_pi_squared: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
         ent = torch.zeros_like(logp) if entropy else None
         for mb in self._plan(batch):
             with self._autocast():
-                mb_logp, mb_ent = self._forward(batch, mb, entropy)
+                mb_logp, mb_ent = self._forward(batch, mb, entropy, sum_pi_squared)
             if mb.dummy:
                 continue
             logp[mb.out_row, mb.out_col] = mb_logp.double().cpu()

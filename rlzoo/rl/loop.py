@@ -57,6 +57,7 @@ from torch import Tensor
 
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import LossFn, RolloutEngine, SamplingSettings, TokenBatch
+from rlzoo.engines.device import device_memory_metrics
 from rlzoo.episodes.environments import SingleTurn
 from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
@@ -70,7 +71,6 @@ from rlzoo.rl.rollouts import advantages as compute_advantages
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.scoring import score
 from rlzoo.rl.teacher import Teacher, distill_metrics
-from rlzoo.runtime.device import device_memory_metrics
 from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.decode import response_text
 from rlzoo.util.passk import mean_pass_at_k

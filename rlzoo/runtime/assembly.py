@@ -12,6 +12,7 @@ from typing import Any
 from rlzoo.config.base import DEFAULT_ROLLOUT_ENGINE, ComponentSpec
 from rlzoo.config.schema import LoraConfig, RunConfig
 from rlzoo.engines import EngineContext, RolloutEngine
+from rlzoo.engines.device import resolve_device
 from rlzoo.episodes.prompts import fit_prompts, prompt_budget
 from rlzoo.episodes.runner import build_episode_runner
 from rlzoo.errors import RlzooError
@@ -20,7 +21,6 @@ from rlzoo.registry import Registry
 from rlzoo.rl import loop
 from rlzoo.rl.teacher import teacher_cold_start_config
 from rlzoo.runtime.cold_start import ensure_cold_start
-from rlzoo.runtime.device import resolve_device
 
 
 def create(registry: Registry, kind: str, spec: ComponentSpec) -> Any:
