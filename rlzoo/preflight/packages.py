@@ -54,8 +54,8 @@ def component_package_rule(run: RunFacts) -> list[Problem]:
     installed: a verifier without its library would otherwise fail every response of the run's first steps."""
     problems = []
     for loc, component in run.components.items():
-        if loc in ("rollout.engine", "trainer.engine"):
-            continue  # engine_package_rule, with the engines usable here
+        if loc in ("rollout.engine", "trainer.engine") or loc.startswith("loggers"):
+            continue  # engines: engine_package_rule; a tracker without its package is dropped with one warning
         for package in type(component).requires:
             if importlib.util.find_spec(package) is None:
                 hint = type(component).install_hint or f"pip install {package}"
