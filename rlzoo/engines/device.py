@@ -12,12 +12,15 @@ import torch
 from rlzoo.errors import RlzooError
 
 
+NO_GPU = "cuda, but torch sees no GPU here (allowed: auto, cpu, cuda; auto runs on the CPU)"
+
+
 def resolve_device(setting: str) -> str:
     """``"cpu"`` or ``"cuda:<index>"`` for the config's ``device`` (``auto``, ``cpu`` or ``cuda``)."""
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return "cpu"
     if not torch.cuda.is_available():
-        raise RlzooError("device: cuda, but torch sees no GPU (allowed: auto, cpu, cuda; auto picks cpu here)")
+        raise RlzooError(f"device: {NO_GPU}")
     return f"cuda:{torch.cuda.current_device()}"
 
 

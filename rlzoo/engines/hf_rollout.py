@@ -70,6 +70,7 @@ class HFRolloutEngine(RolloutEngine):
         self.context = context
         self.model, _ = load_model(context.model_dir, context.dtype)
         self.model.to(context.device)
+        self._updates: InFlightUpdates | None = None  # rollout.partial: set by follow_updates
         self._peft = None
         if context.lora is not None and context.lora.sync != "merged":
             from rlzoo.engines.lora import wrap
@@ -118,7 +119,7 @@ class HFRolloutEngine(RolloutEngine):
         them and goes on: the unfinished rows continue from their prefix (``continue``: a new prefill of prompt and
         tokens so far under the new weights, the remaining budget; their KV cache is not kept) or start again
         (``restart``). Rows advance in lockstep, so the unfinished ones have sampled the same number of tokens."""
-        updates = getattr(self, "_updates", None)
+        updates = self._updates
         if updates is None:
             return self._generate_rows(prompts, sampling, greedy, None)
         interrupt = _Interrupt(updates.pending)

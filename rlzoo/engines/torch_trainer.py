@@ -20,7 +20,8 @@ from rlzoo.runtime.checkpoint.files import load_optimizer, save_optimizer
 
 
 class TorchTrainingEngine(ModuleTrainingEngine):
-    """Plain torch AdamW on one device (``context.device``: the config's ``device``); the reference for what the distributed engines must reproduce."""
+    """Plain torch AdamW on one device (``context.device``, the config's ``device``); the reference for what the
+    distributed engines must reproduce."""
 
     name = "torch"
 

@@ -14,10 +14,12 @@ if TYPE_CHECKING:
 
 def missing_package(registry: ComponentCatalogue, kind: str, name: str) -> str | None:
     """A package component ``name`` of ``kind`` declares it needs (``Component.requires``) that is not installed."""
-    for package in registry.get(kind, name).cls.requires:
-        if importlib.util.find_spec(package) is None:
-            return package
-    return None
+    return missing_requirement(registry.get(kind, name).cls)
+
+
+def missing_requirement(cls: type) -> str | None:
+    """The first package of ``cls.requires`` that is not installed."""
+    return next((package for package in cls.requires if importlib.util.find_spec(package) is None), None)
 
 
 def engine_package_rule(run: RunFacts) -> list[Problem]:
@@ -44,9 +46,9 @@ def device_rule(run: RunFacts) -> list[Problem]:
     """``device: cuda`` needs a GPU that torch sees (``auto`` falls back to the CPU)."""
     import torch
 
-    if run.config.device == "cuda" and not torch.cuda.is_available():
-        return [("device", "cuda, but torch sees no GPU here (allowed: auto, cpu, cuda; auto runs on the CPU)")]
-    return []
+    from rlzoo.engines.device import NO_GPU
+
+    return [("device", NO_GPU)] if run.config.device == "cuda" and not torch.cuda.is_available() else []
 
 
 def component_package_rule(run: RunFacts) -> list[Problem]:
@@ -56,9 +58,9 @@ def component_package_rule(run: RunFacts) -> list[Problem]:
     for loc, component in run.components.items():
         if loc in ("rollout.engine", "trainer.engine") or loc.startswith("loggers"):
             continue  # engines: engine_package_rule; a tracker without its package is dropped with one warning
-        for package in type(component).requires:
-            if importlib.util.find_spec(package) is None:
-                hint = type(component).install_hint or f"pip install {package}"
-                problems.append((loc, f"{component.name!r} needs the Python package {package!r}, which is not "
-                                      f"installed ({hint})"))
+        package = missing_requirement(type(component))
+        if package is not None:
+            hint = type(component).install_hint or f"pip install {package}"
+            problems.append((loc, f"{component.name!r} needs the Python package {package!r}, which is not "
+                                  f"installed ({hint})"))
     return problems
