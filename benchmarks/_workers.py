@@ -60,8 +60,10 @@ def trl_args(config, out: Path, steps: int):
 
     algo = config.algorithm
     clip = algo.clipper.params
+    levels = {"token": "token", "sequence": "sequence"}  # rlzoo's ratio estimator -> TRL's importance_sampling_level
+    if algo.ratio.name not in levels:
+        raise SystemExit(f"vs_trl maps algorithm.ratio {sorted(levels)} to TRL; this config has {algo.ratio.name!r}")
     expected = {
-        "ratio": (algo.ratio.name, "sequence"),
         "advantage": (algo.advantage.name, "group"),
         "advantage.std_normalize": (algo.advantage.params.get("std_normalize"), True),
         "clipper": (algo.clipper.name, "ppo"),
@@ -77,7 +79,7 @@ def trl_args(config, out: Path, steps: int):
     }
     wrong = {k: v for k, (v, want) in expected.items() if v != want}
     if wrong:
-        raise SystemExit(f"vs_trl compares GSPO (the gspo preset, fp32) only; this config differs in {wrong}")
+        raise SystemExit(f"vs_trl compares GRPO / GSPO without KL in fp32 only; this config differs in {wrong}")
     rows = config.rollout.prompts_per_step * config.rollout.group_size
     minibatches = algo.minibatches_per_rollout
     if rows % minibatches:
@@ -90,8 +92,9 @@ def trl_args(config, out: Path, steps: int):
         fp16=False,
         gradient_checkpointing=False,  # GRPOConfig defaults to True; rlzoo does not checkpoint
         seed=config.seed,
-        # GSPO (Zheng et al. 2025) as TRL spells it: length-normalised sequence ratio, clip (1 - 3e-4, 1 + 4e-4)
-        importance_sampling_level="sequence",
+        # the ratio per token (GRPO) or per sequence, length-normalised (GSPO, Zheng et al. 2025), with the
+        # config's clip range (GSPO: 1 - 3e-4, 1 + 4e-4)
+        importance_sampling_level=levels[algo.ratio.name],
         epsilon=clip["eps_low"],
         epsilon_high=clip["eps_high"],
         beta=0.0,
@@ -136,19 +139,27 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOTrainer
 
-    from rlzoo.episodes.prompts import prompt_ids
+    from rlzoo.episodes.prompts import chat_messages, prompt_ids
     from rlzoo.rl.scoring import score
     from rlzoo.util.decode import response_text
 
     config, _, verifier, tokenizer, train_set, _ = load(spec)
     steps, out = spec["steps"], Path(spec["out"])
-    if config.prompt.plain != "text" or config.prompt.system is not None:
-        raise SystemExit("vs_trl feeds TRL plain-text prompts; set prompt.plain: text and no prompt.system")
+    if config.prompt.chat_template_kwargs:
+        raise SystemExit("vs_trl does not pass prompt.chat_template_kwargs to TRL; leave it empty")
     samples = step_prompts(config, train_set, steps)
-    for s in samples:  # TRL tokenizes plain prompts itself: it must see exactly rlzoo's prompt tokens
-        if s.messages is not None or tokenizer(s.prompt)["input_ids"] != prompt_ids(tokenizer, s, config.prompt):
-            raise SystemExit(f"TRL would tokenize prompt {s.prompt!r} differently from rlzoo")
-    dataset = Dataset.from_dict({"prompt": [s.prompt for s in samples], "index": list(range(len(samples)))})
+    # TRL renders and tokenizes prompts itself: plain text as it is, messages through the chat template (as
+    # rlzoo does for prompt.plain: chat and prompt.system). It must see exactly rlzoo's prompt tokens.
+    prompts = [chat_messages(s, config.prompt) or s.prompt for s in samples]
+    for s, prompt in zip(samples, prompts):
+        if isinstance(prompt, str):
+            theirs = tokenizer(prompt)["input_ids"]
+        else:
+            theirs = tokenizer.apply_chat_template([prompt], add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"][0]
+        if list(theirs) != prompt_ids(tokenizer, s, config.prompt):
+            raise SystemExit(f"TRL would tokenize prompt {prompt!r} differently from rlzoo")
+    dataset = Dataset.from_dict({"prompt": prompts, "index": list(range(len(samples)))})
     tokens, verify_seconds = [], []
 
     def rlzoo_verifier(prompts, completions, completion_ids, index, **_):

