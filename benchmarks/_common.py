@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["rollout", "verify", "old_logprobs", "train", "sync"]
@@ -127,3 +128,21 @@ def log_tail(path: Path, chars: int = 3000) -> str:
         return path.read_text(errors="replace")[-chars:]
     except OSError:
         return ""
+
+
+def describe_model_folder(folder: Path) -> dict[str, Any]:
+    """A pretrained model folder's size from its ``config.json`` alone (the model built on the meta device): all
+    parameters, those active per token (routed experts counted ``top_k / experts``), vocabulary, a description."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    total = sum(p.numel() for p in model.parameters())
+    expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    experts = getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) or 0
+    active = total - expert + (expert * getattr(hf, "num_experts_per_tok", 0) // experts if experts else 0)
+    return {"parameters": total, "active_parameters": active, "vocab": hf.vocab_size,
+            "description": f"{hf.model_type} {Path(folder).name}, hidden {hf.hidden_size}, {hf.num_hidden_layers} "
+                           f"layers, vocab {hf.vocab_size}, {total / 1e6:.1f}M parameters, pretrained"}

@@ -60,9 +60,8 @@ def trl_args(config, out: Path, steps: int):
 
     algo = config.algorithm
     clip = algo.clipper.params
-    levels = {"token": "token", "sequence": "sequence"}  # rlzoo's ratio estimator -> TRL's importance_sampling_level
-    if algo.ratio.name not in levels:
-        raise SystemExit(f"vs_trl maps algorithm.ratio {sorted(levels)} to TRL; this config has {algo.ratio.name!r}")
+    if algo.ratio.name not in ("token", "sequence"):  # TRL's importance_sampling_level, spelt as rlzoo's ratios
+        raise SystemExit(f"vs_trl maps algorithm.ratio token / sequence to TRL; this config has {algo.ratio.name!r}")
     expected = {
         "advantage": (algo.advantage.name, "group"),
         "advantage.std_normalize": (algo.advantage.params.get("std_normalize"), True),
@@ -94,7 +93,7 @@ def trl_args(config, out: Path, steps: int):
         seed=config.seed,
         # the ratio per token (GRPO) or per sequence, length-normalised (GSPO, Zheng et al. 2025), with the
         # config's clip range (GSPO: 1 - 3e-4, 1 + 4e-4)
-        importance_sampling_level=levels[algo.ratio.name],
+        importance_sampling_level=algo.ratio.name,
         epsilon=clip["eps_low"],
         epsilon_high=clip["eps_high"],
         beta=0.0,

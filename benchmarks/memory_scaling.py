@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ENGINES, ROOT, log_tail, run_measured  # benchmarks/ is the script's directory, first on sys.path
+from _common import ENGINES, ROOT, describe_model_folder, log_tail, run_measured  # benchmarks/ is the script's directory, first on sys.path
 
 DEFAULT_CONFIG = ROOT / "examples" / "bench" / "long.yaml"
 BEFORE_LABEL = "before (one forward per minibatch)"
@@ -290,19 +290,6 @@ def training_estimate(config, model_dir: Path, spec: dict[str, Any], registry) -
 # -- the driver -----------------------------------------------------------------------------------------------------
 
 
-def describe_folder(directory: Path) -> dict[str, Any]:
-    """A pretrained model folder (``model.path``), as :func:`build_model` describes the model it builds."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    hf = AutoConfig.from_pretrained(directory)
-    with torch.device("meta"):
-        total = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf).parameters())
-    return {"parameters": total, "active_parameters": total, "vocab": hf.vocab_size,
-            "description": f"{hf.model_type} {directory.name}, hidden {hf.hidden_size}, {hf.num_hidden_layers} "
-                           f"layers, vocab {hf.vocab_size}, {total / 1e6:.1f}M parameters, pretrained"}
-
-
 def build_model(config, directory: Path) -> dict[str, Any]:
     """The policy with random weights (``rlzoo.models.build_tiny_model``, seeded) saved as an HF folder, once."""
     from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
@@ -502,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                "python": platform.python_version(), "load_before": [round(x, 2) for x in os.getloadavg()]}
     print(f"# {label}; work folder {work}", flush=True)
     model_dir = pretrained or work / "model"
-    model = describe_folder(pretrained) if pretrained else build_model(config, model_dir)
+    model = describe_model_folder(pretrained) if pretrained else build_model(config, model_dir)
     print(f"# model: {model['description']}", flush=True)
 
     points, first = [], None

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import ENGINES, PHASES, ROOT, Measured, available, log_tail, run_measured
+from _common import ENGINES, PHASES, ROOT, Measured, available, describe_model_folder, log_tail, run_measured
 
 SCALES = {name: ROOT / "examples" / "bench" / f"{name}.yaml" for name in ("tiny", "long", "real")}
 DEFAULT_STEPS = {"tiny": (20, 3), "long": (8, 2), "real": (5, 1)}  # (steps, warm-up) per run
@@ -436,7 +436,7 @@ def model_size(config, folder: Path) -> dict[str, Any]:
     """The policy's parameter count (all experts) and active parameters per token: from the config's ``model.tiny``
     when the run builds its model, else from the model folder's ``config.json``."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from rlzoo.models import build_char_tokenizer
     from rlzoo.models.tiny import tiny_model_config
@@ -444,13 +444,7 @@ def model_size(config, folder: Path) -> dict[str, Any]:
     from rlzoo.runtime.assembly import make_task
 
     if config.model.path:
-        hf = AutoConfig.from_pretrained(folder)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(hf)
-        total = sum(p.numel() for p in model.parameters())
-        return {"parameters": total, "active_parameters": total,
-                "description": f"{hf.model_type} {Path(config.model.path).name}, hidden {hf.hidden_size}, "
-                               f"{hf.num_hidden_layers} layers, vocab {hf.vocab_size}, pretrained"}
+        return describe_model_folder(folder)
     tiny = config.model.tiny
     tokenizer = build_char_tokenizer(make_task(config, default_registry()).alphabet())
     with torch.device("meta"):

@@ -198,8 +198,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     if args.replot:
-        result = json.loads(Path(args.replot).read_text())
-        result["rows"] = rows({int(length): point for length, point in result["points"].items()})
+        try:
+            result = json.loads(Path(args.replot).read_text())
+            points = {int(length): point for length, point in result["points"].items()}
+        except (OSError, ValueError, KeyError, AttributeError) as error:
+            print(f"vs_trl_curve.py: --replot {args.replot}: not a curve_<scale>.json ({error})", file=sys.stderr)
+            return 1
+        result["rows"] = rows(points)
         return write(result, args.out)
     args.work = str(Path(args.work or tempfile.mkdtemp(prefix="rlzoo-vs-trl-curve-")).resolve())
     config_path = str(args.config or SCALES[args.scale])

@@ -97,3 +97,12 @@ def test_vs_trl_real_scale_minimal(tmp_path):
         assert system["status"] == "ok", system
         assert system["step_s"] > 0 and 0 < system["tokens_per_step"] <= 2 * 4 * 8
     assert result["derived"]["hf+torch"]["speed_vs_trl"] > 0
+
+
+def test_replot_of_a_file_that_is_not_a_curve_says_so(tmp_path):
+    bad = tmp_path / "curve.json"
+    bad.write_text('{"scale": "real"}')
+    for path in (bad, tmp_path / "missing.json"):
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl_curve.py"), "--replot", str(path)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "not a curve_<scale>.json" in done.stderr and "Traceback" not in done.stderr
