@@ -50,6 +50,7 @@ def test_async_trains_end_to_end_and_resumes(tmp_path, cold_start_root):
         ("decoupled", ["algorithm.correction={name: tis, level: token, action: mask, threshold: 5.0}"]),
         ("partial-continue", ["rollout.partial=continue", "algorithm.router=null"]),
         ("partial-restart", ["rollout.partial=restart", "algorithm.router=null"]),
+        ("partial-r3", ["rollout.partial=continue", "algorithm.router={name: replay-rollout}"]),
     ],
 )
 def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrides):
@@ -60,7 +61,7 @@ def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrid
     train_rows = _train_rows(rows)
     if name == "critic":
         assert all("critic/vf_loss" in r for r in train_rows)
-    if name == "r3":
+    if name in ("r3", "partial-r3"):
         assert all("moe/rollout_train_disagreement" in r for r in train_rows)
     if name.startswith("partial"):
         assert all(0 <= r["rollout/token_staleness"] <= r["rollout/staleness"] for r in train_rows)

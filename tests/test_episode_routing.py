@@ -2,7 +2,7 @@
 
 An episode's turns come from separate engine calls: turn 1 from one call with ``n = group_size``, every later turn
 from a call with ``n = 1`` on the episode's whole token sequence so far. Each call's ``Generation.routing`` covers
-the sequence from position 0; :func:`rlzoo.episodes.runner.stitch_routing` keeps, at every position, the experts of the
+the sequence from position 0; :func:`rlzoo.moe.stitch_routing` keeps, at every position, the experts of the
 call that ran it first: turn k's own call for the rows that predict its policy tokens, and its prefill for the
 previous turn's last token and the observation's tokens. A later call re-routes the earlier positions too; those
 rows must never overwrite the earlier turns' (the known failure: routing overwritten per turn).
@@ -29,11 +29,11 @@ from rlzoo.engines import EngineContext, Generation, RolloutEngine, SamplingSett
 from rlzoo.engines.hf_rollout import HFRolloutEngine
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.engines.torch_trainer import TorchTrainingEngine
-from rlzoo.episodes.runner import EpisodeRunner, stitch_routing
+from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation, Sample
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
-from rlzoo.moe import find_routers, routing_for_batch
+from rlzoo.moe import find_routers, routing_for_batch, stitch_routing
 
 ALPHABET = "0123456789+-= "
 OBSERVATION = " +1="  # the environment's answer to every turn (4 tokens)

@@ -7,12 +7,16 @@ or samples them again; each token records the version that sampled it.
   are its tokens' under the weights that sampled them, and a restarted response is the new weights' alone;
 - the producer thread with a slowed engine, so that the trainer publishes while a batch is sampled: every token's
   staleness stays within k and the batch metrics say how many responses were interrupted;
-- the preflight: vLLM here cannot update in flight, and R3 cannot replay a response stitched from several calls.
+- MoE routing (R3): a continued response's routing is, at every position, the experts of the weights that ran it
+  first: the old weights' up to the update, the new weights' from there (a forward of each, with moved routers);
+- the preflight: an engine that does not declare ``updates_in_flight`` is refused.
+  (vLLM's partial rollouts: integration_tests/test_vllm_partial.py.)
 """
 
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 import torch
@@ -23,8 +27,10 @@ from rlzoo.engines import EngineContext, SamplingSettings
 from rlzoo.engines.hf_rollout import HFRolloutEngine
 from rlzoo.errors import ConfigError
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+from rlzoo.moe import find_routers, record_routing
 from rlzoo.preflight.checks import preflight
-from rlzoo.registry import default_registry
+import rlzoo
+from rlzoo.registry import Registry, default_registry
 from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.learner import Learner
 from schedule_testlib import start_rig
@@ -125,6 +131,51 @@ def test_restart_samples_the_unfinished_responses_again_by_the_new_weights(model
             assert g.finished and len(g.response_ids) <= AFTER
 
 
+class MovedRouters(ScriptedUpdate):
+    """One update after ``AFTER`` tokens that moves every MoE router's weights (so that some positions route
+    differently)."""
+
+    def load(self) -> int:
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for router in find_routers(self.engine.model):
+                router.module.weight.add_(0.5 * torch.randn(router.module.weight.shape, generator=generator))
+        self.held = 1
+        return self.held
+
+
+@torch.no_grad()
+def forward_experts(model, generation) -> torch.Tensor:
+    """``[positions, layers, top_k]`` sorted experts of a forward over the sequence (its last token not needed)."""
+    with record_routing(model) as routing:
+        model(input_ids=torch.tensor([generation.prompt_ids + generation.response_ids]))
+    return routing.indices[0, :-1].long().sort(dim=-1).values
+
+
+def test_a_continued_responses_routing_is_each_positions_own_weights(tmp_path):
+    import copy
+
+    tokenizer = build_char_tokenizer("0123456789+=")
+    tiny = TinyModelConfig(architecture="qwen3_moe", hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                           num_hidden_layers=2, num_experts=8, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    folder = save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "moe")
+    hf = HFRolloutEngine(HFRolloutEngine.Params(record_routing=True))
+    hf.start(EngineContext(folder, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+    old = copy.deepcopy(hf.model)
+    hf.follow_updates(MovedRouters(hf, "continue", scale=1.0))
+    continued = [g for g in flat(hf.generate(PROMPTS, SAMPLING)) if len(set(g.versions)) == 2]
+    assert continued
+    moved = 0
+    for generation in continued:
+        cut = len(generation.prompt_ids) + generation.versions.count(0) - 1  # first position the new weights ran
+        before, after = forward_experts(old, generation), forward_experts(hf.model, generation)
+        expected = torch.cat([before[:cut], after[cut:]])
+        assert torch.equal(generation.routing.long().sort(dim=-1).values, expected)
+        moved += int((before[cut:] != after[cut:]).any())
+    assert moved > 0  # the routers moved enough that replaying the old routing everywhere would be wrong
+
+
 @pytest.mark.parametrize("mode", ["continue", "restart"])
 def test_the_producer_continues_across_published_weights_within_k(tmp_path, mode):
     k, steps = 2, 5
@@ -150,15 +201,26 @@ def test_the_producer_continues_across_published_weights_within_k(tmp_path, mode
         assert all(m["rollout/interrupted"] == 0.0 for m in metrics)
 
 
+class BetweenBatchesOnly(HFRolloutEngine):
+    """A third party's engine that loads weights between batches only (it does not declare updates_in_flight)."""
+
+    name = "between-batches"
+    updates_in_flight = False
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["rollout.engine={name: vllm}", "rollout.partial=continue"], "loads weights between batches only"),
-        (["algorithm.router={name: replay-rollout}", "rollout.partial=restart"], "stitches a response"),
+        (["rollout.engine={name: between-batches}", "rollout.partial=continue"], "loads weights between batches only"),
+        (["rollout.engine={name: between-batches}", "rollout.partial=restart"], "loads weights between batches only"),
     ],
 )
 def test_preflight_refuses_partial_rollouts_it_cannot_honour(tmp_path, overrides, message):
-    registry = default_registry()
+    registry = Registry.discover()
+    module = types.ModuleType("partial_test_plugins")
+    module.rlzoo_rollout_engines = rlzoo.hookimpl(lambda: [BetweenBatchesOnly])
+    module.rlzoo_rollout_engines.__name__ = "rlzoo_rollout_engines"
+    registry.add_plugin(module, name="partial-test", distribution="partial-test-dist")
     config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 4}},
                           ["rollout.max_staleness=1", *overrides, f"output_dir={tmp_path / 'run'}"], registry)
     with pytest.raises(ConfigError) as err:
@@ -166,8 +228,11 @@ def test_preflight_refuses_partial_rollouts_it_cannot_honour(tmp_path, overrides
     assert any(at == "rollout.partial" and message in text for at, text in err.value.problems), err.value.problems
 
 
-def test_partial_rollouts_on_hf_pass_the_preflight(tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_partial_rollouts_on_hf_and_vllm_pass_the_preflight(tmp_path, engine):
+    if engine == "vllm":
+        pytest.importorskip("vllm")  # the preflight checks the engine's package is installed
     registry = default_registry()
     config = build_config({}, ["rollout.max_staleness=1", "rollout.partial=continue", "algorithm.router=null",
-                               f"output_dir={tmp_path / 'run'}"], registry)
+                               f"rollout.engine={{name: {engine}}}", f"output_dir={tmp_path / 'run'}"], registry)
     preflight(config, registry)

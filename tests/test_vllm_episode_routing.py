@@ -3,7 +3,7 @@
 The same checks as tests/test_episode_routing.py (hf engine, whose helpers this module uses) on vLLM: an episode's
 turns come from separate ``llm.generate`` calls (turn 1 with ``n = group_size``, later turns ``n = 1`` on the
 episode's whole sequence), each capturing the routing of every position it ran from position 0 (prefix caching off:
-every call prefills the whole sequence). :func:`rlzoo.episodes.runner.stitch_routing` keeps each position's experts from the
+every call prefills the whole sequence). :func:`rlzoo.moe.stitch_routing` keeps each position's experts from the
 call that ran it first, so the stitched routing, replayed in the torch training engine, reproduces vLLM's experts at
 every policy token's predicting position and vLLM's log-probs; with the routers moved between turns (weight syncs),
 a later call's prefill re-routes the earlier turns differently and the stitched routing still holds each turn's own

@@ -58,7 +58,7 @@ class Generation:
     response_logprobs: the rollout engine's log-prob of each sampled token (0 for an observation's tokens).
     routing:           optional ``[len(prompt_ids) + len(response_ids) - 1, layers, top_k]`` expert indices the
                        rollout engine used (the last sampled token is never run through the model); in an
-                       episode stitched from its turns (:func:`rlzoo.episodes.runner.stitch_routing`).
+                       episode stitched from its turns (:func:`rlzoo.moe.stitch_routing`).
     policy_mask:       per response token, 1 if the policy sampled it, 0 for an observation's token (in the
                        context, out of the loss); ``None``: every token is the policy's (one turn).
     turns:             ``(start, end)`` response indices of each turn's policy tokens; ``None``: one turn.
@@ -159,7 +159,7 @@ class RolloutEngine(Component):
       :meth:`adapter_targets_supported` accepts.
     - ``updates_in_flight``: it can stop a generation when newer weights are published, load them and continue the
       unfinished responses from their prefix or restart them (``rollout.partial: continue|restart``), through
-      :meth:`follow_updates`; hf can, vllm here cannot.
+      :meth:`follow_updates`; hf and vllm can.
     """
 
     kind = "rollout_engine"

@@ -29,6 +29,7 @@ from rlzoo.engines.base import Adapter, EngineContext, Generation, InFlightUpdat
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RunFacts
 from rlzoo.models.memory import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
+from rlzoo.moe import stitch_routing
 from rlzoo.models.weights import load_checkpoint_weights
 
 if TYPE_CHECKING:
@@ -109,16 +110,15 @@ class HFRolloutEngine(RolloutEngine):
         return out
 
     def follow_updates(self, updates: InFlightUpdates | None) -> None:
-        if updates is not None and self.records_routing:
-            raise RlzooError("rollout.partial: the hf engine records no routing across a weight update in flight; "
-                             "use rollout.partial: off with a router policy that replays the rollout's experts")
         self._updates = updates
 
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingSettings, greedy: bool) -> list[Generation]:
         """One batch of rows; with weight updates followed in flight, a generation stopped by newer weights loads
         them and goes on: the unfinished rows continue from their prefix (``continue``: a new prefill of prompt and
         tokens so far under the new weights, the remaining budget; their KV cache is not kept) or start again
-        (``restart``). Rows advance in lockstep, so the unfinished ones have sampled the same number of tokens."""
+        (``restart``). Rows advance in lockstep, so the unfinished ones have sampled the same number of tokens. A
+        continued response's routing keeps, at every position, the experts of the weights that ran it first
+        (:func:`rlzoo.moe.stitch_routing`): R3 replays for each token the routing of the version that sampled it."""
         updates = self._updates
         if updates is None:
             return self._generate_rows(prompts, sampling, greedy, None)
@@ -148,6 +148,9 @@ class HFRolloutEngine(RolloutEngine):
                 head.response_logprobs + more.response_logprobs, more.finished,
                 versions=head.versions + more.versions,
             )
+            if more.routing is not None:
+                positions = len(prompts[i]) + len(generations[i].response_ids) - 1
+                generations[i].routing = stitch_routing(head.routing, more.routing, positions)
         return generations
 
     def _generate_rows(

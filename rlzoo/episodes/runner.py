@@ -9,7 +9,7 @@
 
 The episode's token ids are the truth: the sampled ids are kept as sampled, the observation's ids are appended
 (never re-tokenising the conversation, which would train on other tokens than were sampled), and each turn's
-MoE routing is stitched into one tensor over the whole sequence (:func:`stitch_routing`). An observation is
+MoE routing is stitched into one tensor over the whole sequence (:func:`rlzoo.moe.stitch_routing`). An observation is
 rendered by the tokenizer's chat template when prompts are chat messages (the text between the policy's
 end-of-turn and the next generation prompt), otherwise by :meth:`Environment.plain_text`.
 
@@ -39,6 +39,7 @@ from rlzoo.episodes.faults import DEMONSTRATION_LEFT_OUT, EPISODE_ENDS, Environm
 from rlzoo.episodes.faults import error_key, observation_problem
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation, Sample, Tool, Verdict
+from rlzoo.moe import stitch_routing
 from rlzoo.util.decode import response_text
 from rlzoo.util.reductions import FailedEpisodes, Mean, Sum
 
@@ -311,21 +312,6 @@ class _Episode:
             self.prompt, self.response, self.logprobs, finished, self.routing,
             policy_mask=self.mask, turns=self.turns, turn_rewards=rewards, truncated=self.truncated,
         )
-
-
-def stitch_routing(stitched: torch.Tensor | None, turn: torch.Tensor, positions: int) -> torch.Tensor:
-    """Join a turn's routing ``turn`` (``[positions of its call, layers, top_k]``, from position 0) onto the
-    episode's routing so far, giving ``positions`` rows.
-
-    Every position keeps the experts of the engine call that first ran it: a turn's own decode for its sampled
-    tokens, the next turn's prefill for the previous turn's last token and the observation's tokens. A later
-    turn's prefill re-routes the earlier positions too, but those are not the experts that produced the earlier
-    turns' tokens, so they never overwrite them."""
-    kept = 0 if stitched is None else stitched.shape[0]
-    if turn.shape[0] < positions:
-        raise RlzooError(f"a turn's routing covers {turn.shape[0]} positions, the episode needs {positions}")
-    new = turn[kept:positions]
-    return new.clone() if stitched is None else torch.cat([stitched, new])
 
 
 def episode_metrics(episodes: Sequence[_Episode], environment: Environment) -> dict[str, Any]:

@@ -14,7 +14,8 @@ One module per job; every public name is re-exported here (``from rlzoo.moe impo
 - :mod:`~rlzoo.moe.flips` — :func:`flip_rate` / :func:`flip_rate_per_layer`: share of (token, layer, k) slots
   whose expert differs between two routings.
 - :mod:`~rlzoo.moe.rollout` — :func:`routing_for_batch`: rollout-engine routings (``Generation.routing``) aligned
-  with a :class:`~rlzoo.engines.base.TokenBatch`, for Rollout Routing Replay (R3).
+  with a :class:`~rlzoo.engines.base.TokenBatch`, for Rollout Routing Replay (R3); :func:`stitch_routing`: one
+  routing for a sequence sampled by several engine calls.
 - :mod:`~rlzoo.moe.balance` — :func:`load_balancing_loss`, the router load-balancing (aux) loss, and
   :class:`RouterLogits`, which collects its inputs.
 
@@ -45,7 +46,7 @@ from rlzoo.moe.flips import flip_counts, flip_rate, flip_rate_per_layer
 from rlzoo.moe.gates import GATE_FUNCTIONS
 from rlzoo.moe.record import RoutingRecorder, record_routing
 from rlzoo.moe.replay import RoutingReplay, replay_routing
-from rlzoo.moe.rollout import routing_for_batch
+from rlzoo.moe.rollout import routing_for_batch, stitch_routing
 from rlzoo.moe.routers import Layout, RouterInfo, RoutingError, find_routers, layout, require_routers
 from rlzoo.moe.routing import Routing, index_dtype
 
@@ -69,4 +70,5 @@ __all__ = [
     "replay_routing",
     "require_routers",
     "routing_for_batch",
+    "stitch_routing",
 ]

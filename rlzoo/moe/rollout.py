@@ -2,7 +2,8 @@
 
 A rollout engine (``Generation.routing``) records ``[len(prompt) + len(response) - 1, L, k]`` experts per
 generation; :func:`routing_for_batch` turns them into a :class:`Routing` aligned with a
-:class:`~rlzoo.engines.base.TokenBatch`, for :func:`rlzoo.moe.replay_routing`.
+:class:`~rlzoo.engines.base.TokenBatch`, for :func:`rlzoo.moe.replay_routing`. A generation sampled by several engine
+calls (the turns of an episode, the pieces of a partial rollout) is given one routing by :func:`stitch_routing`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlzoo.errors import RlzooError
 from rlzoo.moe.routers import RoutingError, layout
 from rlzoo.moe.routing import Routing, index_dtype
 
@@ -67,3 +69,20 @@ def routing_for_batch(
             indices[row, : n - 1] = routing.to(indices.dtype)
             valid[row, : n - 1] = True
     return Routing(indices, layers, num_experts, valid)
+
+
+def stitch_routing(stitched: torch.Tensor | None, call: torch.Tensor, positions: int) -> torch.Tensor:
+    """Join one engine call's routing ``call`` (``[positions of its call, layers, top_k]``, from position 0) onto the
+    sequence's routing so far, giving ``positions`` rows.
+
+    Every position keeps the experts of the engine call that first ran it: a call's own decode for its sampled
+    tokens, the next call's prefill for the previous call's last token and anything appended between them (an
+    episode's observation). A later call's prefill re-routes the earlier positions too (after a weight update in
+    flight, with other weights), but those are not the experts that produced the earlier tokens, so they never
+    overwrite them. Used for an episode's turns (:mod:`rlzoo.episodes.runner`) and for a partial rollout's pieces
+    (``rollout.partial: continue``)."""
+    kept = 0 if stitched is None else stitched.shape[0]
+    if call.shape[0] < positions:
+        raise RlzooError(f"an engine call's routing covers {call.shape[0]} positions, the sequence needs {positions}")
+    new = call[kept:positions]
+    return new.clone() if stitched is None else torch.cat([stitched, new])

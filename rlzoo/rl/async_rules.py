@@ -42,11 +42,4 @@ def async_rule(run: RunFacts) -> list[Problem]:
             f"{rollout.partial!r} needs a rollout engine that can stop or update its weights mid-generation; "
             f"{engine.name!r} loads weights between batches only: use off",
         ))
-    router = run.components.get("algorithm.router")
-    if rollout.partial != "off" and router is not None and router.source == "rollout":
-        problems.append((
-            "rollout.partial",
-            f"{rollout.partial!r} stitches a response from several generate calls, whose expert routing router "
-            f"policy {router.name!r} would replay; use rollout.partial: off with it",
-        ))
     return problems

@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.base import Adapter, EngineContext, Generation, InFlightUpdates, RolloutEngine, SamplingSettings
 from rlzoo.engines.vllm import limits, options
+from rlzoo.engines.vllm.in_flight import generate_following
 from rlzoo.engines.vllm.lora import VLLM_LORA_RANKS, AdapterFolders, build_kwargs, cpu_moe_kernel, targets_problem
 from rlzoo.engines.vllm.routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
@@ -88,6 +89,7 @@ class VLLMRolloutEngine(RolloutEngine):
     # so it works only with one engine on every rank, never inside rank 0 alone.
     runs_under_launcher = False
     runs_per_rank = True
+    updates_in_flight = True  # generate() steps vLLM's engine and stops for newer weights (in_flight.py)
 
     Params = options.Params
 
@@ -95,8 +97,13 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
         """What vLLM needs of the model and its memory (:func:`rlzoo.engines.vllm.limits.model_problems`); an
-        adapter rank vLLM serves."""
+        adapter rank vLLM serves; a routing capture that sees the pieces of a partial rollout."""
         problems = limits.model_problems(self.params, run, at, self.name)
+        router = run.components.get("algorithm.router")
+        if run.config.rollout.partial != "off" and self.params.routing_capture == "vllm" and router is not None \
+                and router.source == "rollout":
+            problems.append((f"{at}.routing_capture", "'vllm' returns a request's experts with its last output, which "
+                             "a request stopped for new weights (rollout.partial) never gets; use worker"))
         lora = run.config.model.lora
         if lora is not None and lora.sync != "merged" and lora.rank > VLLM_LORA_RANKS[-1]:
             problems.append((
@@ -127,6 +134,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._synced = False
         self._direct_sync = False  # chosen at start()
         self._adapters: AdapterFolders | None = None  # with LoRA: the adapter folders (chosen at start())
+        self._updates: InFlightUpdates | None = None  # rollout.partial: set by follow_updates
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, context: EngineContext) -> None:
@@ -289,13 +297,15 @@ class VLLMRolloutEngine(RolloutEngine):
             raise RuntimeError("VLLMRolloutEngine.generate() before start()")
         from vllm.inputs import TokensPrompt
 
+        capture = self._capture if self.records_routing else None
+        if self._updates is not None:
+            return generate_following(self.llm, prompts, sampling, self.sampling_params, self._updates,
+                                      self.context.eos_token_id, self._lora_request, capture)
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         params = [self.sampling_params(sampling, i) for i in range(len(prompts))]
-        capture = self._capture if self.records_routing else None
         if capture is not None:
             capture.begin(self.llm)
-        lora_request = self._adapters.request if self._adapters is not None else None
-        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request())
         if capture is not None:
             capture.end(self.llm)
         eos = self.context.eos_token_id
@@ -316,6 +326,12 @@ class VLLMRolloutEngine(RolloutEngine):
                 group.append(generation)
             result.append(group)
         return result
+
+    def _lora_request(self) -> Any:
+        return self._adapters.request if self._adapters is not None else None
+
+    def follow_updates(self, updates: InFlightUpdates | None) -> None:
+        self._updates = updates
 
     # ------------------------------------------------------------------ weight sync
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
