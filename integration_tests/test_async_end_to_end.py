@@ -67,13 +67,17 @@ def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrid
         assert all(0 <= r["rollout/token_staleness"] <= r["rollout/staleness"] for r in train_rows)
 
 
-def test_async_multi_turn_episodes_with_a_tool(tmp_path, cold_start_root):
+@pytest.mark.parametrize("partial", ["off", "continue"])
+def test_async_multi_turn_episodes_with_a_tool(tmp_path, cold_start_root, partial):
     run_dir = tmp_path / "tools"
-    config = make_config(run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", task="calculator")
+    config = make_config(run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", f"rollout.partial={partial}",
+                         task="calculator")
     train(config, progress=False)
     rows = assert_finite_metrics(run_dir, 3)
     assert _staleness(rows) == [0.0, 1.0, 1.0]
     assert all("episode/turns_mean" in r and "tool/calls_per_episode" in r for r in _train_rows(rows))
+    if partial == "continue":  # every episode's policy tokens carry their versions through the turns
+        assert all(0 <= r["rollout/token_staleness"] <= r["rollout/staleness"] for r in _train_rows(rows))
 
 
 def test_async_on_vllm_and_deepspeed(tmp_path, cold_start_root):

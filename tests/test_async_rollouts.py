@@ -173,6 +173,13 @@ def test_preflight_refuses_what_the_producer_cannot_honour(overrides, world, loc
     assert any(at == loc and message in text for at, text in err.value.problems), err.value.problems
 
 
+def test_a_bare_yaml_off_is_partial_off():
+    """YAML 1.1 reads ``partial: off`` (as the docs write it) as false."""
+    assert build_config({}, ["rollout.max_staleness=1", "rollout.partial=off"]).rollout.partial == "off"
+    with pytest.raises(ConfigError, match="rollout.partial"):
+        build_config({}, ["rollout.max_staleness=1", "rollout.partial=on"])
+
+
 @pytest.mark.parametrize("value", ["-1", "two"])
 def test_a_negative_or_non_integer_staleness_is_a_config_error(value):
     with pytest.raises(ConfigError, match="rollout.max_staleness"):

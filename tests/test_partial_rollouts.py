@@ -9,6 +9,8 @@ or samples them again; each token records the version that sampled it.
   staleness stays within k and the batch metrics say how many responses were interrupted;
 - MoE routing (R3): a continued response's routing is, at every position, the experts of the weights that ran it
   first: the old weights' up to the update, the new weights' from there (a forward of each, with moved routers);
+- multi-turn episodes: each policy token keeps its version through the turns' stitching, and the metrics count
+  policy tokens only;
 - the preflight: an engine that does not declare ``updates_in_flight`` is refused.
   (vLLM's partial rollouts: integration_tests/test_vllm_partial.py.)
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import time
 import types
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,9 +34,10 @@ from rlzoo.moe import find_routers, record_routing
 from rlzoo.preflight.checks import preflight
 import rlzoo
 from rlzoo.registry import Registry, default_registry
-from rlzoo.rl.async_rollouts import AsyncRollouts
+from rlzoo.rl.async_rollouts import AsyncRollouts, token_versions
 from rlzoo.rl.learner import Learner
 from schedule_testlib import start_rig
+from test_episode_routing import ALPHABET, MAX_TOKENS, MAX_TURNS, OBSERVATION, NumberedEngine, ScriptedEnvironment
 
 MAX_NEW = 8
 AFTER = 3  # the update is published once this many tokens are sampled
@@ -174,6 +178,39 @@ def test_a_continued_responses_routing_is_each_positions_own_weights(tmp_path):
         assert torch.equal(generation.routing.long().sort(dim=-1).values, expected)
         moved += int((before[cut:] != after[cut:]).any())
     assert moved > 0  # the routers moved enough that replaying the old routing everywhere would be wrong
+
+
+class VersionedTurns(NumberedEngine):
+    """Call k samples the first token of each turn by version k - 1 and the rest by version k (an update in
+    flight)."""
+
+    def generate(self, prompts, sampling):
+        groups = super().generate(prompts, sampling)
+        for generation in flat(groups):
+            generation.versions = [self.count - 1] + [self.count] * (len(generation.response_ids) - 1)
+        return groups
+
+
+def test_an_episode_keeps_each_policy_tokens_version_and_the_metrics_skip_observations():
+    from rlzoo.config.schema import PromptConfig
+    from rlzoo.episodes.runner import EpisodeRunner
+    from rlzoo.interfaces import Sample
+
+    tokenizer = build_char_tokenizer(ALPHABET)
+    runner = EpisodeRunner(ScriptedEnvironment(), tokenizer, max_turns=MAX_TURNS, max_tokens=MAX_TOKENS)
+    batch = runner.run(VersionedTurns(), [Sample("12+34=", "")], SamplingSettings(n=2, max_new_tokens=8),
+                       PromptConfig())
+    episodes = batch.groups[0]
+    obs = len(tokenizer(OBSERVATION, add_special_tokens=False)["input_ids"])
+    for episode in episodes:
+        assert len(episode.versions) == len(episode.response_ids) and len(episode.turns) == MAX_TURNS
+        for k, (start, end) in enumerate(episode.turns, start=1):
+            assert episode.versions[start:end] == [k - 1, k, k, k]
+            if k > 1:  # the observation before turn k: the version of the token before it
+                assert episode.versions[start - obs : start] == [k - 1] * obs
+    # policy tokens' versions: 0 1 1 1 | 1 2 2 2 | 2 3 3 3, mean 1.75 (the observations', 1 and 2, would lower it)
+    metrics = token_versions(3, SimpleNamespace(generations=episodes))
+    assert metrics == {"rollout/token_staleness": 1.25, "rollout/interrupted": 1.0}
 
 
 @pytest.mark.parametrize("mode", ["continue", "restart"])

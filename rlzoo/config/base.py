@@ -1,5 +1,5 @@
 """What every part of the run config is built from: the ``Section`` base, the component specs (one class per hook
-kind), the learning-rate and Adam-beta types, and the components a config that names none gets.
+kind), the learning-rate, Adam-beta and partial-rollout types, and the components a config that names none gets.
 
 A component is written ``{name: <registered name>, <its parameters>...}``: a :class:`ComponentSpec` of its kind.
 The kinds are the plugin hooks' (:data:`rlzoo.hookspecs.HOOK_KINDS`); :data:`SPECS` has one spec class for each.
@@ -7,9 +7,9 @@ The kinds are the plugin hooks' (:data:`rlzoo.hookspecs.HOOK_KINDS`); :data:`SPE
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from rlzoo.hookspecs import HOOK_KINDS
 
@@ -26,6 +26,10 @@ LearningRate = Annotated[float, Field(gt=0), AfterValidator(_fits_float32)]
 """An optimizer's learning rate: positive, and a float32 number."""
 Beta = Annotated[float, Field(ge=0, lt=1)]
 """One of Adam's moment decays, in [0, 1)."""
+PartialMode = Annotated[
+    Literal["off", "continue", "restart"], BeforeValidator(lambda value: "off" if value is False else value)
+]
+"""``rollout.partial``; YAML 1.1 reads a bare ``off`` as false, which means "off" here."""
 
 
 class Section(BaseModel):

@@ -21,6 +21,7 @@ from rlzoo.config.base import (
     DEFAULT_TRAINING_ENGINE,
     Beta,
     LearningRate,
+    PartialMode,
     Section,
     spec_class,
 )
@@ -204,7 +205,7 @@ class RolloutConfig(Section):
         description="with max_staleness: how many responses may wait sampled for the trainer (at least one step's, "
         "prompts_per_step x group_size); null: max_staleness steps' worth (one step's with k = 0)",
     )
-    partial: Literal["off", "continue", "restart"] = Field(
+    partial: PartialMode = Field(
         "off", description="with max_staleness: off finishes a generation in flight by the weights it started with; "
         "continue stops it at newer weights, loads them and goes on from each response's prefix; restart samples the "
         "unfinished responses again (an engine that declares updates_in_flight: hf, vllm)",

@@ -66,7 +66,9 @@ class Generation:
     truncated:         the episode was ended by a limit (``episode.max_turns``, ``episode.max_tokens``, a turn
                        cut at ``rollout.max_new_tokens``), not by its environment.
     versions:          per response token, the weight version that sampled it, when the engine followed weight
-                       updates in flight (``rollout.partial: continue|restart``); ``None``: not recorded.
+                       updates in flight (``rollout.partial: continue|restart``); ``None``: not recorded. In an
+                       episode an observation's tokens carry the version of the token before them (no version
+                       sampled them; ``policy_mask`` 0).
     """
 
     prompt_ids: list[int]

@@ -257,6 +257,7 @@ class _Episode:
         self.turns: list[tuple[int, int]] = []
         self.rewards: list[float] = []
         self.routing: torch.Tensor | None = None
+        self.versions: list[int] | None = []  # per token (rollout.partial); None once a turn recorded none
         self.outcomes: list[Any] = []
         self.error: str | None = None  # why its environment failed (the episode then ends there, with reward 0)
         self.ended = False
@@ -277,6 +278,7 @@ class _Episode:
         self.response += ids
         self.logprobs += logprobs
         self.mask += [1] * len(ids)
+        self.versions = None if self.versions is None or g.versions is None else self.versions + g.versions[:room]
         self.turns.append((start, len(self.response)))
         self.finished = g.finished and len(ids) == len(g.response_ids)
         if g.routing is not None:
@@ -292,6 +294,8 @@ class _Episode:
         self.response += ids
         self.logprobs += [0.0] * len(ids)
         self.mask += [0] * len(ids)
+        if self.versions is not None:  # an observation's tokens sampled by nobody: the version of the turn before
+            self.versions = self.versions + [self.versions[-1]] * len(ids) if self.versions else None
         if self.messages is not None:
             self.messages = [*self.messages, {"role": "assistant", "content": self._last_text}, *observation.messages]
 
@@ -311,6 +315,7 @@ class _Episode:
         return Generation(
             self.prompt, self.response, self.logprobs, finished, self.routing,
             policy_mask=self.mask, turns=self.turns, turn_rewards=rewards, truncated=self.truncated,
+            versions=self.versions or None,
         )
 
 

@@ -151,8 +151,12 @@ class _QueueUpdates:
 
 def token_versions(step: int, batch: RolloutBatch) -> dict[str, float]:
     """``rollout/token_staleness``: mean over the batch's sampled tokens of ``step - version``; ``rollout/interrupted``:
-    the share of responses whose tokens came from more than one version (empty when no versions were recorded)."""
-    versions = [g.versions for g in batch.generations if g.versions]
+    the share of responses whose tokens came from more than one version (empty when no versions were recorded). An
+    episode's observation tokens (``policy_mask`` 0) were sampled by no version and are not counted."""
+    versions = [
+        [v for v, policy in zip(g.versions, g.policy_mask or [1] * len(g.versions)) if policy]
+        for g in batch.generations if g.versions
+    ]
     tokens = [v for vs in versions for v in vs]
     if not tokens:
         return {}
