@@ -71,5 +71,36 @@ def test_throughput_ratios_are_against_runs_of_the_same_invocation():
 
 
 def test_a_setting_that_is_no_schedule_is_refused():
-    with pytest.raises(SystemExit, match="not sync, overlap or a staleness bound"):
+    with pytest.raises(SystemExit, match="not sync, overlap, a staleness bound"):
         bench.overrides_for("fast")
+    with pytest.raises(SystemExit, match="partial-rollout mode of continue, restart"):
+        bench.overrides_for("2:stream")
+
+
+def test_a_partial_rollout_setting_is_its_bound_and_its_mode():
+    assert bench.overrides_for("2:continue") == ["rollout.max_staleness=2", "rollout.partial=continue"]
+    assert bench.overrides_for("1") == ["rollout.max_staleness=1"]
+    assert [bench.staleness_of(s) for s in ("sync", "overlap", "0", "4:restart")] == [None, None, 0, 4]
+    partial = {"status": "ok", "step_seconds": [1.0, 1.0], "tokens": [10, 10], "staleness": [1, 1], "phases": {},
+               "token_staleness": [0.5, 0.25], "interrupted": [1.0, 0.5]}
+    result = {"runs": {"1:continue": partial}}
+    bench.summarise(result)
+    assert partial["mean_token_staleness"] == 0.375 and partial["mean_interrupted"] == 0.75
+    table = bench.report({**result, "scale": "long", "steps": 3, "warmup": 1, "set": ["algorithm.minibatches=1"],
+                          "machine": {"platform": "p", "cpus": 2, "load_before": [0.1], "date": "d"}})
+    assert "| 1:continue | 1.00 |" in table and "1.00, 0.38 | 75% |" in table
+    assert "Config changes: `algorithm.minibatches=1`" in table
+
+
+def test_the_openmp_benchmark_prints_each_variant_against_alone():
+    """benchmarks/openmp_threads.py as a user runs it (one short repeat): a row per variant, "alone" at 1.00x."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "openmp_threads.py"
+    run = subprocess.run([sys.executable, str(script), "--repeats", "1", "--iterations", "2"], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith(("alone", "idle second thread"))]
+    assert len(rows) == 4 and rows[0].split()[2] == "1.00x"
+    bad = subprocess.run([sys.executable, str(script), "--repeats", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--repeats and --iterations must be at least 1" in bad.stderr
