@@ -29,8 +29,8 @@ from rlzoo.engines.base import Adapter, EngineContext, Generation, InFlightUpdat
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, RunFacts
 from rlzoo.models.memory import ModelShape, RolloutMemory, kv_cache_bytes, policy_bytes
-from rlzoo.moe import stitch_routing
 from rlzoo.models.weights import load_checkpoint_weights
+from rlzoo.moe import stitch_routing
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig

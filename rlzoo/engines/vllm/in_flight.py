@@ -44,6 +44,7 @@ _calls = itertools.count()  # request ids stay unique across calls: vLLM keys it
 @dataclass
 class _Response:
     prompt: list[int]
+    params: Any  # the engine's vLLM sampling parameters of its prompt
     seed: int | None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -78,35 +79,32 @@ def generate_following(
     engine = llm.llm_engine
     call = next(_calls)
     groups: list[list[_Response]] = []
-    templates = []
     for index, prompt in enumerate(prompts):
         params = sampling_params(sampling, index)
-        templates.append(params)
         seed = params.seed
-        groups.append([_Response(list(prompt), None if seed is None else seed + j) for j in range(sampling.n)])
+        groups.append([_Response(list(prompt), params, None if seed is None else seed + j) for j in range(sampling.n)])
     responses = [r for group in groups for r in group]
-    template_of = {id(r): templates[i] for i, group in enumerate(groups) for r in group}
     version = updates.version()
     submitted = itertools.count()
+    by_request: dict[str, _Response] = {}
 
     def submit(response: _Response) -> None:
-        params = template_of[id(response)].clone()
+        params = response.params.clone()
         params.n = 1
         params.seed = response.seed
         params.max_tokens = sampling.max_new_tokens - len(response.tokens)
         params.output_kind = RequestOutputKind.DELTA
         response.request = f"rlzoo-partial-{call}-{next(submitted)}"
         response.pieces.append((response.request, len(response.tokens)))
+        by_request[response.request] = response
         engine.add_request(response.request, TokensPrompt(prompt_token_ids=response.prompt + response.tokens), params,
                            lora_request=lora_request())
 
-    by_request: dict[str, _Response] = {}
     if capture is not None:
         capture.begin(llm)
     try:
         for response in responses:
             submit(response)
-            by_request[response.request] = response
         while engine.has_unfinished_requests():
             for output in engine.step():
                 response = by_request.get(output.request_id)
@@ -114,7 +112,7 @@ def generate_following(
                     continue  # an aborted request's last output
                 _take(response, output, version, eos)
             if updates.pending() and any(not r.done for r in responses):
-                version = _reload(engine, responses, updates, by_request, submit, sampling, version)
+                version = _reload(engine, responses, updates, submit, sampling)
     except BaseException:
         unfinished = [r.request for r in responses if not r.done and r.request is not None]
         if unfinished:
@@ -159,10 +157,8 @@ def _reload(
     engine: Any,
     responses: list[_Response],
     updates: InFlightUpdates,
-    by_request: dict[str, _Response],
     submit: Callable[[_Response], None],
     sampling: SamplingSettings,
-    version: int,
 ) -> int:
     """Stop the unfinished responses, load the newest weights, and sample them on (or again): the new version."""
     unfinished = [r for r in responses if not r.done]
@@ -177,5 +173,4 @@ def _reload(
         if response.seed is not None:  # a fresh stream: the continuation must not replay the first draws
             response.seed = (response.seed * 1_000_003 + new_version + 1) % 2**63
         submit(response)
-        by_request[response.request] = response
     return new_version
