@@ -273,3 +273,17 @@ def test_partial_rollouts_on_hf_and_vllm_pass_the_preflight(tmp_path, engine):
     config = build_config({}, ["rollout.max_staleness=1", "rollout.partial=continue", "algorithm.router=null",
                                f"rollout.engine={{name: {engine}}}", f"output_dir={tmp_path / 'run'}"], registry)
     preflight(config, registry)
+
+
+def test_vllms_own_routing_output_is_refused_with_partial_rollouts_and_r3(tmp_path):
+    """vLLM's routed_experts arrive with a request's last output, which a request stopped for new weights never gets."""
+    pytest.importorskip("vllm")  # the preflight checks the engine's package is installed
+    registry = default_registry()
+    config = build_config({}, ["rollout.max_staleness=1", "rollout.partial=continue",
+                               "algorithm.router={name: replay-rollout}",
+                               "rollout.engine={name: vllm, routing_capture: vllm}", f"output_dir={tmp_path / 'run'}"],
+                          registry)
+    with pytest.raises(ConfigError) as err:
+        preflight(config, registry)
+    assert any(at == "rollout.engine.routing_capture" and "use worker" in text for at, text in err.value.problems), \
+        err.value.problems
