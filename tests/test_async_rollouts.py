@@ -34,9 +34,9 @@ class WatchedLearner(Learner):
         self.seen.append((batch, logp, rollout_logp))
         return logp, entropy
 
-    def capture_weights(self):
+    def capture_weights(self, every_rank=False):
         self.history.append(state(self.engine.model))
-        return super().capture_weights()
+        return super().capture_weights(every_rank)
 
     def push_weights(self, rollout, every_rank=False):
         self.history.append(state(self.engine.model))
@@ -158,7 +158,6 @@ def test_a_producer_error_reaches_the_trainer():
     "overrides, world, loc, message",
     [
         (["rollout.max_staleness=1", "rollout.overlap=1"], 1, "rollout.max_staleness", "not with rollout.overlap"),
-        (["rollout.max_staleness=1"], 2, "rollout.max_staleness", "one process"),
         (["rollout.max_staleness=1", "rollout.queue_size=3"], 1, "rollout.queue_size", "less than one step's batch"),
         (["rollout.queue_size=64"], 1, "rollout.queue_size", "only with rollout.max_staleness"),
     ],
@@ -171,6 +170,14 @@ def test_preflight_refuses_what_the_producer_cannot_honour(overrides, world, loc
     with pytest.raises(ConfigError) as err:
         preflight(config, registry, world=world)
     assert any(at == loc and message in text for at, text in err.value.problems), err.value.problems
+
+
+def test_preflight_takes_a_producer_on_every_rank_of_several_processes(tmp_path):
+    """Several processes: a producer thread on each rank that samples (integration_tests/test_async_multiprocess.py)."""
+    registry = default_registry()
+    overrides = ["rollout.max_staleness=2", "rollout.partial=continue", "trainer.engine={name: deepspeed, zero_stage: 3}"]
+    config = build_config({}, [*overrides, f"output_dir={tmp_path / 'run'}"], registry)
+    preflight(config, registry, world=2)
 
 
 def test_a_bare_yaml_off_is_partial_off():

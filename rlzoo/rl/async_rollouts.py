@@ -29,8 +29,16 @@ batch's oldest version; ``rollout/token_staleness`` is the mean over its tokens 
 of responses sampled by more than one version.
 
 Evaluation uses the rollout engine too: :meth:`AsyncRollouts.paused` waits for the batch in flight and loads the
-newest weights before it. Limits (:mod:`rlzoo.rl.async_rules`): one process; not with ``rollout.overlap``; the
-queue holds at least one step's batch. Resume: batches in the queue are not checkpointed; a resumed run generates
+newest weights before it. Limits (:mod:`rlzoo.rl.async_rules`): not with ``rollout.overlap``; the queue holds at
+least one step's batch.
+
+Several processes: every rank that samples runs a producer. With per-rank rollouts each samples its share of a
+step's prompts, and the producers gather the shares in a process group of their own (``side``,
+:meth:`rlzoo.runtime.distributed.Dist.side_group`), since the main threads meet at the update's collectives
+meanwhile and one group's collectives are matched by their order. Every rank captures the weights at a publish
+(:meth:`Learner.capture_weights`: ZeRO-3 gathers them on all ranks). Only rank 0 evaluates: pausing its producer
+holds the others' at their next gather; the pause itself waits only for rank 0's batch in flight, which every other
+rank's producer may also sample by then (the same versions are published and the same steps taken on every rank). Resume: batches in the queue are not checkpointed; a resumed run generates
 its first batch with the checkpoint's weights, and none is trained twice (each batch belongs to its step).
 """
 
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import RolloutEngine
@@ -48,6 +56,8 @@ from rlzoo.rl.learner import Learner, WeightsUpdate
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, collect
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.staleness_queue import StalenessQueue
+from rlzoo.runtime.distributed import SINGLE, Dist
+from rlzoo.util.reductions import Max
 from rlzoo.util.timer import Timer
 
 
@@ -69,8 +79,10 @@ class AsyncRollouts(RolloutSchedule):
         max_staleness: int,
         capacity: int,
         partial: str = "off",
+        side: Dist = SINGLE,
     ) -> None:
         self.prompts_for = prompts_for
+        self.side = side  # with per-rank rollouts in several processes: the producers' own group for the gathers
         self.steps, self.max_staleness, self.capacity, self.partial = steps, max_staleness, capacity, partial
         self.queue: StalenessQueue[_Produced, WeightsUpdate] | None = None
         self.rollout: RolloutEngine | None = None
@@ -81,8 +93,10 @@ class AsyncRollouts(RolloutSchedule):
     ) -> RolloutBatch:
         if self.queue is None:  # the first step of this (possibly resumed) run: start the producer
             self.rollout = parts.engine
+            # the producer's gathers of the ranks' shares meet in a group of their own, beside the training loop's
+            producing = replace(parts, dist=self.side) if parts.per_rank else parts
             self.queue = StalenessQueue(
-                lambda index, version: self._generate(index, parts, config),
+                lambda index, version: self._generate(index, producing, config),
                 self._load,
                 first=step,
                 end=self.steps,
@@ -96,16 +110,18 @@ class AsyncRollouts(RolloutSchedule):
             timer.seconds[name] += seconds
         timer.seconds["rollout_wait"] += taken.waited
         batch = taken.item.batch
-        batch.metrics["rollout/staleness"] = float(step - taken.version)
+        batch.metrics["rollout/staleness"] = Max(step - taken.version)  # over ranks: the oldest share's
         batch.metrics["rollout/ready"] = float(taken.ready)
         if self.partial != "off":
             batch.metrics.update(token_versions(step, batch))
         return batch
 
     def publish(self, step: int, learner: Learner, rollout: RolloutEngine, every_rank: bool, updated: bool) -> None:
-        if self.queue is None:
+        update = learner.capture_weights(every_rank) if updated else None  # None also on a rank that samples nothing
+        if self.queue is not None:
+            self.queue.publish(step + 1, update)
+        elif every_rank or learner.dist.is_main:
             raise RuntimeError("AsyncRollouts.publish before the first batch")
-        self.queue.publish(step + 1, learner.capture_weights() if updated else None)
 
     @contextmanager
     def paused(self) -> Iterator[None]:

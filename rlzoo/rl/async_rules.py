@@ -7,8 +7,9 @@ from rlzoo.interfaces import Problem, RunFacts
 
 
 def async_rule(run: RunFacts) -> list[Problem]:
-    """A producer thread in one process, a queue that holds a step's batch, and partial rollouts only where the
-    rollout engine declares it can stop or update a generation in flight."""
+    """Not with the overlap schedule, a queue that holds a step's batch, and partial rollouts only where the rollout
+    engine declares it can stop or update a generation in flight (one process or several: a producer thread on each
+    rank that samples, its gathers in a process group of their own)."""
     rollout = run.config.rollout
     k = rollout.max_staleness
     problems: list[Problem] = []
@@ -22,12 +23,6 @@ def async_rule(run: RunFacts) -> list[Problem]:
             "rollout.max_staleness",
             "not with rollout.overlap: 1 (overlap is the one-step-stale schedule with old log-probs under the "
             "sampling weights; max_staleness is the producer thread): set one of them",
-        ))
-    if run.world > 1:
-        problems.append((
-            "rollout.max_staleness",
-            f"the producer thread runs in one process; this run has {run.world} (the ranks meet at the update's "
-            "collectives while rank 0 samples): use rollout.max_staleness: null with several processes",
         ))
     batch = rollout.prompts_per_step * rollout.group_size
     if rollout.queue_size is not None and rollout.queue_size < batch:

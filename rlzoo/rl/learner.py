@@ -119,16 +119,21 @@ class Learner:
 
         return global_loss
 
-    def capture_weights(self) -> WeightsUpdate:
+    def capture_weights(self, every_rank: bool = False) -> WeightsUpdate | None:
         """A copy of the current weights (or, with ``sends_adapters``, the adapters) that a rollout engine loads
-        later, while training goes on (:mod:`rlzoo.rl.async_rollouts`; one process)."""
+        later, while training goes on (:mod:`rlzoo.rl.async_rollouts`): on rank 0, or with ``every_rank`` on each
+        rank; ``None`` on a rank that samples nothing (it still joins a gather of sharded weights, ZeRO-3)."""
+        receives = every_rank or self.dist.is_main
+        if not (self.engine.collective_weights or receives):
+            return None
         if self.sends_adapters:
             self._adapter_version += 1
             update = WeightsUpdate(adapter=self.engine.adapter(self._adapter_version))  # a CPU copy already
         else:
-            update = WeightsUpdate(weights=[(name, t.detach().clone()) for name, t in self.engine.named_weights()])
+            weights = self.engine.named_weights()  # on every rank: a gather of partitioned weights (ZeRO-3)
+            update = WeightsUpdate(weights=[(name, t.detach().clone()) for name, t in weights] if receives else None)
         self.reports.update(take_reports(self.engine))
-        return update
+        return update if receives else None
 
     def push_weights(self, rollout: RolloutEngine, every_rank: bool = False) -> None:
         """Send the current weights to this rank's rollout engine: rank 0's only, or with ``every_rank`` each

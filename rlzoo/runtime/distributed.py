@@ -44,6 +44,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: str = "cpu"  # where collective buffers live: "cpu" for gloo, "cuda:<local rank>" for nccl
+    group: Any = None  # the process group of the collectives; None: the default one (see :meth:`side_group`)
 
     @property
     def is_main(self) -> bool:
@@ -52,6 +53,17 @@ class Dist:
     @property
     def active(self) -> bool:
         return self.world > 1
+
+    def side_group(self) -> Dist:
+        """The same ranks in a process group of their own (gloo, on the CPU), for the object collectives of a
+        thread that runs beside the training loop (``rollout.max_staleness``'s producer: each rank samples its share
+        and the shares are gathered while the main threads meet at the update's collectives; two threads must not
+        share one group, whose collectives are matched by their order). Every rank calls it, in the same order."""
+        if not self.active:
+            return self
+        import torch.distributed as dist
+
+        return Dist(rank=self.rank, world=self.world, device="cpu", group=dist.new_group(backend="gloo"))
 
     # -- the row split ---------------------------------------------------------------------------------------
 
@@ -89,7 +101,7 @@ class Dist:
             pad = buffer.new_zeros((width - buffer.shape[0], *buffer.shape[1:]))
             buffer = torch.cat([buffer, pad])
         pieces = [torch.empty_like(buffer) for _ in range(self.world)]
-        dist.all_gather(pieces, buffer.contiguous())
+        dist.all_gather(pieces, buffer.contiguous(), group=self.group)
         return torch.cat([piece[:size] for piece, size in zip(pieces, sizes)]).to(local.device)
 
     def gather_rows_differentiable(self, local: torch.Tensor, count: int) -> torch.Tensor:
@@ -114,7 +126,7 @@ class Dist:
         import torch.distributed as dist
 
         box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, device=torch.device(self.device))
+        dist.broadcast_object_list(box, src=0, group=self.group, device=torch.device(self.device))
         return box[0]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -124,7 +136,7 @@ class Dist:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self) -> None:
@@ -132,9 +144,9 @@ class Dist:
             import torch.distributed as dist
 
             if self.device.startswith("cuda"):
-                dist.barrier(device_ids=[torch.device(self.device).index])
+                dist.barrier(group=self.group, device_ids=[torch.device(self.device).index])
             else:
-                dist.barrier()
+                dist.barrier(group=self.group)
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """The step's metrics combined over ranks, per key by the value's declared reduction

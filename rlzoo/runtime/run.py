@@ -228,7 +228,8 @@ class TrainingRun:
         if rollout.max_staleness is not None:
             batch = rollout.prompts_per_step * rollout.group_size
             capacity = max(rollout.max_staleness, 1) if rollout.queue_size is None else rollout.queue_size // batch
-            return AsyncRollouts(prompts_for, config.train.steps, rollout.max_staleness, capacity, rollout.partial)
+            side = self.dist.side_group() if self.rollout_per_rank else distributed.SINGLE  # every rank, in this order
+            return AsyncRollouts(prompts_for, config.train.steps, rollout.max_staleness, capacity, rollout.partial, side)
         if rollout.overlap == 0:
             return loop.RolloutSchedule()
         return OverlappedRollouts(self.trainer, prompts_for, config.train.steps)
