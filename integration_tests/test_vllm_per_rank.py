@@ -60,3 +60,23 @@ def test_metrics_are_finite(run_dir):
     # weight sync: every rank's engine received the update
     diffs = [r["mismatch/abs_logp_diff"] for r in train]
     assert len(diffs) == STEPS and max(diffs) < 1e-4, diffs
+
+
+def test_two_ranks_with_vllm_and_a_producer_each(tmp_path, cold_start_root):
+    """``rollout.max_staleness: 2`` with partial rollouts: each rank's vLLM engine samples its share in that rank's
+    producer thread (integration_tests/test_async_multiprocess.py has the hf runs); every batch within 2 versions."""
+    steps = 3
+    config = write_launch_config(
+        tmp_path, cold_start_root, steps,
+        "trainer.engine={name: deepspeed, zero_stage: 2}",
+        "rollout.engine={name: vllm, kv_cache_memory_bytes: 16777216}",
+        "rollout.max_staleness=2",
+        "rollout.partial=continue",
+    )
+    finish(launch(2, config, "--set", f"output_dir={tmp_path / 'run'}"))
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in train] == list(range(steps))
+    assert all(0 <= r["rollout/staleness"] <= 2 and math.isfinite(r["loss/policy"]) for r in train), train
+    for rank in (0, 1):
+        shares = re.findall(rf"step (\d+) batch 0: rank {rank} samples", log_path(tmp_path / "run", rank).read_text())
+        assert sorted(map(int, shares)) == list(range(steps)), (rank, shares)
