@@ -139,14 +139,20 @@ def _routing(capture: RoutingCapture, response: _Response) -> Any:
     return routing
 
 
-def _take(response: _Response, output: Any, version: int, eos: int) -> None:
-    """Append a DELTA output's tokens (and their log-probs) to its response."""
-    completion = output.outputs[0]
+def sampled(completion: Any) -> tuple[list[int], list[float]]:
+    """A vLLM completion's tokens and each one's log-prob (requested with ``logprobs=0``: the sampled token's)."""
     tokens = list(completion.token_ids)
     if completion.logprobs is None or len(completion.logprobs) != len(tokens):
         raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    return tokens, [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
+
+
+def _take(response: _Response, output: Any, version: int, eos: int) -> None:
+    """Append a DELTA output's tokens (and their log-probs) to its response."""
+    completion = output.outputs[0]
+    tokens, logprobs = sampled(completion)
     response.tokens += tokens
-    response.logprobs += [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
+    response.logprobs += logprobs
     response.versions += [version] * len(tokens)
     if output.finished:
         response.done = True

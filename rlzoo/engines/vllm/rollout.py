@@ -50,7 +50,7 @@ import torch
 
 from rlzoo.engines.base import Adapter, EngineContext, Generation, InFlightUpdates, RolloutEngine, SamplingSettings
 from rlzoo.engines.vllm import limits, options
-from rlzoo.engines.vllm.in_flight import generate_following
+from rlzoo.engines.vllm.in_flight import generate_following, sampled
 from rlzoo.engines.vllm.lora import VLLM_LORA_RANKS, AdapterFolders, build_kwargs, cpu_moe_kernel, targets_problem
 from rlzoo.engines.vllm.routing import RoutingCapture, routing_capture
 from rlzoo.errors import RlzooError
@@ -313,10 +313,7 @@ class VLLMRolloutEngine(RolloutEngine):
         for prompt, request_output in zip(prompts, outputs):
             group = []
             for completion in sorted(request_output.outputs, key=lambda c: c.index):
-                tokens = list(completion.token_ids)
-                if completion.logprobs is None or len(completion.logprobs) != len(tokens):
-                    raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-                logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
+                tokens, logprobs = sampled(completion)
                 finished = completion.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
                 generation = Generation(list(prompt), tokens, logprobs, finished)
                 if capture is not None:
