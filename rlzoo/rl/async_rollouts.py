@@ -17,7 +17,7 @@ never run under the sampling weights, so no snapshot of them is kept: memory is 
 LoRA adapters) on its way to the producer.
 
 With ``k = 0`` batch s is generated only when step s asks for it, after the previous step's weights are loaded: the
-synchronous loop's order of work, so its metrics are the synchronous run's bit for bit apart from time/* and the
+synchronous loop's order of work, done in the trainer's own thread (no producer is started), so its metrics are the synchronous run's bit for bit apart from time/* and the
 added ``rollout/staleness`` and ``rollout/ready`` (tests/test_async_rollouts.py).
 
 With ``rollout.partial: continue|restart`` the rollout engine follows weight updates in flight

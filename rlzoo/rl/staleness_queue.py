@@ -16,7 +16,8 @@ Why staleness never exceeds ``k``: batch ``i`` starts only after the consumer ha
 does after publishing version ``i - k``; so ``v >= i - k`` and batch ``i`` is trained at step ``i`` with version
 ``i``. Nothing is ever staler than ``k``, so no sample is dropped or regenerated (AReaL's ``max_head_offpolicyness``
 gate works alike). With ``k = 0`` batch ``s`` starts only once the consumer asks for it: the synchronous loop's
-order of work, run in another thread.
+order of work, so the consumer generates it itself and no thread is started (a second thread would only wait, and
+its own OpenMP team alone slowed the real model's steps by ~11%: benchmarks/openmp_threads.py).
 
 The generator is touched by the producer only while it holds :attr:`StalenessQueue.generator_lock`;
 :meth:`StalenessQueue.paused` takes the lock from the consumer's side (evaluation uses the same engine) and loads
@@ -51,7 +52,8 @@ class StalenessQueue(Generic[Item, Update]):
 
     ``generate(i, version)`` produces item ``i`` with the generator holding weights ``version``;
     ``load(update)`` puts published weights into the generator (called in the producer thread, between items, or
-    by :meth:`paused`). The thread starts at the first :meth:`take`.
+    by :meth:`paused`). The thread starts at the first :meth:`take` (with ``max_staleness`` 0 there is none:
+    :meth:`take` generates).
     """
 
     def __init__(
@@ -88,6 +90,10 @@ class StalenessQueue(Generic[Item, Update]):
             self._entered = index
             ready = len(self._ready)  # before the producer hears of this step (so with k = 0 always 0)
             self._cond.notify_all()
+        if self.max_staleness == 0:  # in lockstep: generated here, by the newest weights
+            with self.generator_lock:
+                version = self._load_newest()
+                return Taken(self._generate(index, version), version, time.perf_counter() - started, ready)
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="rlzoo-rollout-producer", daemon=True)
             self._thread.start()
