@@ -1,5 +1,5 @@
-"""``rollout.max_staleness: k`` (rlzoo.rl.async_rollouts): with k = 0 the queue (generating in lockstep) reproduces the synchronous
-loop bit for bit; with k > 0 every batch is sampled by weights at most k versions old, its old log-probs are the
+"""``rollout.max_staleness: k`` (rlzoo.rl.async_rollouts): with k = 0 the queue (generating in lockstep, in the
+trainer's thread) reproduces the synchronous loop bit for bit; with k > 0 every batch is sampled by weights at most k versions old, its old log-probs are the
 trainer's current weights (the proximal policy) and its rollout log-probs the sampling weights' (the behaviour
 policy); the gate holds under random delays (property test); preflight refuses what the producer cannot honour."""
 
