@@ -11,7 +11,7 @@ Each setting is one ``rlzoo train`` of the scale's config (``examples/bench/long
 same starting model, one after another on this machine. A step's wall time is the interval between consecutive
 ``metrics.jsonl`` lines. The first ``--warmup`` steps are dropped, and so are the last ``--tail`` (default: the
 largest k): near its end a run that samples ahead has nothing left to sample, its last steps train alone and
-would flatter it. Trained tokens are the responses' tokens of the timed steps. Ratios are against k = 0 (the producer thread held in lockstep) and against the synchronous loop, measured in
+would flatter it. Trained tokens are the responses' tokens of the timed steps. Ratios are against k = 0 (the queue in lockstep) and against the synchronous loop, measured in
 the same invocation. Writes ``<out>/async_<scale>.json``, ``.md`` and ``.png``.
 """
 

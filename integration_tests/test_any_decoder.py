@@ -93,7 +93,11 @@ def llama(tmp_path_factory) -> Path:
 
 
 @ENGINES
-@pytest.mark.parametrize("trainer", ["{name: deepspeed, zero_stage: 3}", "{name: torch}"], ids=["zero3", "torch"])
+@pytest.mark.parametrize(  # the torch engine's tied embedding: also the hf + torch test below; torch + vLLM slow
+    "trainer",
+    ["{name: deepspeed, zero_stage: 3}", pytest.param("{name: torch}", marks=pytest.mark.slow)],
+    ids=["zero3", "torch"],
+)
 def test_tied_llama_trains_on_vllm_and_checkpoints_one_embedding(tmp_path, llama, trainer):
     run_dir = train_in_a_process(tmp_path / "run", llama, f"trainer.engine={trainer}", "trainer.lr=0.01")
     rows = [r for r in assert_finite_metrics(run_dir, 2) if "reward/mean" in r]

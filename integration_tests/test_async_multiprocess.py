@@ -71,6 +71,7 @@ def test_k2_partial_under_zero3_stays_within_two_versions(config_file, tmp_path)
         assert sorted(map(int, shares)) == list(range(STEPS)), (rank, shares)
 
 
+@pytest.mark.slow
 def test_rank0_alone_samples_under_zero3(config_file, tmp_path):
     rows = _train_rows(_train(
         config_file, tmp_path / "rank0", ZERO3, "rollout.per_rank=false", "rollout.max_staleness=1"

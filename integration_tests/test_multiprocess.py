@@ -184,11 +184,14 @@ def assert_same_metrics(one: Path, two: Path) -> None:
     assert any(r["reward/mean"] > 0 for r in train) and any(r["train/grad_norm"] > 0 for r in train), train
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize(  # the aggregation and the critic variants in the slow suite
+    "name", [n if n in ("zero2", "moe-ep2") else pytest.param(n, marks=pytest.mark.slow) for n in RUNS]
+)
 def test_two_processes_log_the_metrics_of_one(name, run):
     assert_same_metrics(run(name, 1), run(name, 2))
 
 
+@pytest.mark.slow  # the default suite kills one rank and resumes (below)
 def test_a_killed_two_process_run_resumes_exactly(config_file, run, tmp_path):
     reference = run("zero2", 2)
     killed_dir = tmp_path / "killed"

@@ -170,7 +170,10 @@ def _rows(run_dir: Path) -> int:
 @pytest.mark.skipif(
     not all(__import__("importlib").util.find_spec(m) for m in ("vllm", "deepspeed")), reason="needs vLLM and DeepSpeed"
 )
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+# the critic's and the adapters' state across a resume are also checked by the SIGKILL test above (default suite)
+@pytest.mark.parametrize(
+    "algorithm", [a if a == "default" else pytest.param(a, marks=pytest.mark.slow) for a in ALGORITHMS]
+)
 def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root, algorithm):
     """Killed mid-checkpoint, then twice at seeded random moments; the last resume runs to the end."""
     data = apply_overrides(

@@ -112,7 +112,9 @@ def _assert_none_left(pids: set[int], timeout: float = 30) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(  # both take the same path (rlzoo.runtime.signals); SIGINT in the slow suite
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)], ids=["SIGTERM", "SIGINT"]
+)
 def test_a_stop_signal_stops_the_main_job_cleanly_and_resume_reproduces_it(tmp_path, main_job, signum):
     config, expected = main_job
     run_dir, err_file = tmp_path / "run", tmp_path / "victim.err"

@@ -62,6 +62,7 @@ def test_metrics_are_finite(run_dir):
     assert len(diffs) == STEPS and max(diffs) < 1e-4, diffs
 
 
+@pytest.mark.slow  # hf producers in 2 processes: integration_tests/test_async_multiprocess.py
 def test_two_ranks_with_vllm_and_a_producer_each(tmp_path, cold_start_root):
     """``rollout.max_staleness: 2`` with partial rollouts: each rank's vLLM engine samples its share in that rank's
     producer thread (integration_tests/test_async_multiprocess.py has the hf runs); every batch within 2 versions."""

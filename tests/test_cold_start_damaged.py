@@ -36,7 +36,9 @@ def tear_report(folder: Path) -> str:
     return "cold_start.json"
 
 
-@pytest.mark.parametrize("damage", [truncate_weights, tear_report], ids=["truncated-weights", "torn-report"])
+@pytest.mark.parametrize(  # both are a digest mismatch to the check; the torn report in the slow suite
+    "damage", [truncate_weights, pytest.param(tear_report, marks=pytest.mark.slow)], ids=["truncated-weights", "torn-report"]
+)
 def test_a_damaged_cold_start_is_built_again(tmp_path, damage):
     run_dir = tmp_path / "run"
     first = sft(run_dir)

