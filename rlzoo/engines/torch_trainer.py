@@ -16,6 +16,7 @@ import torch
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
 from rlzoo.engines.base import EngineContext
 from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
+from rlzoo.engines.optimizer import adamw
 from rlzoo.runtime.checkpoint.files import load_optimizer, save_optimizer
 
 
@@ -34,12 +35,7 @@ class TorchTrainingEngine(ModuleTrainingEngine):
         self._model = self._load_module().to(context.device)  # fp32 master weights
         self._model.train()
         self._prepare_model(self._model)
-        self.optimizer = torch.optim.AdamW(
-            self._trained(),
-            lr=trainer_config.lr,
-            betas=tuple(trainer_config.betas),
-            weight_decay=trainer_config.weight_decay,
-        )
+        self.optimizer = adamw(self._trained(), trainer_config)
         self._aux_loss = AuxLoss(self._model, self.params.aux_loss_coef)
 
     @property

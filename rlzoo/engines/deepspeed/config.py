@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from rlzoo.engines.optimizer import adamw
+
 
 def deepspeed_config(trainer_config: Any, zero_stage: int) -> dict[str, Any]:
     """The ``config`` of ``deepspeed.initialize`` for ``trainer_config`` (a :class:`rlzoo.config.schema.TrainerConfig`)."""
@@ -36,6 +38,4 @@ def client_optimizer(model: torch.nn.Module, trainer_config: Any, expert_groups:
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
         groups = split_params_into_different_moe_groups_for_optimizer(groups[0])
-    return torch.optim.AdamW(
-        groups, lr=trainer_config.lr, betas=tuple(trainer_config.betas), weight_decay=trainer_config.weight_decay
-    )
+    return adamw(groups, trainer_config)
