@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a smoke run of a GPU script on the CPU (~30 s)
 def test_the_gpu_check_script_runs_the_recipe(tmp_path, smollm2_dir):
     config = json.loads((ROOT / "examples/gpu/models/qwen3-1.7b/config.json").read_text())
     config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

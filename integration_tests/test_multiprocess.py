@@ -127,6 +127,19 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
+def kill_once_latest_is(victim: subprocess.Popen, run_dir: Path, checkpoint: str) -> None:
+    """SIGKILL the launcher and its ranks once ``run_dir``'s latest checkpoint is ``checkpoint``."""
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + TIMEOUT
+    try:
+        while not (latest.is_file() and latest.read_text().strip() == checkpoint):
+            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
+            assert time.time() < deadline
+            time.sleep(0.02)
+    finally:
+        kill_tree(victim)
+
+
 def finish(proc: subprocess.Popen) -> None:
     try:
         _, err = proc.communicate(timeout=TIMEOUT)
@@ -196,15 +209,7 @@ def test_a_killed_two_process_run_resumes_exactly(config_file, run, tmp_path):
     reference = run("zero2", 2)
     killed_dir = tmp_path / "killed"
     victim = launch(2, config_file, "--set", ZERO2, "--set", f"output_dir={killed_dir}")
-    latest = killed_dir / "checkpoints" / "latest"
-    deadline = time.time() + TIMEOUT
-    try:
-        while not (latest.is_file() and latest.read_text().strip() == "step_000002"):
-            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read()[-3000:]}"
-            assert time.time() < deadline
-            time.sleep(0.02)
-    finally:
-        kill_tree(victim)
+    kill_once_latest_is(victim, killed_dir, "step_000002")
     assert victim.returncode == -signal.SIGKILL
     checkpoint = killed_dir / "checkpoints" / "step_000002"
     assert sorted(p.name for p in (checkpoint / "optimizer").iterdir()) == ["rank00000", "rank00001"]

@@ -216,6 +216,7 @@ def _ablate(folder: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # two sweeps at once; a second train on a folder in use is refused by default (test_runlock.py)
 def test_a_second_sweep_on_the_same_out_is_refused_at_once_and_the_first_is_unaffected(tmp_path):
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(BASE))
     first = _ablate(tmp_path)

@@ -121,6 +121,7 @@ def test_a_changed_file_is_refused_on_resume_and_goes_ahead_with_allow_changes(t
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r] == [0, 1]
 
 
+@pytest.mark.slow  # a whole sweep; `rlzoo train` with the script runs by default (above)
 def test_rlzoo_ablate_varies_a_builtin_against_the_script_end_to_end(template):
     sweep_config = merge(BASE, {"model": {"path": str(template / "cold")}})  # the template's cold-start model
     (template / "sweep.yaml").write_text(yaml.safe_dump(sweep_config))
