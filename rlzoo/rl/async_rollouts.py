@@ -17,8 +17,9 @@ never run under the sampling weights, so no snapshot of them is kept: memory is 
 LoRA adapters) on its way to the producer.
 
 With ``k = 0`` batch s is generated only when step s asks for it, after the previous step's weights are loaded: the
-synchronous loop's order of work, done in the trainer's own thread (no producer is started), so its metrics are the synchronous run's bit for bit apart from time/* and the
-added ``rollout/staleness`` and ``rollout/ready`` (tests/test_async_rollouts.py).
+synchronous loop's order of work, done in the trainer's own thread (no producer is started), so its metrics are
+the synchronous run's bit for bit apart from time/* and the added ``rollout/staleness`` and ``rollout/ready``
+(tests/test_async_rollouts.py).
 
 With ``rollout.partial: continue|restart`` the rollout engine follows weight updates in flight
 (:meth:`rlzoo.engines.RolloutEngine.follow_updates`): when the trainer publishes while a batch is being sampled, the
@@ -38,8 +39,10 @@ step's prompts, and the producers gather the shares in a process group of their 
 meanwhile and one group's collectives are matched by their order. Every rank captures the weights at a publish
 (:meth:`Learner.capture_weights`: ZeRO-3 gathers them on all ranks). Only rank 0 evaluates: pausing its producer
 holds the others' at their next gather; the pause itself waits only for rank 0's batch in flight, which every other
-rank's producer may also sample by then (the same versions are published and the same steps taken on every rank). Resume: batches in the queue are not checkpointed; a resumed run generates
-its first batch with the checkpoint's weights, and none is trained twice (each batch belongs to its step).
+rank's producer may also sample by then (the same versions are published and the same steps taken on every rank).
+
+Resume: batches in the queue are not checkpointed; a resumed run generates its first batch with the checkpoint's
+weights, and none is trained twice (each batch belongs to its step).
 """
 
 from __future__ import annotations
