@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
-from transformers import StoppingCriteria, StoppingCriteriaList
 
 from rlzoo.engines.base import Adapter, EngineContext, Generation, InFlightUpdates, RolloutEngine, SamplingSettings
 from rlzoo.errors import RlzooError
@@ -165,6 +164,8 @@ class HFRolloutEngine(RolloutEngine):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
         kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        from transformers import StoppingCriteriaList  # here: see _Interrupt
+
         recorder = None
         if self.records_routing:
             from rlzoo.moe import RoutingRecorder
@@ -246,8 +247,12 @@ class HFRolloutEngine(RolloutEngine):
                            f"missing {missing[:3]}")
 
 
-class _Interrupt(StoppingCriteria):
-    """Stops every row of a generate() once ``pending()`` says newer weights are published (checked per token)."""
+class _Interrupt:
+    """Stops every row of a generate() once ``pending()`` says newer weights are published (checked per token).
+
+    A stopping criterion by duck typing (generate() calls each one), not a ``transformers.StoppingCriteria``
+    subclass: every CLI command lists the engines, and importing transformers here would add about a second to
+    each, ``config check`` included."""
 
     def __init__(self, pending: Callable[[], bool]) -> None:
         self.pending = pending
