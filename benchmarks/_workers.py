@@ -111,11 +111,12 @@ def trl_args(config, out: Path, steps: int):
         temperature=config.rollout.temperature,
         top_p=config.rollout.top_p,
         top_k=0,
-        # the optimizer rlzoo's torch engine builds: AdamW, constant lr, same betas / decay / clip
+        # the optimizer rlzoo's engines build (rlzoo/engines/optimizer.py): fused AdamW, constant lr, same betas /
+        # decay / clip; fused is also transformers' own default on torch >= 2.8
         learning_rate=config.trainer.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        optim="adamw_torch",
+        optim="adamw_torch_fused",
         adam_beta1=beta1,
         adam_beta2=beta2,
         weight_decay=config.trainer.weight_decay,
@@ -247,7 +248,8 @@ def floor_generate(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def floor_train(spec: dict[str, Any]) -> dict[str, Any]:
-    """Plain transformers + torch.optim.AdamW on the rollout batch's shape: old log-probs + minibatch updates."""
+    """Plain transformers + torch's fused AdamW (as rlzoo's engines) on the rollout batch's shape: old log-probs +
+    minibatch updates."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -257,7 +259,7 @@ def floor_train(spec: dict[str, Any]) -> dict[str, Any]:
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.trainer.lr, betas=tuple(config.trainer.betas),
-        weight_decay=config.trainer.weight_decay,
+        weight_decay=config.trainer.weight_decay, fused=True,
     )
     rows = spec["rows"]  # [(prompt length, response length)]
     width = max(p + r for p, r in rows)
