@@ -42,7 +42,7 @@ class HFRolloutEngine(RolloutEngine):
     can_record_routing = True
     loads_adapters = True
     runs_per_rank = True  # an in-process model: one per rank is one more copy of the policy, nothing shared
-    updates_in_flight = True  # generate() stops at a StoppingCriteria that watches for newer weights
+    updates_in_flight = True  # generate() stops at a stopping criterion that watches for newer weights
 
     class Params(Params):
         batch_size: int = Field(256, ge=1, description="sequences generated per generate() call")
