@@ -31,6 +31,10 @@ and ``my_package/plugin.py``::
     @rlzoo.hookimpl
     def rlzoo_clippers():
         return [MyClipper]
+
+Or the class registers where it is defined, ``@rlzoo.register("clipper", "my-clip")`` above ``class MyClipper``, and
+the entry point names the package (``my_plugin = "my_package"``) or ``plugin.py`` names it through
+:func:`rlzoo_component_modules`: every marked class in the package's modules is found, with the same checks.
 """
 
 from __future__ import annotations
@@ -140,6 +144,15 @@ def rlzoo_training_engines() -> list[type]:
 @hookspec
 def rlzoo_loggers() -> list[type]:
     """Return :class:`rlzoo.interfaces.Logger` subclasses (experiment trackers a run mirrors its records to)."""
+
+
+@hookspec
+def rlzoo_component_modules() -> list[str]:
+    """Return the names of modules or packages whose classes marked with ``@rlzoo.register(kind, name)`` this
+    plugin contributes: a package stands for every module in it (recursively), but those whose name starts with
+    ``_``. So a component registers where it is defined: adding one is adding its module. Each module is imported
+    on its own; one that fails to import is reported by its name, and the others still contribute. (An entry point
+    that names a package itself, ``my_plugin = "my_package"``, contributes that package's marked classes alike.)"""
 
 
 # hook name -> component kind it contributes

@@ -9,15 +9,22 @@ reported as ``<config field>: <kind> <name> (<distribution>): <message>``.
 
 A plugin module contributes components through its module-level ``@rlzoo.hookimpl`` functions, or by marking a
 component class with :func:`register` (``@rlzoo.register("clipper", "my-clip")``): the marked classes of a module
-are handed to pluggy as that module's hook implementations, so every check above applies to them alike. Local
-files and modules (``plugins:``, ``--plugin``) are loaded into a registry by :mod:`rlzoo.local_plugins`.
+are handed to pluggy as that module's hook implementations, so every check above applies to them alike. Components
+register where they are defined: an entry point that names a *package* (``my_plugin = "my_package"``), or a plugin
+module whose ``rlzoo_component_modules`` hook names packages or modules, contributes the marked classes of every
+module in them (a package's modules, recursively, but those whose name starts with ``_``). Each such module is
+imported on its own: one that fails to import is reported by its name and the package's other modules still
+contribute. Local files and modules (``plugins:``, ``--plugin``) are loaded into a registry by
+:mod:`rlzoo.local_plugins`.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import importlib.metadata
+import pkgutil
 import traceback
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -84,6 +91,42 @@ def _marked_hooks(plugin: Any) -> Any | None:
     for hook_name in dict.fromkeys(hook for hook, _ in marked):
         hooks[hook_name] = _returning([cls for hook, cls in marked if hook == hook_name])
     return types.SimpleNamespace(**hooks)
+
+
+def _component_modules(plugin: Any, named: Iterable[str]) -> list[str]:
+    """The modules whose marked classes ``plugin`` contributes: those its ``rlzoo_component_modules`` hook ``named``
+    and, when the plugin is itself a package, that package; a package stands for its public modules, recursively."""
+    roots = [*named, *([plugin.__name__] if _is_package(plugin) else [])]
+    return list(dict.fromkeys(roots))
+
+
+def _is_package(plugin: Any) -> bool:
+    return isinstance(plugin, types.ModuleType) and hasattr(plugin, "__path__")
+
+
+def import_component_modules(roots: Iterable[str]) -> tuple[list[types.ModuleType], list[tuple[str, str, str]]]:
+    """Import each root module and, for a package, every module in it whose name does not start with ``_``
+    (recursively); returns the modules imported and ``(module name, error, traceback)`` per module that failed to
+    import (its marks forgotten, the others unaffected)."""
+    modules: list[types.ModuleType] = []
+    failed: list[tuple[str, str, str]] = []
+    pending, seen = list(roots), set()
+    while pending:
+        module_name = pending.pop(0)
+        if module_name in seen:
+            continue
+        seen.add(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # one broken module never hides its siblings' components
+            forget_marks(module_name)
+            failed.append((module_name, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            continue
+        modules.append(module)
+        if _is_package(module):
+            children = sorted(pkgutil.iter_modules(module.__path__), key=lambda m: m.name)
+            pending[:0] = [f"{module_name}.{m.name}" for m in children if not m.name.startswith("_")]
+    return modules, failed
 
 
 def _returning(classes: list[type]) -> Callable[[], list[type]]:
@@ -164,27 +207,35 @@ class Registry:
 
     def add_plugin(self, plugin: Any, *, name: str, distribution: str) -> list[ComponentInfo]:
         """Register a plugin object and collect the components its hooks return (and the classes it marks with
-        :func:`register`); a plugin that breaks the hooks' contract is recorded in ``load_errors`` and contributes
-        nothing. Returns what it contributed."""
+        :func:`register`, in it and in the modules it names); a plugin that breaks the hooks' contract is recorded
+        in ``load_errors`` and contributes nothing, a module of it that fails to import is recorded by its name and
+        the others contribute. Returns what it contributed."""
         try:
-            return self.register_plugin(plugin, name=name, distribution=distribution)
+            return self.register_plugin(plugin, name=name, distribution=distribution, failed=self.load_errors)
         except Exception as exc:  # also a hookimpl pluggy rejects, or the same module registered twice
             self.load_errors.append(
                 PluginLoadError(name, distribution, f"{type(exc).__name__}: {exc}", traceback.format_exc())
             )
             return []
 
-    def register_plugin(self, plugin: Any, *, name: str, distribution: str) -> list[ComponentInfo]:
-        """:meth:`add_plugin`, but a plugin that breaks the contract raises (and contributes nothing)."""
-        parts = [plugin, *filter(None, [_marked_hooks(plugin)])]
+    def register_plugin(
+        self, plugin: Any, *, name: str, distribution: str, failed: list[PluginLoadError] | None = None
+    ) -> list[ComponentInfo]:
+        """:meth:`add_plugin`, but a plugin that breaks the contract raises (and contributes nothing); so does a
+        module it names that fails to import, unless ``failed`` is given to record it in."""
+        key = f"{distribution}:{name}"  # pluggy's key is internal; entry-point names are unique within a distribution
         registered = []
         try:
-            for i, part in enumerate(parts):
-                # pluggy's key is internal; entry-point names are only unique within one distribution
-                self._pm.register(part, name=f"{distribution}:{name}" + ("" if i == 0 else ":register"))
-                registered.append(part)
+            self._pm.register(plugin, name=key)
+            registered.append(plugin)
             self._pm.check_pending()  # a misspelt hook (rlzoo_clipper) would otherwise contribute nothing, silently
-            found = [item for part in parts for item in self._collect(part)]
+            modules = [plugin, *self._scan(plugin, name, distribution, failed)]
+            marked = [(m, hooks) for m in modules if (hooks := _marked_hooks(m)) is not None]
+            for module, hooks in marked:
+                self._pm.register(hooks, name=f"{key}:register:{getattr(module, '__name__', '')}")
+                registered.append(hooks)
+            self._pm.check_pending()
+            found = [item for part in [plugin, *(hooks for _, hooks in marked)] for item in self._collect(part)]
         except Exception:
             for part in registered:
                 self._pm.unregister(part)
@@ -197,6 +248,23 @@ class Registry:
                 continue
             self._components[key] = info
         return infos
+
+    def _scan(
+        self, plugin: Any, name: str, distribution: str, failed: list[PluginLoadError] | None
+    ) -> list[types.ModuleType]:
+        """The modules (other than the plugin itself) whose marked classes the plugin contributes, imported."""
+        named = [
+            module for impl in self._pm.hook.rlzoo_component_modules.get_hookimpls() if impl.plugin is plugin
+            for module in impl.function() or []
+        ]
+        if not all(isinstance(module, str) and module for module in named):
+            raise RegistryError(f"rlzoo_component_modules returned {named!r}: module names (strings) were expected")
+        modules, errors = import_component_modules(_component_modules(plugin, named))
+        for module_name, error, details in errors:
+            if failed is None:
+                raise RegistryError(f"module {module_name} failed to import: {error}")
+            failed.append(PluginLoadError(f"{name}: module {module_name}", distribution, error, details))
+        return [module for module in modules if module is not plugin]
 
     def has_plugin(self, plugin: Any) -> bool:
         """Whether this plugin object (a module) is registered already."""

@@ -113,15 +113,20 @@ def hook_functions(module: types.ModuleType) -> list:
 
 @pytest.fixture(scope="module")
 def examples(doc_modules) -> dict[tuple[str, str], type]:
-    """(kind, name) -> class of every component the doc's hooks return."""
+    """(kind, name) -> class of every component the doc's hooks return or its ``@rlzoo.register`` lines mark."""
     modules, _ = doc_modules
     found = {}
-    for module in modules.values():
+    code = {block.line: block.code for block in RUNNABLE}
+    for line, module in modules.items():
         for hook in hook_functions(module):
             if hook.__name__ not in HOOK_KINDS:  # a misspelt hook: test_hooks_register_... names it
                 continue
             for cls in hook():
                 found[(HOOK_KINDS[hook.__name__], cls.name)] = cls
+        if "@rlzoo.register(" in code[line]:
+            registry = Registry()  # a marked class is found as an installed package's module finds it
+            found.update({(i.kind, i.name): i.cls for i in registry.add_plugin(module, name="doc", distribution="doc")})
+            assert not registry.load_errors, [str(e) for e in registry.load_errors]
     return found
 
 

@@ -20,7 +20,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
                         "rlzoo_value_losses", "rlzoo_corrections", "rlzoo_batch_filters", "rlzoo_reward_shapers",
                         "rlzoo_regularisers", "rlzoo_router_policies", "rlzoo_verifiers", "rlzoo_tasks", "rlzoo_tools",
                         "rlzoo_tool_parsers", "rlzoo_environments", "rlzoo_rollout_engines",
-                        "rlzoo_training_engines", "rlzoo_loggers"),
+                        "rlzoo_training_engines", "rlzoo_loggers", "rlzoo_component_modules"),
     "rlzoo.interfaces": ("AdvantageSource", "BatchFilter", "ClipResult", "Clipper", "Component", "Environment",
                          "KLController", "KLEstimator", "Logger", "LossAggregation", "MalformedCall", "Max", "Mean",
                          "Min", "MismatchCorrection", "ModelFacts", "Observation", "Params", "ParsedTurn",

@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.errors import DataError, RlzooError
 from rlzoo.interfaces import Params, Sample, Verdict, Verifier
 
@@ -87,6 +88,7 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
+@rlzoo.register("verifier", "code")
 class CodeVerifier(Verifier):
     """Reward 1 if the response's Python code passes the sample's tests in a sandbox.
 
@@ -112,8 +114,6 @@ class CodeVerifier(Verifier):
     in-process guards (``_sandbox_runner``) as a second layer. Code and tests share one interpreter, so the
     reward of code written to forge a pass is not trustworthy in either mode; the sandbox protects the machine.
     """
-
-    name = "code"
 
     class Params(Params):
         timeout_s: float = Field(5.0, gt=0, le=600, description="wall-clock limit per response")

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, Sample, Verdict, Verifier
 
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed")
@@ -38,6 +39,7 @@ def _is_number(item: Any) -> bool:
     return isinstance(item, str) or bool(getattr(item, "is_Number", False))
 
 
+@rlzoo.register("verifier", "math")
 class MathVerifier(Verifier):
     """Reward 1 if the response is mathematically equal to the answer (math-verify: numbers, fractions, LaTeX).
 
@@ -60,7 +62,6 @@ class MathVerifier(Verifier):
     the SIGALRM timeout applies again: each worker runs them in its main thread.
     """
 
-    name = "math"
     requires = ("math_verify",)
     install_hint = "pip install math-verify (a dependency of rlzoo-verifiers: bash scripts/install.sh installs it)"
 

@@ -1,4 +1,5 @@
-"""Entry point of the ``rlzoo-verifiers`` distribution: contributes the verifier components."""
+"""The ``rlzoo`` entry point of rlzoo-verifiers. Its components register where they are defined
+(``@rlzoo.register(kind, name)`` on each class): adding one is adding its module to the package."""
 
 from __future__ import annotations
 
@@ -6,16 +7,5 @@ import rlzoo
 
 
 @rlzoo.hookimpl
-def rlzoo_verifiers() -> list[type]:
-    from rlzoo_verifiers.code import CodeVerifier
-    from rlzoo_verifiers.exact import ExactVerifier
-    from rlzoo_verifiers.math import MathVerifier
-    from rlzoo_verifiers.process import ProcessVerifier
-    from rlzoo_verifiers.regex import RegexVerifier
-    from rlzoo_verifiers.reward_model import RewardModelVerifier
-    from rlzoo_verifiers.weighted import WeightedVerifier
-
-    return [
-        ExactVerifier, MathVerifier, RegexVerifier, ProcessVerifier, CodeVerifier,
-        RewardModelVerifier, WeightedVerifier,
-    ]
+def rlzoo_component_modules() -> list[str]:
+    return ["rlzoo_verifiers"]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Verdict, Verifier
 
 
+@rlzoo.register("verifier", "process")
 class ProcessVerifier(Verifier):
     """Per-step rewards: the response's k-th ``;``-separated step is checked against ``meta["steps"][k]``.
 
@@ -18,8 +20,6 @@ class ProcessVerifier(Verifier):
     the response has exactly as many steps as expected and its last step equals the answer. An empty response
     has no steps. Samples need ``meta["steps"]`` (a list; numbers are compared by their text).
     """
-
-    name = "process"
 
     class Params(Params):
         separator: str = Field(";", min_length=1, description="what separates the steps of a response")

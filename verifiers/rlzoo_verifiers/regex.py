@@ -6,9 +6,11 @@ import re
 
 from pydantic import Field, field_validator
 
+import rlzoo
 from rlzoo.interfaces import Params, Sample, Verdict, Verifier
 
 
+@rlzoo.register("verifier", "regex")
 class RegexVerifier(Verifier):
     """Format reward: ``reward`` if the response matches a regular expression, else 0.
 
@@ -16,8 +18,6 @@ class RegexVerifier(Verifier):
     match anywhere (``re.search``). The pattern uses Python ``re`` syntax; flags go inline, e.g. ``(?s)`` so
     ``.`` also matches newlines. The reference answer is not used.
     """
-
-    name = "regex"
 
     class Params(Params):
         pattern: str = Field(description="Python regular expression")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Params, Problem, RunFacts, Sample, Verdict, Verifier
 from rlzoo.util.reductions import Max
@@ -22,6 +23,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
+@rlzoo.register("verifier", "reward-model")
 class RewardModelVerifier(Verifier):
     """A sequence-classification reward model's score of the conversation, as the reward: scale * score + shift.
 
@@ -44,7 +46,6 @@ class RewardModelVerifier(Verifier):
     everything on it included; the peak statistic is reset before each scoring).
     """
 
-    name = "reward-model"
     formula = "reward = scale * RM(chat_template([user: prompt, assistant: response])) + shift"
     reference = "Ouyang et al. 2022, InstructGPT (arXiv:2203.02155): a learned reward model as the RL reward"
     trl_name = "reward_funcs (a sequence-classification model)"

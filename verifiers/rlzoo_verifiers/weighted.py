@@ -33,6 +33,7 @@ def _error(loc: tuple[str | int, ...], message: str, value: Any) -> InitErrorDet
     return InitErrorDetails(type=error, loc=loc, input=value)
 
 
+@rlzoo.register("verifier", "weighted")
 class WeightedVerifier(Verifier):
     """A weighted sum of several verifiers' rewards: reward = sum_i weight_i * reward_i (e.g. math + a reward model).
 
@@ -54,7 +55,6 @@ class WeightedVerifier(Verifier):
     parts' phase metrics (``time/reward_model``, ...) are passed on.
     """
 
-    name = "weighted"
     formula = "reward = sum_i weight_i * reward_i; parts = {label_i: reward_i}; correct = all(correct_i, deciding parts)"
 
     class Params(Params):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked, whiten
 
@@ -45,13 +46,13 @@ def gae(
     return torch.zeros_like(compact).scatter(-1, order, compact)
 
 
+@rlzoo.register("advantage", "gae")
 class GAEAdvantage(AdvantageSource):
     """GAE: lambda-weighted TD errors of the critic's values, whitened over the batch; returns A + V for the critic.
 
     ``delta_t = r_t + gamma V_{t+1} - V_t``, ``A_t = delta_t + gamma lam A_{t+1}`` over valid tokens only.
     """
 
-    name = "gae"
     formula = "A_t = sum_k (gamma lam)^k delta_{t+k}, delta_t = r_t + gamma V_{t+1} - V_t; whitened; R = A + V"
     reference = "GAE (Schulman et al. 2016, arXiv:1506.02438); PPO-RLHF (Ouyang et al. 2022)"
     verl_name = "adv_estimator=gae"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
+import rlzoo
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import AdvantageSource, Params, Problem, RewardBatch, RunFacts
 from rlzoo_estimators._util import float_dtype, group_normalise, whiten
@@ -27,10 +28,10 @@ from rlzoo_estimators._util import float_dtype, group_normalise, whiten
 RUN_PARTS = ("shaping", "turns")
 
 
+@rlzoo.register("advantage", "gdpo")
 class GDPOAdvantage(AdvantageSource):
     """GDPO: each reward part group-normalised on its own, weighted, summed, whitened over the batch."""
 
-    name = "gdpo"
     formula = "A_i = whiten(sum_k w_k (r^k_i - mean_group r^k) / (std_group r^k + eps)) over the reward parts k"
     reference = "GDPO (Group reward-Decoupled Normalization Policy Optimization, arXiv:2601.05242)"
     verl_name = "adv_estimator=gdpo"

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, RewardBatch
 from rlzoo_estimators._util import float_dtype, group_normalise, masked
 
 
+@rlzoo.register("advantage", "gpg")
 class GPGAdvantage(AdvantageSource):
     """GPG: alpha * (r - group mean), alpha = batch size / number of responses with a non-zero reward."""
 
-    name = "gpg"
     formula = "A_i = B / max(1, #(r != 0)) * (r_i - mean_group r)"
     reference = "GPG (Chu et al. 2025, arXiv:2504.02546)"
     verl_name = "adv_estimator=gpg"

@@ -12,17 +12,18 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, group_normalise, masked
 
 
+@rlzoo.register("advantage", "group")
 class GroupAdvantage(AdvantageSource):
     """Group-normalised outcome reward (GRPO; Dr.GRPO without std).
 
     ``A_i = (r_i - mean_g r) / (std_g r + eps)`` over the responses of the same prompt, broadcast over tokens.
     """
 
-    name = "group"
     formula = "A_i = (r_i - mean_group r) / (std_group r + eps)"
     reference = "GRPO (Shao et al. 2024, arXiv:2402.03300); Dr.GRPO"
     verl_name = "adv_estimator=grpo"

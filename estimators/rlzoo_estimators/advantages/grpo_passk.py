@@ -15,14 +15,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, Params, Problem, RewardBatch, RunFacts
 from rlzoo_estimators._util import float_dtype, masked
 
 
+@rlzoo.register("advantage", "grpo-passk")
 class PassKAdvantage(AdvantageSource):
     """Pass@k: the group's best response gets its margin over the second best (/ group std); the others get 0."""
 
-    name = "grpo-passk"
     formula = "A_{argmax r} = (r_(1) - r_(2)) / (std_group r + eps), 0 for the rest of the group"
     reference = "PKPO (Walder & Karkhanis 2025, arXiv:2505.15201), k = n; verl's docstring cites arXiv:2503.19595"
     verl_name = "adv_estimator=grpo_passk"

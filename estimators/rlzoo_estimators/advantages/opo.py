@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 
 
+@rlzoo.register("advantage", "opo")
 class OPOAdvantage(AdvantageSource):
     """OPO: r minus the length-weighted mean reward of its group, broadcast over tokens."""
 
-    name = "opo"
     formula = "A_i = r_i - sum_g |y_j| r_j / sum_g |y_j|"
     reference = "OPO (Hao et al. 2025, arXiv:2505.23585)"
     verl_name = "adv_estimator=opo"

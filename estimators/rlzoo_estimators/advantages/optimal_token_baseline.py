@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 from rlzoo_estimators.advantages.remax import reward_to_go
@@ -62,10 +63,10 @@ def path_energy(old_logprobs: torch.Tensor, sum_pi_squared: torch.Tensor, mask: 
     return masked(per_token, mask).cumsum(dim=-1)
 
 
+@rlzoo.register("advantage", "optimal-token-baseline")
 class OptimalTokenBaselineAdvantage(AdvantageSource):
     """OTB: reward-to-go minus a per-position group baseline weighted by each response's accumulated gradient energy."""
 
-    name = "optimal-token-baseline"
     formula = (
         "A_{i,t} = G_{i,t} - sum_g G W / sum_g W at position t, W_{i,t} = sum_{t'<=t} (1 - 2 pi_t' + sum_v pi(v)^2)"
     )

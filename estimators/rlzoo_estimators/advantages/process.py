@@ -18,17 +18,18 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, group_normalise, masked
 
 
+@rlzoo.register("advantage", "process")
 class ProcessAdvantage(AdvantageSource):
     """Per-token advantage from per-step rewards: suffix sum of group-normalised step rewards.
 
     ``A_{i,t} = sum_{k >= step(t)} (r_{i,k} - mean_g r) / (std_g r + eps)``; needs a process verifier.
     """
 
-    name = "process"
     formula = "A_it = sum_{k >= step(t)} group-normalised step rewards"
     reference = "DeepSeekMath process supervision (Shao et al. 2024, §4.1.3)"
     needs_step_rewards = True

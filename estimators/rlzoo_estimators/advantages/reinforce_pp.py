@@ -12,14 +12,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, whiten
 
 
+@rlzoo.register("advantage", "reinforce++")
 class ReinforcePlusPlusAdvantage(AdvantageSource):
     """REINFORCE++: discounted outcome return per token, whitened over the batch's valid tokens."""
 
-    name = "reinforce++"
     formula = "A = whiten(gamma^(later valid tokens) * r) over all valid tokens of the batch"
     reference = "REINFORCE++ (Hu 2025, arXiv:2501.03262)"
     verl_name = "adv_estimator=reinforce_plus_plus"

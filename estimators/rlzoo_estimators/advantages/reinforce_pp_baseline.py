@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, RewardBatch
 from rlzoo_estimators._util import float_dtype, group_normalise, whiten
 
 
+@rlzoo.register("advantage", "reinforce++-baseline")
 class ReinforcePlusPlusBaselineAdvantage(AdvantageSource):
     """REINFORCE++-baseline: r minus the group mean, broadcast, whitened over the batch's valid tokens."""
 
-    name = "reinforce++-baseline"
     formula = "A = whiten(r - mean_group r) over all valid tokens of the batch"
     reference = "REINFORCE++ (Hu 2025, arXiv:2501.03262)"
     verl_name = "adv_estimator=reinforce_plus_plus_baseline"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 
@@ -23,10 +24,10 @@ def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return r.flip(-1).cumsum(-1).flip(-1)
 
 
+@rlzoo.register("advantage", "remax")
 class ReMaxAdvantage(AdvantageSource):
     """ReMax: reward-to-go minus the reward of one greedy response to the same prompt (sampled each step)."""
 
-    name = "remax"
     formula = "A_{i,t} = sum_{t'>=t} r_{i,t'} - reward(greedy response to the prompt)"
     reference = "ReMax (Li et al. 2023, arXiv:2310.10505)"
     verl_name = "adv_estimator=remax"

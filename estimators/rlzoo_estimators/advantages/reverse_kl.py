@@ -37,6 +37,7 @@ def _error(loc: tuple[str | int, ...], message: str, value: Any) -> InitErrorDet
     return InitErrorDetails(type=error, loc=loc, input=value)
 
 
+@rlzoo.register("advantage", "reverse-kl")
 class ReverseKLAdvantage(AdvantageSource):
     """On-policy distillation: A_t = kl_coef (log p_teacher - log p_old)(y_t) + task_coef A_task_t, per policy token.
 
@@ -47,7 +48,6 @@ class ReverseKLAdvantage(AdvantageSource):
     ``needs_teacher``; the critic's returns, if any, are the nested source's.
     """
 
-    name = "reverse-kl"
     formula = "A_t = kl_coef * (log p_teacher(y_t) - log p_old(y_t)) + task_coef * A_task_t"
     reference = "On-Policy Distillation (Lu, Thinking Machines 2025); GKD (Agarwal et al. 2024, arXiv:2306.13649)"
     trl_name = "GKDTrainer (lmbda=1, beta=1)"

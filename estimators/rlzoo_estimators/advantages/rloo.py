@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import AdvantageSource, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 
 
+@rlzoo.register("advantage", "rloo")
 class RLOOAdvantage(AdvantageSource):
     """Leave-one-out baseline (RLOO): r_i minus the mean reward of the rest of its group.
 
     ``A_i = r_i - mean_{j != i} r_j`` within the group; a group of one gets 0. No parameters.
     """
 
-    name = "rloo"
     formula = "A_i = r_i - mean_{j != i in group} r_j"
     reference = "RLOO (Ahmadian et al. 2024, arXiv:2402.14740)"
     verl_name = "adv_estimator=rloo"

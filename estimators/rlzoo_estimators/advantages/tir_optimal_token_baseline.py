@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 from rlzoo_estimators.advantages.optimal_token_baseline import (
@@ -37,10 +38,10 @@ def compact(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@rlzoo.register("advantage", "tir-optimal-token-baseline")
 class TIROptimalTokenBaselineAdvantage(OptimalTokenBaselineAdvantage):
     """OTB with positions counted in policy tokens, so multi-turn responses with tool-output holes line up."""
 
-    name = "tir-optimal-token-baseline"
     formula = "optimal-token-baseline with position n = the n-th policy token of each response (holes skipped)"
     reference = "optimal token baseline, multi-turn (verl, compute_multi_turn_optimal_token_baseline_advantage)"
     verl_name = "adv_estimator=tir_optimal_token_baseline"

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import LossAggregation
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("aggregation", "seq-mean-token-mean")
 class SeqMeanTokenMean(LossAggregation):
     """Mean over responses of each response's token mean (GRPO, GSPO).
 
@@ -21,7 +23,6 @@ class SeqMeanTokenMean(LossAggregation):
     Responses with no tokens are left out of the mean. No parameters.
     """
 
-    name = "seq-mean-token-mean"
     formula = "mean over non-empty rows of sum_t m L / |y_i|"
     reference = "GRPO (Shao et al. 2024)"
     verl_name = "loss_agg_mode=seq-mean-token-mean"

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import LossAggregation
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("aggregation", "seq-mean-token-sum")
 class SeqMeanTokenSum(LossAggregation):
     """Mean over responses of each response's token-loss sum.
 
     ``loss = mean_i sum_t m_{i,t} L_{i,t}`` over the non-empty responses. No parameters.
     """
 
-    name = "seq-mean-token-sum"
     formula = "mean over non-empty rows of sum_t m L"
     reference = "verl agg_loss"
     verl_name = "loss_agg_mode=seq-mean-token-sum"

@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import LossAggregation, Params
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("aggregation", "seq-mean-token-sum-norm")
 class SeqMeanTokenSumNorm(LossAggregation):
     """Token-loss sum over a constant B*T_max (Dr.GRPO).
 
@@ -23,7 +25,6 @@ class SeqMeanTokenSumNorm(LossAggregation):
     the generation budget for a normaliser that is constant across batches) or, if unset, the batch's padded width.
     """
 
-    name = "seq-mean-token-sum-norm"
     formula = "sum m L / (non-empty rows * T_max)"
     reference = "Dr.GRPO (Liu et al. 2025, arXiv:2503.20783)"
     verl_name = "loss_agg_mode=seq-mean-token-sum-norm"

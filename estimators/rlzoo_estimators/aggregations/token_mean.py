@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import LossAggregation
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("aggregation", "token-mean")
 class TokenMean(LossAggregation):
     """Mean over all response tokens of the batch (DAPO).
 
     ``loss = sum_{i,t} m L / sum_{i,t} m``. Longer responses weigh more, in proportion to their length. No parameters.
     """
 
-    name = "token-mean"
     formula = "sum m L / sum m"
     reference = "DAPO (Yu et al. 2025, arXiv:2503.14476)"
     verl_name = "loss_agg_mode=token-mean"

@@ -15,13 +15,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params
 
 
+@rlzoo.register("clipper", "cispo")
 class CISPOClipper(Clipper):
     """CISPO: -sg(clip(rho, 1-eps_low, 1+eps_high)) * A * log rho; truncates the weight, keeps every gradient."""
 
-    name = "cispo"
     formula = "L = -sg(clip(rho, 1-eps_low, 1+eps_high)) * A * log(rho)"
     reference = "MiniMax-M1 (MiniMax 2025, arXiv:2506.13585)"
     verl_name = "policy_loss.loss_mode=cispo"

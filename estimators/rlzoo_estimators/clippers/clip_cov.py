@@ -17,16 +17,17 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, PolicyBatch
 from rlzoo_estimators._util import token_covariance
 from rlzoo_estimators.clippers.kl_cov import select_count
 from rlzoo_estimators.clippers.ppo import PPOParams, ppo_clip_flags, ppo_objective
 
 
+@rlzoo.register("clipper", "clip-cov")
 class ClipCovClipper(Clipper):
     """Clip-Cov: PPO clip, and a random few tokens with lb < (A-mean A)(logp-mean logp) < ub get no gradient."""
 
-    name = "clip-cov"
     formula = (
         "PPO clip; max(1, N*select_fraction) random unclipped tokens with lb < (A-mean A)(logp-mean logp) < ub "
         "get L = 0"

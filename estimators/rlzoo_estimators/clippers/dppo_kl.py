@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 from rlzoo_estimators.clippers.dppo_tv import truncated_masked_loss
 
@@ -33,10 +34,10 @@ def binary_kl(old_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     return q * (old_logp - logp) + (1.0 - q) * torch.log((1.0 - q + ONE_MINUS_EPS) / (1.0 - p + ONE_MINUS_EPS))
 
 
+@rlzoo.register("clipper", "dppo-kl")
 class DPPOKLClipper(Clipper):
     """DPPO-KL: drop a token's gradient once the binary KL of the sampled token passes the bound A pushes towards."""
 
-    name = "dppo-kl"
     formula = (
         "L = -sg(min(rho, c)) * A * valid * log(rho), valid = D <= eps_high or p <= p_old (A > 0), "
         "D <= eps_low or p >= p_old (A <= 0), D = KL(Bern(p_old) || Bern(p))"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 
 
@@ -44,10 +45,10 @@ def truncated_masked_loss(batch: PolicyBatch, valid: torch.Tensor, c: float) -> 
     )
 
 
+@rlzoo.register("clipper", "dppo-tv")
 class DPPOTVClipper(Clipper):
     """DPPO-TV: drop a token's gradient once |p - p_old| of the sampled token passes the bound A pushes towards."""
 
-    name = "dppo-tv"
     formula = (
         "L = -sg(min(rho, c)) * A * valid * log(rho), valid = p - p_old <= eps_high (A > 0) "
         "or p - p_old >= -eps_low (A <= 0), p = exp(logp)"

@@ -16,13 +16,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 
 
+@rlzoo.register("clipper", "dro")
 class DROClipper(Clipper):
     """DRO: -(A * log rho - beta/2 * (log rho)^2), a quadratic trust region on the log-ratio, no clip."""
 
-    name = "dro"
     formula = "L = -(A * log(rho) - beta/2 * log(rho)^2)"
     reference = "DRO (Richemond et al. 2024, Offline Regularised RL for LLM Alignment, arXiv:2405.19107)"
     verl_name = "policy_loss.loss_mode=dro"

@@ -13,17 +13,18 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult
 from rlzoo_estimators.clippers.ppo import PPOParams, ppo_clip_flags, ppo_objective
 
 
+@rlzoo.register("clipper", "dual-clip")
 class DualClipper(Clipper):
     """PPO clip plus dual clip: for A < 0 the loss is bounded by c*|A| (c > 1).
 
     ``A < 0: loss = -max(min(rho A, clip(rho, 1-eps_low, 1+eps_high) A), c A)``; A >= 0 as PPO.
     """
 
-    name = "dual-clip"
     formula = "A < 0: L = min(PPO loss, c |A|)"
     reference = "Dual-clip PPO (Ye et al. 2020, arXiv:1912.09729)"
     verl_name = "clip_ratio_c"

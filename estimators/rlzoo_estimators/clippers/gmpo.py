@@ -20,14 +20,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("clipper", "gmpo")
 class GMPOClipper(Clipper):
     """GMPO: -mean_t(A) * exp(mean_t of sign-aware clipped log-ratios), one loss per response."""
 
-    name = "gmpo"
     formula = "L_i = -Abar_i * exp(mean_t sgn(A) min(sgn(A) l_t, sgn(A) clamp(l_t, -eps_low, eps_high)))"
     reference = "GMPO (Zhao et al. 2025, arXiv:2507.20673)"
     verl_name = "policy_loss.loss_mode=geo_mean"

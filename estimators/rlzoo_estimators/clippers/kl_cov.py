@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 from rlzoo_estimators._util import token_covariance
 
@@ -25,10 +26,10 @@ def select_count(mask: torch.Tensor, fraction: float) -> int:
     return max(1, int(n * fraction)) if n else 0
 
 
+@rlzoo.register("clipper", "kl-cov")
 class KLCovClipper(Clipper):
     """KL-Cov: -A*rho, plus kl_coef*|logp - old| on the top covariance tokens (entropy-preserving)."""
 
-    name = "kl-cov"
     formula = (
         "L = -A*rho + kl_coef*|logp - old| on the top max(1, N*select_fraction) tokens by (A-mean A)(logp-mean logp)"
     )

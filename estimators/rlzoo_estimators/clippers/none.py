@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult
 
 
+@rlzoo.register("clipper", "none")
 class NoClipper(Clipper):
     """No clipping: loss = -rho*A (plain importance-weighted policy gradient).
 
     Both clip flags are always false. No parameters.
     """
 
-    name = "none"
     formula = "L = -rho A"
     reference = "importance-weighted policy gradient"
 

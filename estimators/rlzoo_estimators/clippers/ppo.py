@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params
 
 
@@ -34,13 +35,13 @@ def ppo_clip_flags(
     return low, high
 
 
+@rlzoo.register("clipper", "ppo")
 class PPOClipper(Clipper):
     """PPO clip: -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A); clip-higher when eps_high > eps_low.
 
     ``loss = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)``.
     """
 
-    name = "ppo"
     formula = "L = -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)"
     reference = "PPO (Schulman et al. 2017); clip-higher: DAPO (Yu et al. 2025)"
     verl_name = "policy_loss.loss_mode=vanilla"

@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params
 
 
+@rlzoo.register("clipper", "sapo")
 class SAPOClipper(Clipper):
     """SAPO soft gate: -(4/tau) * sigmoid(tau*(rho-1)) * A, tau = tau_pos (A > 0) or tau_neg."""
 
-    name = "sapo"
     formula = "L = -(4/tau) * sigmoid(tau*(rho-1)) * A, tau = tau_pos if A > 0 else tau_neg"
     reference = "SAPO (Qwen team 2025, arXiv:2511.20347)"
     verl_name = "policy_loss.loss_mode=sapo"

@@ -25,6 +25,7 @@ import math
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 from rlzoo_estimators._util import masked
 
@@ -46,10 +47,10 @@ def gamma_weights(
     return torch.exp(lam_t + k_t * seq - lam_t * torch.exp(seq))
 
 
+@rlzoo.register("clipper", "vespo")
 class VESPOClipper(Clipper):
     """VESPO: -sg(phi(w)) * A * log rho, phi a Gamma-shaped weight of the sequence importance weight w."""
 
-    name = "vespo"
     formula = (
         "L = -sg(phi) * A * log(rho), phi = exp(lambda + k log w - lambda w), w = exp(sum_t m_t log rho_t); "
         "(k, lambda) by the sign of A"

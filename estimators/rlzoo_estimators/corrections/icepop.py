@@ -19,14 +19,15 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+import rlzoo
 from rlzoo.interfaces import MismatchCorrection, Params
 from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked, token_fraction
 
 
+@rlzoo.register("correction", "icepop")
 class IcePop(MismatchCorrection):
     """IcePop: weight pi_train/pi_rollout where it lies in [low, high], 0 outside (the token is dropped)."""
 
-    name = "icepop"
     formula = "w = exp(old_train - old_rollout) if low <= w <= high else 0"
     reference = "IcePop (Ling Team 2025, Ring-1T report)"
     verl_name = "rollout_is_threshold='low_high'"

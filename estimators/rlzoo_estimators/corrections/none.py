@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import MismatchCorrection
 
 
+@rlzoo.register("correction", "none")
 class NoCorrection(MismatchCorrection):
     """No correction: w = 1 (trust the rollout engine's samples as the old policy's)."""
 
-    name = "none"
     formula = "w = 1"
     reads_train_logprobs = False
 

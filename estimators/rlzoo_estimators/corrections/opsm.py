@@ -26,15 +26,16 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import MismatchCorrection, Params
 from rlzoo_estimators._util import masked, response_fraction, token_fraction
 from rlzoo_estimators.corrections.tis import TruncatedIS, weights_of
 
 
+@rlzoo.register("correction", "opsm")
 class OffPolicySequenceMask(MismatchCorrection):
     """Off-policy sequence masking: drop negative-advantage responses whose mean k1 mismatch exceeds delta."""
 
-    name = "opsm"
     formula = "keep_t = 1[A_t >= 0 or mean_t(old_rollout - old_train) <= delta]; w = 1 or tis"
     reference = "DeepSeek-V3.2 (DeepSeek-AI 2025), off-policy sequence masking"
     trl_name = "off_policy_mask_threshold"

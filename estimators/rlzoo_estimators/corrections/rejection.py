@@ -34,6 +34,7 @@ from typing import Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
+import rlzoo
 from rlzoo.interfaces import Max, Min, MismatchCorrection, Params
 from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked, response_fraction, token_fraction
 from rlzoo_estimators.corrections.tis import TruncatedIS, weights_of
@@ -94,10 +95,10 @@ class Criterion(Params):
         return (passed if self.level == "token" else passed.unsqueeze(-1).expand_as(k)), s
 
 
+@rlzoo.register("correction", "rejection")
 class RejectionSampling(MismatchCorrection):
     """Rejection sampling: drop tokens or responses whose k1/k2/k3 mismatch statistic passes a bound (verl)."""
 
-    name = "rejection"
     formula = "keep = AND_c 1[stat_c(k(log r)) within bounds_c], stat: token|seq_sum|seq_mean|seq_max; w = 1 or tis"
     reference = "Liu, Li et al. 2025, When Speed Kills Stability (verl rollout correction)"
     verl_name = "rollout_rs=<level>_<k>[,...], rollout_rs_threshold"

@@ -25,14 +25,15 @@ from typing import Literal
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
+import rlzoo
 from rlzoo.interfaces import MismatchCorrection, Params
 from rlzoo_estimators._util import MAX_LOG_WEIGHT, masked, token_fraction
 
 
+@rlzoo.register("correction", "tis")
 class TruncatedIS(MismatchCorrection):
     """Truncated importance sampling clamp(pi_train/pi_rollout, c, C), per token or sequence; truncate or mask."""
 
-    name = "tis"
     formula = "w = clamp(pi_train/pi_rollout, c, C) (truncate) or w * 1[c <= w <= C] (mask), per token or sequence"
     reference = "TIS (Yao et al. 2025, Your efficient RL framework secretly brings you off-policy RL training)"
     verl_name = "rollout_is=token|sequence, rollout_is_threshold=C"

@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import BatchFilter, Params
 
 
+@rlzoo.register("batch_filter", "dynamic-sampling")
 class DynamicSampling(BatchFilter):
     """Keep only groups whose rewards are not all equal; sample more prompts to fill the batch (DAPO)."""
 
-    name = "dynamic-sampling"
     formula = "keep g iff max_{i in g} r_i > min_{i in g} r_i; resample up to max_gen_batches"
     reference = "DAPO (Yu et al. 2025, arXiv:2503.14476), dynamic sampling"
     verl_name = "algorithm.filter_groups (enable, metric, max_num_gen_batches)"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import rlzoo
 from rlzoo.interfaces import BatchFilter
 
 
+@rlzoo.register("batch_filter", "none")
 class NoFilter(BatchFilter):
     """Keep every group (one generation batch per step)."""
 
-    name = "none"
     formula = "keep every group"

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import KLEstimator
 
 
+@rlzoo.register("kl", "k1")
 class K1(KLEstimator):
     """k1 = logp - ref_logp (unbiased, high variance, can be negative).
 
     No parameters.
     """
 
-    name = "k1"
     formula = "k1 = logp - ref"
     reference = "Schulman 2020, Approximating KL divergence"
     verl_name = "kl_loss_type=k1"

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import KLEstimator
 
 
+@rlzoo.register("kl", "k2")
 class K2(KLEstimator):
     """k2 = 0.5 * (logp - ref_logp)^2 (biased, low variance, non-negative).
 
     No parameters.
     """
 
-    name = "k2"
     formula = "k2 = (logp - ref)^2 / 2"
     reference = "Schulman 2020, Approximating KL divergence"
     verl_name = "kl_loss_type=mse"

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import KLEstimator
 
 
+@rlzoo.register("kl", "k3")
 class K3(KLEstimator):
     """k3 = exp(ref - logp) - 1 - (ref - logp) (unbiased, low variance, non-negative; GRPO).
 
     No parameters.
     """
 
-    name = "k3"
     formula = "k3 = exp(ref - logp) - 1 - (ref - logp)"
     reference = "Schulman 2020; GRPO (Shao et al. 2024)"
     verl_name = "kl_loss_type=low_var_kl"

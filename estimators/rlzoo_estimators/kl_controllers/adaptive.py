@@ -14,16 +14,17 @@ from typing import Any
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import KLController, Params
 
 
+@rlzoo.register("kl_controller", "adaptive")
 class AdaptiveKLController(KLController):
     """Adaptive KL-in-reward coefficient: beta *= 1 + clip(KL/target - 1, -0.2, 0.2) * n_steps / horizon.
 
     Proportional control of the KL towards ``target``; beta starts at ``coef``.
     """
 
-    name = "adaptive"
     formula = "beta <- beta (1 + clip(KL / target - 1, -0.2, 0.2) n_steps / horizon)"
     reference = "Ziegler et al. 2019, Fine-Tuning LMs from Human Preferences (arXiv:1909.08593)"
     verl_name = "algorithm.kl_ctrl.type=adaptive"

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import KLController, Params
 
 
+@rlzoo.register("kl_controller", "fixed")
 class FixedKLController(KLController):
     """Fixed KL-in-reward coefficient: beta = coef at every step.
 
     ``r_t <- r_t - coef * KL_t``.
     """
 
-    name = "fixed"
     formula = "beta = coef (constant)"
     reference = "KL penalty in the reward (Ziegler et al. 2019, arXiv:1909.08593; Ouyang et al. 2022)"
     verl_name = "algorithm.kl_ctrl.type=fixed"

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import RatioEstimator
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("ratio", "gpg")
 class GPGRatio(RatioEstimator):
     """No ratio (GPG / REINFORCE): value 1, gradient grad logp; use with clipper none.
 
     ``log w_{i,t} = logp_{i,t} - sg[logp_{i,t}]``. No parameters.
     """
 
-    name = "gpg"
     level = "token"
     formula = "log w = logp - sg(logp)  (w = 1, grad w = grad logp)"
     reference = "GPG (Chu et al. 2025, arXiv:2504.02546)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import RatioEstimator
 from rlzoo_estimators._util import masked
 
@@ -19,6 +20,7 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
     return masked(logp - old_logp, mask).sum(dim=-1, keepdim=True) / lengths
 
 
+@rlzoo.register("ratio", "sequence")
 class SequenceRatio(RatioEstimator):
     """Length-normalised sequence ratio, one per response (GSPO).
 
@@ -26,7 +28,6 @@ class SequenceRatio(RatioEstimator):
     the gradient of every token's loss flows through all tokens of the response. No parameters.
     """
 
-    name = "sequence"
     formula = "log s_i = sum_t m (logp - old) / |y_i|, one value per response"
     reference = "GSPO (Zheng et al. 2025, arXiv:2507.18071)"
     trl_name = "importance_sampling_level=sequence"

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import RatioEstimator
 from rlzoo_estimators._util import masked
 from rlzoo_estimators.ratios.sequence import sequence_log_ratio
 
 
+@rlzoo.register("ratio", "sequence-token")
 class SequenceTokenRatio(RatioEstimator):
     """Sequence ratio value with per-token gradients (GSPO-token).
 
@@ -23,7 +25,6 @@ class SequenceTokenRatio(RatioEstimator):
     No parameters.
     """
 
-    name = "sequence-token"
     formula = "log s_it = sg(log s_i) + logp_t - sg(logp_t)"
     reference = "GSPO-token (Zheng et al. 2025, §4.3)"
     verl_name = "policy_loss.loss_mode=gspo"

@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import LossAggregation, Params, Regulariser
 
 
+@rlzoo.register("regulariser", "entropy")
 class EntropyBonus(Regulariser):
     """Entropy regulariser: adds -coef * aggregate(H_t) to the loss."""
 
-    name = "entropy"
     needs_entropy = True
     formula = "-coef * aggregate(H_t)"
     reference = "entropy regularisation (Williams & Peng 1991; PPO, Schulman et al. 2017)"

@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, RewardShaper
 
 
+@rlzoo.register("reward_shaper", "length")
 class LengthPenalty(RewardShaper):
     """Linear length penalty: -coef per response token."""
 
-    name = "length"
     formula = "-coef * |y|"
     reference = "a plain length penalty (e.g. Kimi k1.5 uses a reward-aware variant)"
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, RewardShaper
 
 
+@rlzoo.register("reward_shaper", "overlong")
 class OverlongShaping(RewardShaper):
     """Soft overlong punishment: a penalty rising linearly from 0 to -penalty over the last buffer tokens (DAPO)."""
 
-    name = "overlong"
     formula = "min(0, -penalty * (|y| - (L_max - L_cache)) / L_cache)"
     reference = "DAPO (Yu et al. 2025, arXiv:2503.14476), overlong reward shaping"
     verl_name = "reward_model.overlong_buffer (enable, len, penalty_factor)"

@@ -15,17 +15,18 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, ValueLoss, ValueLossResult
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("value_loss", "clipped")
 class ClippedValueLoss(ValueLoss):
     """Clipped value loss: 0.5 max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), as PPO's critic.
 
     ``clipped`` marks the tokens where the clipped term was the larger one.
     """
 
-    name = "clipped"
     formula = "L = 0.5 max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)"
     reference = "PPO value clipping (Schulman et al. 2017, OpenAI baselines ppo2); verl compute_value_loss"
     verl_name = "critic.cliprange_value"

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import torch
 
+import rlzoo
 from rlzoo.interfaces import ValueLoss, ValueLossResult
 from rlzoo_estimators._util import masked
 
 
+@rlzoo.register("value_loss", "unclipped")
 class UnclippedValueLoss(ValueLoss):
     """Unclipped value loss: 0.5 (v - R)^2 (plain regression onto the returns).
 
     No parameters.
     """
 
-    name = "unclipped"
     formula = "L = 0.5 (v - R)^2"
     reference = "Actor-critic value regression (Mnih et al. 2016, A3C); verl compute_value_loss without clipping"
 

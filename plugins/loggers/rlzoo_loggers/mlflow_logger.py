@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Logger, Params, TrackedRun
 from rlzoo_loggers.common import as_text, finite, flatten, plain, read_state, write_state
 
@@ -22,6 +23,7 @@ DATABASE = "mlflow.db"
 ARTIFACTS = "mlflow-artifacts"
 
 
+@rlzoo.register("logger", "mlflow")
 class MlflowLogger(Logger):
     """Record the run as an MLflow run: params (the flattened config), tags, metrics per step, summary, files.
 
@@ -48,7 +50,6 @@ class MlflowLogger(Logger):
     Reference: mlflow.tracking.MlflowClient (create_run, log_batch, log_artifact, set_terminated).
     """
 
-    name = "mlflow"
     reference = "MLflow tracking: mlflow.tracking.MlflowClient (log_batch, log_artifact, set_terminated)"
     requires = ("mlflow",)
     install_hint = "pip install 'rlzoo-loggers[mlflow]'"

@@ -1,4 +1,5 @@
-"""Entry point of the ``rlzoo-loggers`` distribution: contributes the experiment trackers (``loggers: [...]``)."""
+"""The ``rlzoo`` entry point of rlzoo-loggers. Its components register where they are defined
+(``@rlzoo.register(kind, name)`` on each class): adding one is adding its module to the package."""
 
 from __future__ import annotations
 
@@ -6,9 +7,5 @@ import rlzoo
 
 
 @rlzoo.hookimpl
-def rlzoo_loggers() -> list[type]:
-    from rlzoo_loggers.mlflow_logger import MlflowLogger
-    from rlzoo_loggers.tensorboard_logger import TensorBoardLogger
-    from rlzoo_loggers.wandb_logger import WandbLogger
-
-    return [TensorBoardLogger, WandbLogger, MlflowLogger]
+def rlzoo_component_modules() -> list[str]:
+    return ["rlzoo_loggers"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+import rlzoo
 from rlzoo.interfaces import Logger, Params, TrackedRun
 from rlzoo_loggers.common import finite, flatten, plain
 
@@ -17,6 +18,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_COLORSPACE = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 
 
+@rlzoo.register("logger", "tensorboard")
 class TensorBoardLogger(Logger):
     """Write the run's metrics, config, summary and plots as TensorBoard event files in ``<run folder>/tensorboard``.
 
@@ -35,7 +37,6 @@ class TensorBoardLogger(Logger):
     Reference: torch.utils.tensorboard.SummaryWriter (purge_step); TensorBoard's HParams plugin.
     """
 
-    name = "tensorboard"
     reference = "torch.utils.tensorboard.SummaryWriter; TensorBoard (scalars, text, images, HParams)"
     requires = ("tensorboard",)
     install_hint = "pip install 'rlzoo-loggers[tensorboard]'"

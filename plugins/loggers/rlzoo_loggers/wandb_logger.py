@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Logger, Params, TrackedRun
 from rlzoo_loggers.common import plain, read_state, write_state
 
@@ -19,6 +20,7 @@ from rlzoo_loggers.common import plain, read_state, write_state
 MAX_TAG_LENGTH = 64
 
 
+@rlzoo.register("logger", "wandb")
 class WandbLogger(Logger):
     """Record the run as a Weights & Biases run: config, metrics at their steps, summary, plots and result files.
 
@@ -43,7 +45,6 @@ class WandbLogger(Logger):
     Reference: wandb.init / wandb.Run.log / wandb.Artifact (Weights & Biases SDK).
     """
 
-    name = "wandb"
     reference = "Weights & Biases SDK: wandb.init(resume='allow'), Run.log(step=...), Artifact"
     requires = ("wandb",)
     install_hint = "pip install 'rlzoo-loggers[wandb]'"

@@ -62,7 +62,10 @@ def test_parameters_and_their_defaults(registry):
 def test_discovery_imports_no_tracker_library():
     code = (
         "import sys, rlzoo_loggers.plugin as p\n"
-        "classes = p.rlzoo_loggers()\n"
+        "from rlzoo.registry import Registry\n"
+        "registry = Registry()\n"
+        "found = registry.add_plugin(p, name='loggers', distribution='rlzoo-loggers')\n"
+        "assert not registry.load_errors and len(found) == 3, (registry.load_errors, found)\n"
         "print(sorted(m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import rlzoo
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
 
 
+@rlzoo.register("router", "none")
 class NoReplay(RouterPolicy):
     """No routing replay: every forward pass routes afresh with the current router.
 
@@ -13,7 +15,6 @@ class NoReplay(RouterPolicy):
     48-layer MoE). Dense models need nothing else; for MoE models the loop still reports ``moe/flip_rate``.
     """
 
-    name = "none"
     source = "none"
 
     def replays_routing(self) -> bool:

@@ -1,4 +1,5 @@
-"""Entry point of the rlzoo-routing distribution: registers the router policies."""
+"""The ``rlzoo`` entry point of rlzoo-routing. Its components register where they are defined
+(``@rlzoo.register(kind, name)`` on each class): adding one is adding its module to the package."""
 
 from __future__ import annotations
 
@@ -6,7 +7,5 @@ import rlzoo
 
 
 @rlzoo.hookimpl
-def rlzoo_router_policies() -> list[type]:
-    from rlzoo_routing import NoReplay, ReplayOld, ReplayRollout
-
-    return [NoReplay, ReplayOld, ReplayRollout]
+def rlzoo_component_modules() -> list[str]:
+    return ["rlzoo_routing"]

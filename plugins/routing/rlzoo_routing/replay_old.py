@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import rlzoo
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
 
 
+@rlzoo.register("router", "replay-old")
 class ReplayOld(RouterPolicy):
     """Routing Replay (R2): replay the experts of the training engine's old-log-prob pass in every update pass.
 
@@ -16,7 +18,6 @@ class ReplayOld(RouterPolicy):
     Reference: GSPO (arXiv:2507.18071), section on MoE training.
     """
 
-    name = "replay-old"
     source = "old"
 
     def replays_routing(self) -> bool:

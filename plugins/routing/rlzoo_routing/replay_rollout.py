@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import rlzoo
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
 
 
+@rlzoo.register("router", "replay-rollout")
 class ReplayRollout(RouterPolicy):
     """Rollout Routing Replay (R3): replay the experts the rollout engine used while sampling.
 
@@ -16,7 +18,6 @@ class ReplayRollout(RouterPolicy):
     and the padding have no record and are routed afresh, which changes no response log-prob.
     """
 
-    name = "replay-rollout"
     source = "rollout"
 
     def needs_rollout_routing(self) -> bool:

@@ -1,7 +1,7 @@
 """First-party rlzoo tasks: ``arithmetic``, ``chain`` (multi-step, for process rewards) and ``jsonl`` (user data).
 
-Registered through the ``rlzoo`` entry-point group (see :mod:`rlzoo_tasks.plugin`); this package imports only
-rlzoo's public API.
+Each registers where it is defined (``@rlzoo.register``), found through the ``rlzoo`` entry-point group (see
+:mod:`rlzoo_tasks.plugin`); this package imports only rlzoo's public API.
 """
 
 from rlzoo_tasks.arithmetic import ArithmeticTask

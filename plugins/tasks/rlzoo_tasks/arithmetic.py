@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, Sample
 
 from rlzoo_tasks._generated import GeneratedTask
@@ -16,6 +17,7 @@ Operation = Literal["+", "-", "*"]
 _PROBLEM = re.compile(r"(\d+)([-+*])(\d+)=")
 
 
+@rlzoo.register("task", "arithmetic")
 class ArithmeticTask(GeneratedTask):
     """Binary arithmetic on d-digit numbers: prompt ``"12+34="``, response and answer ``"46"``.
 
@@ -27,7 +29,6 @@ class ArithmeticTask(GeneratedTask):
     the ``math`` verifier by default.
     """
 
-    name = "arithmetic"
     default_verifier: ClassVar[str] = "math"
 
     class Params(Params):

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Sample
 
 from rlzoo_tasks.arithmetic import ArithmeticTask, Operation
@@ -17,6 +18,7 @@ from rlzoo_tasks.arithmetic import ArithmeticTask, Operation
 _ALPHABET = "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
 
 
+@rlzoo.register("task", "calculator-arithmetic")
 class CalculatorArithmeticTask(ArithmeticTask):
     """Multi-digit arithmetic solved with the calculator tool: ``482*371=`` answered ``178822`` after a call.
 
@@ -29,7 +31,6 @@ class CalculatorArithmeticTask(ArithmeticTask):
     [{name: calculator}], max_turns: 2}`` (``examples/tools_calculator.yaml``).
     """
 
-    name = "calculator-arithmetic"
     default_verifier: ClassVar[str] = "math"
 
     class Params(ArithmeticTask.Params):  # arithmetic's parameters, with 3-digit products by default

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, Sample
 
 from rlzoo_tasks._generated import GeneratedTask
@@ -14,6 +15,7 @@ from rlzoo_tasks._generated import GeneratedTask
 STEP_SEPARATOR = ";"
 
 
+@rlzoo.register("task", "chain")
 class ChainTask(GeneratedTask):
     """Multi-step additions and subtractions, checked step by step: ``"5+3-2+4="`` -> ``"8;6;10"``.
 
@@ -29,7 +31,6 @@ class ChainTask(GeneratedTask):
     ``benchmarks/vs_trl.py``).
     """
 
-    name = "chain"
     default_verifier: ClassVar[str] = "process"
 
     class Params(Params):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
 from rlzoo_tasks._common import (
@@ -267,6 +268,7 @@ def to_rows(records: list[dict[str, Any]], path: str, prompt_field: str, answer_
     return rows
 
 
+@rlzoo.register("task", "dataset")
 class DatasetTask(Task):
     """Prompts and answers from local data files (JSON lines, JSON, Parquet, Arrow) via Hugging Face ``datasets``.
 
@@ -276,7 +278,6 @@ class DatasetTask(Task):
     prompt in both files is an error. A malformed row raises ``DataError`` naming file, 1-based row and field.
     """
 
-    name = "dataset"
     requires = ("datasets",)
     install_hint = INSTALL_HINT
 

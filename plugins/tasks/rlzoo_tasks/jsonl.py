@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
 
@@ -123,6 +124,7 @@ def load_jsonl(
     return rows
 
 
+@rlzoo.register("task", "jsonl")
 class JsonlTask(Task):
     """Prompts and answers from a JSON-lines file: one ``{"prompt": ..., "answer": ...}`` object per line.
 
@@ -134,7 +136,6 @@ class JsonlTask(Task):
     the file, the 1-based line and the problem.
     """
 
-    name = "jsonl"
     default_verifier = "exact"
 
     class Params(Params):

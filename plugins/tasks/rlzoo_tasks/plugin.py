@@ -1,4 +1,5 @@
-"""Entry point of the ``rlzoo-tasks`` distribution: contributes the task components."""
+"""The ``rlzoo`` entry point of rlzoo-tasks. Its components register where they are defined
+(``@rlzoo.register(kind, name)`` on each class): adding one is adding its module to the package."""
 
 from __future__ import annotations
 
@@ -6,11 +7,5 @@ import rlzoo
 
 
 @rlzoo.hookimpl
-def rlzoo_tasks() -> list[type]:
-    from rlzoo_tasks.arithmetic import ArithmeticTask
-    from rlzoo_tasks.calculator_arithmetic import CalculatorArithmeticTask
-    from rlzoo_tasks.chain import ChainTask
-    from rlzoo_tasks.dataset import DatasetTask
-    from rlzoo_tasks.jsonl import JsonlTask
-
-    return [ArithmeticTask, CalculatorArithmeticTask, ChainTask, DatasetTask, JsonlTask]
+def rlzoo_component_modules() -> list[str]:
+    return ["rlzoo_tasks"]

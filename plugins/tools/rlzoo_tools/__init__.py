@@ -4,7 +4,8 @@
 - ``python`` (tool): runs code in the ``code`` verifier's kernel sandbox and returns what it printed.
 - ``hermes`` (tool_parser): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the Qwen/Hermes format.
 
-Registered through the ``rlzoo`` entry-point group (:mod:`rlzoo_tools.plugin`); imports rlzoo's public API only
+Each registers where it is defined (``@rlzoo.register``), found through the ``rlzoo`` entry-point group
+(:mod:`rlzoo_tools.plugin`); imports rlzoo's public API only
 (and, for the sandbox, the ``rlzoo-verifiers`` distribution).
 """
 

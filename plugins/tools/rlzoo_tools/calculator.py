@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, Tool, ToolError
 
 _LITERAL = re.compile(r"(\d*)\.?(\d*)(?:[eE]([+-]?\d+))?")
@@ -26,6 +27,7 @@ _REFUSED = {
 }
 
 
+@rlzoo.register("tool", "calculator")
 class Calculator(Tool):
     """Evaluate an arithmetic expression exactly (rational numbers), e.g. ``(2**64 + 1) / 3``.
 
@@ -44,7 +46,6 @@ class Calculator(Tool):
     Reference: the calculator tools of ToRA / verl's GSM8K tool recipes, made exact.
     """
 
-    name = "calculator"
     reference = "verl tool recipes (gsm8k calc tool); Python fractions/ast"
     description = (
         "Evaluate an arithmetic expression exactly. Supports integers, decimals, + - * / // % ** and parentheses; "

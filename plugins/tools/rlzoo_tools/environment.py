@@ -6,10 +6,12 @@ from typing import Any
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Environment, Observation, Params, Sample
 from rlzoo.tools import run_tool_calls
 
 
+@rlzoo.register("environment", "tools")
 class ToolCalling(Environment):
     """Run the tool calls of every turn and answer with their results; a turn without a call ends the episode.
 
@@ -20,7 +22,6 @@ class ToolCalling(Environment):
     parse, run, append the responses, until a turn calls nothing or a limit).
     """
 
-    name = "tools"
     uses_tools = True
     reference = "verl ToolAgentLoop; TRL GRPOTrainer(tools=...)"
     verl_name = "tool_agent"

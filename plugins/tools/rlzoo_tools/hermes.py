@@ -6,12 +6,14 @@ import json
 import re
 from typing import Any
 
+import rlzoo
 from rlzoo.interfaces import MalformedCall, ParsedTurn, ToolCall, ToolCallParser
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 _SHOWN = 200  # characters of a malformed call quoted back to the model
 
 
+@rlzoo.register("tool_parser", "hermes")
 class HermesParser(ToolCallParser):
     """Parse ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Hermes / Qwen chat templates).
 
@@ -25,7 +27,6 @@ class HermesParser(ToolCallParser):
     function-calling format (NousResearch/Hermes-Function-Calling).
     """
 
-    name = "hermes"
     call_markup = '<tool_call>{"name":"","arguments":{}}</tool_call>'  # format_call of a call with no name or arguments
     reference = "verl HermesToolParser; NousResearch Hermes function calling"
     verl_name = "hermes"

@@ -1,4 +1,5 @@
-"""Entry point of the ``rlzoo-tools`` distribution: contributes the tools, the tool-call parser and the tool-calling environment."""
+"""The ``rlzoo`` entry point of rlzoo-tools. Its components register where they are defined
+(``@rlzoo.register(kind, name)`` on each class): adding one is adding its module to the package."""
 
 from __future__ import annotations
 
@@ -6,22 +7,5 @@ import rlzoo
 
 
 @rlzoo.hookimpl
-def rlzoo_tools() -> list[type]:
-    from rlzoo_tools.calculator import Calculator
-    from rlzoo_tools.python_tool import PythonTool
-
-    return [Calculator, PythonTool]
-
-
-@rlzoo.hookimpl
-def rlzoo_tool_parsers() -> list[type]:
-    from rlzoo_tools.hermes import HermesParser
-
-    return [HermesParser]
-
-
-@rlzoo.hookimpl
-def rlzoo_environments() -> list[type]:
-    from rlzoo_tools.environment import ToolCalling
-
-    return [ToolCalling]
+def rlzoo_component_modules() -> list[str]:
+    return ["rlzoo_tools"]

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+import rlzoo
 from rlzoo.interfaces import Params, Tool, ToolError, ToolTimeout
 
 from rlzoo_verifiers.code import RUNNER, CodeVerifier, _rmtree, strip_code_fences
@@ -23,6 +24,7 @@ _NONCE_LINE = 34
 _RUNNER_FRAMES = ('  File "/sandbox/runner.py"', '  File "' + str(RUNNER))  # isolation: kernel / process
 
 
+@rlzoo.register("tool", "python")
 class PythonTool(Tool):
     """Run Python code in the ``code`` verifier's kernel sandbox; the observation is what it printed.
 
@@ -42,7 +44,6 @@ class PythonTool(Tool):
     Reference: verl's sandbox-fusion code tool; TRL's ``tools=`` functions. The sandbox: rlzoo-verifiers' ``code``.
     """
 
-    name = "python"
     reference = "verl SandboxFusionTool; rlzoo code verifier's sandbox"
     description = (
         "Run a Python 3 program in a sandbox and return what it prints (stdout, then stderr). Use print() to see "

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
+import rlzoo
 from rlzoo.interfaces import Clipper, ClipResult, Params
 
 
+@rlzoo.register("clipper", "capped-is")
 class CappedISClipper(Clipper):
     """Capped importance weight, gradient kept on every token: loss = -sg(clip(rho)/rho) * rho * A.
 
@@ -15,8 +17,6 @@ class CappedISClipper(Clipper):
     ``-w A * d log(rho)``, so a token outside the range is down-weighted, never dropped. No token loses its
     gradient, so both clip flags are always false.
     """
-
-    name = "capped-is"
 
     class Params(Params):
         eps_low: float = Field(0.2, ge=0.0, le=1.0, description="weights below 1 - eps_low are raised to it")
