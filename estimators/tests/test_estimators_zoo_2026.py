@@ -158,7 +158,9 @@ def test_defaults_are_the_contract():
     assert create("clipper", "dro").params.model_dump() == {"beta": 0.05}
     assert create("clipper", "vespo").params.model_dump() == {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
     assert create("advantage", "gdpo").params.model_dump() == {"parts": None, "weights": None, "std_normalize": True, "eps": 1e-6}
-    assert create("advantage", "optimal-token-baseline").params.model_dump() == {"zero_tail": True, "eps": 1e-8}
+    assert create("advantage", "optimal-token-baseline").params.model_dump() == {
+        "zero_tail": True, "eps": 1e-8, "rollout_is": False
+    }
 
 
 # --- advantages ----------------------------------------------------------------------------------------------

@@ -41,6 +41,11 @@ class RewardBatch:
     sum_pi_squared: ``[batch, tokens]`` ``sum_v pi_old(v | context_t)^2`` at each response position, for sources that
                   declare ``needs_sum_pi_squared``: a no-grad pass of the training engine under the weights of the
                   old pass (engines that declare ``computes_sum_pi_squared``); else None.
+    rollout_is_weights: ``[batch, tokens]`` the train-inference correction's weights of each response token (the
+                  ``algorithm.correction``'s, e.g. ``tis``: verl's ``rollout_is_weights``; no gradient), for sources
+                  that read them (the optimal token baseline's ``rollout_is``). ``rlzoo train`` does not hand them to
+                  the advantage yet, so such a source refuses that option before a run; from a loop of your own,
+                  pass them here. Else None.
     """
 
     rewards: torch.Tensor
@@ -55,6 +60,7 @@ class RewardBatch:
     reward_parts: dict[str, torch.Tensor] | None = None
     reward_baselines: torch.Tensor | None = None
     sum_pi_squared: torch.Tensor | None = None
+    rollout_is_weights: torch.Tensor | None = None
 
     def require(self, source: str, what: str, *fields: str) -> None:
         """Raise a clear error naming the ``fields`` advantage ``source`` reads that this batch lacks (``what``: what
@@ -84,7 +90,10 @@ class AdvantageSource(Component):
       scores one greedy response per prompt (ReMax);
     - ``needs_sum_pi_squared``: the source reads ``RewardBatch.sum_pi_squared`` (and ``old_logprobs``), so each step
       runs one more no-grad pass of the training engine, which must declare ``computes_sum_pi_squared``; a router
-      policy that replays experts is refused with it (that pass routes afresh).
+      policy that replays experts is refused with it (that pass routes afresh);
+    - ``needs_groups``: the source compares each response with the others sampled from its prompt (a group baseline
+      or normalisation), so a lone response gets advantage 0: ``rollout.group_size: 1`` is refused rather than run
+      with zero advantages.
     """
 
     kind = "advantage"
@@ -96,6 +105,7 @@ class AdvantageSource(Component):
     needs_reward_parts: ClassVar[bool] = False
     needs_greedy_baseline: ClassVar[bool] = False
     needs_sum_pi_squared: ClassVar[bool] = False
+    needs_groups: ClassVar[bool] = False
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         raise NotImplementedError
@@ -136,6 +146,15 @@ class AdvantageSource(Component):
             ))
         if self.needs_sum_pi_squared:
             problems += self._sum_pi_squared_problems(run, at)
+        if self.needs_groups and run.config.rollout.group_size < 2:
+            usable = run.names("advantage", lambda cls: not cls.needs_groups)
+            problems.append((
+                "rollout.group_size",
+                f"{run.config.rollout.group_size}, but advantage {self.name!r} ({at}) compares each response with "
+                "the others sampled from its prompt, so a lone response's advantage is 0 and nothing would be "
+                f"learnt: sample at least 2 per prompt, or use an advantage without a group baseline "
+                f"({', '.join(usable)})",
+            ))
         return problems
 
     def _sum_pi_squared_problems(self, run: RunFacts, at: str) -> list[Problem]:

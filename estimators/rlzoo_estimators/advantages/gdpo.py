@@ -10,8 +10,9 @@ verifier it combines) plus ``shaping`` / ``turns`` when the run has reward shape
 (``RewardBatch.reward_parts``); ``parts`` picks some (verl: ``gdpo_reward_keys``), ``weights`` weighs them (verl:
 ``gdpo_reward_weights``; 1 for a part it does not name). The std is unbiased (N-1); without ``std_normalize`` only
 the group mean is taken off. As verl's ``compute_gdpo_outcome_advantage``, except for a group of one response,
-whose part advantages are 0 here (verl divides the raw part by 1 + eps there). A verifier that returns no parts is
-refused before the run when it declares so (:meth:`Verifier.reward_parts`), else at the first step.
+whose part advantages are 0 here (verl divides the raw part by 1 + eps there); a run with ``rollout.group_size:
+1``, where every response is alone, is refused before it starts (``needs_groups``). A verifier that returns no
+parts is refused before the run when it declares so (:meth:`Verifier.reward_parts`), else at the first step.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class GDPOAdvantage(AdvantageSource):
 
     formula = "A_i = whiten(sum_k w_k (r^k_i - mean_group r^k) / (std_group r^k + eps)) over the reward parts k"
     reference = "GDPO (Group reward-Decoupled Normalization Policy Optimization, arXiv:2601.05242)"
+    needs_groups = True
     verl_name = "adv_estimator=gdpo"
     needs_reward_parts = True
 

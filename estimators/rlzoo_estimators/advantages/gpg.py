@@ -23,6 +23,7 @@ class GPGAdvantage(AdvantageSource):
 
     formula = "A_i = B / max(1, #(r != 0)) * (r_i - mean_group r)"
     reference = "GPG (Chu et al. 2025, arXiv:2504.02546)"
+    needs_groups = True
     verl_name = "adv_estimator=gpg"
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:

@@ -4,7 +4,8 @@
     A_i =  r_i - mean_{j in g(i)} r_j                                      (std_normalize = false)
 
 g(i) is the group of responses sampled from the same prompt. The std is the unbiased (N-1) one by default
-(verl) or the biased (N) one (TRL). A group of one response gets A = 0. A_i is broadcast to every token of y_i.
+(verl) or the biased (N) one (TRL). A group of one response gets A = 0 (a run with
+``rollout.group_size: 1`` is refused: ``needs_groups``). A_i is broadcast to every token of y_i.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class GroupAdvantage(AdvantageSource):
 
     formula = "A_i = (r_i - mean_group r) / (std_group r + eps)"
     reference = "GRPO (Shao et al. 2024, arXiv:2402.03300); Dr.GRPO"
+    needs_groups = True
     verl_name = "adv_estimator=grpo"
     trl_name = "scale_rewards"
 

@@ -5,9 +5,9 @@ second best -- the max-reward-of-the-group objective with a leave-one-out baseli
     i* = argmax_{i in g} r_i,     A_{i*} = (r_(1) - r_(2)) / (std_g r + eps),     A_i = 0 for every other i in g
 
 ``r_(1) >= r_(2)`` the group's two largest rewards, ``std`` unbiased (N-1); without ``std_normalize`` the margin is
-not divided. A tie for the best gives 0 to everyone; a group of one response gets 0 (verl raises), and the run is
-refused before it starts with ``rollout.group_size < 2``. Broadcast to every token of ``y_{i*}``. As verl's
-``compute_grpo_passk_outcome_advantage``.
+not divided. A tie for the best gives 0 to everyone; a group of one response gets 0 (verl raises), and a run with
+``rollout.group_size < 2`` is refused before it starts (``needs_groups``). Broadcast to every token of ``y_{i*}``.
+As verl's ``compute_grpo_passk_outcome_advantage``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 
 import rlzoo
-from rlzoo.interfaces import AdvantageSource, Params, Problem, RewardBatch, RunFacts
+from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 
 
@@ -26,21 +26,12 @@ class PassKAdvantage(AdvantageSource):
 
     formula = "A_{argmax r} = (r_(1) - r_(2)) / (std_group r + eps), 0 for the rest of the group"
     reference = "PKPO (Walder & Karkhanis 2025, arXiv:2505.15201), k = n; verl's docstring cites arXiv:2503.19595"
+    needs_groups = True
     verl_name = "adv_estimator=grpo_passk"
 
     class Params(Params):
         std_normalize: bool = Field(True, description="divide the margin by the group's std (verl: norm_adv_by_std_in_grpo)")
         eps: float = Field(1e-6, ge=0.0, description="added to the std before dividing")
-
-    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
-        problems = super().preflight(run, at)
-        if run.config.rollout.group_size < 2:
-            problems.append((
-                "rollout.group_size",
-                f"{run.config.rollout.group_size}, but advantage {self.name!r} ({at}) compares a group's two best "
-                "responses: sample at least 2 per prompt",
-            ))
-        return problems
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         r = batch.rewards.to(torch.float64).reshape(-1)

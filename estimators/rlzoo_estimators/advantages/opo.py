@@ -21,6 +21,7 @@ class OPOAdvantage(AdvantageSource):
 
     formula = "A_i = r_i - sum_g |y_j| r_j / sum_g |y_j|"
     reference = "OPO (Hao et al. 2025, arXiv:2505.23585)"
+    needs_groups = True
     verl_name = "adv_estimator=opo"
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:

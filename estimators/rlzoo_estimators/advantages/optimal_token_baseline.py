@@ -3,7 +3,7 @@ the return weighted by how much gradient energy each response has accumulated up
 
     G_{i,t} = sum_{t' >= t} m_{t'} r_{i,t'}                                   (reward-to-go of the token rewards)
     s_{i,t} = 1 - 2 pi_t + sum_v pi(v)^2          = ||grad_logits log pi(y_t)||^2 of a softmax, pi_t = exp(old_logp)
-    W_{i,t} = sum_{t' <= t} m_{t'} s_{i,t'}                                   (cumulative path-variance proxy)
+    W_{i,t} = sum_{t' <= t} m_{t'} rho_{i,t'}^2 s_{i,t'}                     (cumulative path-variance proxy)
     B_t     = sum_{i in g} m_{i,t} G_{i,t} W_{i,t} / (sum_{i in g} m_{i,t} W_{i,t} + eps)
     A_{i,t} = m_{i,t} (G_{i,t} - B_t)
 
@@ -11,8 +11,14 @@ the return weighted by how much gradient energy each response has accumulated up
 one response gets ``B = 0``. With ``zero_tail`` the baseline of a group's single longest response is 0 beyond the
 second-longest one's length (where it alone would give ``B_t ~ G_t``, an advantage of ~0). Positions are columns of
 the batch (use ``tir-optimal-token-baseline`` when responses have holes, multi-turn). As verl's
-``compute_optimal_token_baseline_advantage`` without its rollout-IS option (``rollout_is_weights``, which scales
-``s`` by the squared correction weight).
+``compute_optimal_token_baseline_advantage``.
+
+``rho`` is 1 unless ``rollout_is``: then it is the train-inference correction's weight of each token
+(``RewardBatch.rollout_is_weights``, the weights of ``algorithm.correction`` such as ``tis``), as verl scales each
+step's term by ``rollout_is_weights ** 2`` before the cumulative sum, so that the baseline minimises the variance of
+the importance-weighted gradient. ``rlzoo train`` does not hand those weights to an advantage yet, so it refuses
+``rollout_is: true`` before the run (naming the field); from a loop of your own, set
+``RewardBatch.rollout_is_weights``.
 
 ``sum_v pi(v)^2`` (``RewardBatch.sum_pi_squared``) is a statistic of the whole next-token distribution of the old
 policy: ``rlzoo train`` has the training engine compute it in one more no-grad pass (engines that declare
@@ -25,7 +31,7 @@ import torch
 from pydantic import Field
 
 import rlzoo
-from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
+from rlzoo.interfaces import AdvantageSource, Params, Problem, RewardBatch, RunFacts
 from rlzoo_estimators._util import float_dtype, masked
 from rlzoo_estimators.advantages.remax import reward_to_go
 
@@ -57,10 +63,26 @@ def group_token_baselines(
     return baselines
 
 
-def path_energy(old_logprobs: torch.Tensor, sum_pi_squared: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``W_t = sum_{t' <= t} m s_t'``, ``s_t = 1 - 2 exp(old_logp_t) + sum_pi_squared_t`` (float64)."""
+def path_energy(
+    old_logprobs: torch.Tensor, sum_pi_squared: torch.Tensor, mask: torch.Tensor, is_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``W_t = sum_{t' <= t} m rho_t'^2 s_t'``, ``s_t = 1 - 2 exp(old_logp_t) + sum_pi_squared_t`` (float64);
+    ``rho`` the ``is_weights`` (1 when None)."""
     per_token = 1.0 - 2.0 * torch.exp(old_logprobs.to(torch.float64)) + sum_pi_squared.to(torch.float64)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(torch.float64) ** 2
     return masked(per_token, mask).cumsum(dim=-1)
+
+
+def energy_of(source: OptimalTokenBaselineAdvantage, batch: RewardBatch) -> torch.Tensor:
+    """The batch's ``W`` for ``source`` (its ``rollout_is`` option decides whether the correction weights enter)."""
+    weighted = source.params.rollout_is
+    what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
+    batch.require(source.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
+    if weighted:
+        batch.require(source.name, "the train-inference correction's weights, for rollout_is", "rollout_is_weights")
+    weights = batch.rollout_is_weights if weighted else None
+    return path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask, weights)
 
 
 @rlzoo.register("advantage", "optimal-token-baseline")
@@ -68,7 +90,8 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
     """OTB: reward-to-go minus a per-position group baseline weighted by each response's accumulated gradient energy."""
 
     formula = (
-        "A_{i,t} = G_{i,t} - sum_g G W / sum_g W at position t, W_{i,t} = sum_{t'<=t} (1 - 2 pi_t' + sum_v pi(v)^2)"
+        "A_{i,t} = G_{i,t} - sum_g G W / sum_g W at position t, W_{i,t} = sum_{t'<=t} rho_t'^2 (1 - 2 pi_t' + "
+        "sum_v pi(v)^2), rho = 1 (rollout_is: the correction's weight)"
     )
     reference = "optimal token baseline (verl, core_algos.compute_optimal_token_baseline_advantage)"
     verl_name = "adv_estimator=optimal_token_baseline"
@@ -80,12 +103,26 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
             True, description="0 baseline for a group's unique longest response past the second-longest (verl: handle_zero_tail)"
         )
         eps: float = Field(1e-8, ge=0.0, description="added to the baseline's denominator")
+        rollout_is: bool = Field(
+            False,
+            description="scale each position's energy by the squared train-inference correction weight "
+            "(RewardBatch.rollout_is_weights; verl: rollout_is_weights); not yet handed over by rlzoo train",
+        )
+
+    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
+        problems = super().preflight(run, at)
+        if self.params.rollout_is:
+            problems.append((
+                f"{at}.rollout_is",
+                f"true, but rlzoo train does not hand the correction's weights (RewardBatch.rollout_is_weights) to "
+                f"advantage {self.name!r} yet: use rollout_is: false, or the source from a loop of your own that "
+                "passes them",
+            ))
+        return problems
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
-        what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
-        batch.require(self.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
         returns = reward_to_go(batch.token_rewards, batch.mask)
-        energy = path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask)
+        energy = energy_of(self, batch)
         baselines = group_token_baselines(
             returns, energy, batch.mask > 0, batch.group_index, zero_tail=self.params.zero_tail, eps=self.params.eps,
             skip_empty=False,

@@ -22,6 +22,7 @@ class ReinforcePlusPlusBaselineAdvantage(AdvantageSource):
 
     formula = "A = whiten(r - mean_group r) over all valid tokens of the batch"
     reference = "REINFORCE++ (Hu 2025, arXiv:2501.03262)"
+    needs_groups = True
     verl_name = "adv_estimator=reinforce_plus_plus_baseline"
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:

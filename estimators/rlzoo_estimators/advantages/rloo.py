@@ -23,6 +23,7 @@ class RLOOAdvantage(AdvantageSource):
 
     formula = "A_i = r_i - mean_{j != i in group} r_j"
     reference = "RLOO (Ahmadian et al. 2024, arXiv:2402.14740)"
+    needs_groups = True
     verl_name = "adv_estimator=rloo"
     trl_name = "RLOOTrainer"
 

@@ -9,8 +9,9 @@ token is position ``n`` for every response of the group, so the baseline compare
 (``(n)``: the column of the ``n``-th policy token of ``y_i``; ``G``, ``W`` as ``optimal-token-baseline``), then the
 advantages are put back in their columns. Empty responses belong to no group; a group of one gets ``B = 0``.
 ``zero_tail`` as there, in policy-token positions. On responses without holes it equals ``optimal-token-baseline``
-(but for empty responses in a group). As verl's ``compute_multi_turn_optimal_token_baseline_advantage`` without
-``rollout_is_weights``. Needs ``sum_pi_squared`` (the training engine's, as ``optimal-token-baseline``).
+(but for empty responses in a group). As verl's ``compute_multi_turn_optimal_token_baseline_advantage``, its
+``rollout_is_weights`` the ``rollout_is`` option of ``optimal-token-baseline``. Needs ``sum_pi_squared`` (the
+training engine's, as ``optimal-token-baseline``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from rlzoo.interfaces import RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 from rlzoo_estimators.advantages.optimal_token_baseline import (
     OptimalTokenBaselineAdvantage,
+    energy_of,
     group_token_baselines,
-    path_energy,
 )
 from rlzoo_estimators.advantages.remax import reward_to_go
 
@@ -47,11 +48,9 @@ class TIROptimalTokenBaselineAdvantage(OptimalTokenBaselineAdvantage):
     verl_name = "adv_estimator=tir_optimal_token_baseline"
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
-        what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
-        batch.require(self.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
         valid = batch.mask > 0
+        energy = compact(energy_of(self, batch), valid)
         returns = compact(reward_to_go(batch.token_rewards, batch.mask), valid)
-        energy = compact(path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask), valid)
         lengths = valid.sum(dim=-1, keepdim=True)
         in_response = torch.arange(returns.shape[-1], device=lengths.device).unsqueeze(0) < lengths
         baselines = group_token_baselines(
