@@ -104,7 +104,7 @@ def _is_package(plugin: Any) -> bool:
     return isinstance(plugin, types.ModuleType) and hasattr(plugin, "__path__")
 
 
-def import_component_modules(roots: Iterable[str]) -> tuple[list[types.ModuleType], list[tuple[str, str, str]]]:
+def _import_component_modules(roots: Iterable[str]) -> tuple[list[types.ModuleType], list[tuple[str, str, str]]]:
     """Import each root module and, for a package, every module in it whose name does not start with ``_``
     (recursively); returns the modules imported and ``(module name, error, traceback)`` per module that failed to
     import (its marks forgotten, the others unaffected)."""
@@ -259,7 +259,7 @@ class Registry:
         ]
         if not all(isinstance(module, str) and module for module in named):
             raise RegistryError(f"rlzoo_component_modules returned {named!r}: module names (strings) were expected")
-        modules, errors = import_component_modules(_component_modules(plugin, named))
+        modules, errors = _import_component_modules(_component_modules(plugin, named))
         for module_name, error, details in errors:
             if failed is None:
                 raise RegistryError(f"module {module_name} failed to import: {error}")

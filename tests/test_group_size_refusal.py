@@ -11,8 +11,9 @@ from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
 
 GROUPED = [i.name for i in default_registry().components("advantage") if i.cls.needs_groups]
-WEIGHTED = {"name": "weighted", "verifiers": [{"name": "exact", "label": "correct"}, {"name": "regex", "label": "format",
-                                                                                     "pattern": "x"}]}
+WEIGHTED = {"name": "weighted", "verifiers": [
+    {"name": "exact", "label": "correct"}, {"name": "regex", "label": "format", "pattern": "x"},
+]}
 
 
 def problems(advantage: dict, group_size: int, tmp_path) -> dict[str, str]:

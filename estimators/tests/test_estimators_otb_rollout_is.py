@@ -132,7 +132,8 @@ def test_rollout_is_matches_verl_with_its_weights(case):
     got = source_of(case, rollout_is=True).compute(batch_of(case, weights))
     torch.testing.assert_close(got, expected, rtol=0, atol=TOL)
     unweighted = source_of(case, rollout_is=False).compute(batch_of(case, weights))  # the weights are not read
-    torch.testing.assert_close(unweighted, t(case["outputs"]["advantages"]) * t(case["inputs"]["mask"]), rtol=0, atol=TOL)
+    recorded = t(case["outputs"]["advantages"]) * t(case["inputs"]["mask"])
+    torch.testing.assert_close(unweighted, recorded, rtol=0, atol=TOL)
     assert (got - unweighted).abs().max() > 1e-3  # the weights change the baseline of these cases
 
 
