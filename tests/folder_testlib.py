@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 import math
 import struct
+import threading
 from pathlib import Path
 
 from rlzoo.models.folder_tensors import build_problem, expected_tensors, hf_config
+
+#: the fault tables set their cases up from threads, and transformers' lazy imports are not thread-safe
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def write_weights(folder: Path, head: str = "lm") -> None:
@@ -17,9 +21,10 @@ def write_weights(folder: Path, head: str = "lm") -> None:
     for the role ``head``; a whole file without tensors where transformers cannot build that model (the config's
     own problem is what such a test is about)."""
     config = json.loads((folder / "config.json").read_text())
-    built, _ = hf_config(config, head)
-    model = build_problem(built, head)[0] if built is not None else None
-    shapes = expected_tensors(model) if model is not None else {}
+    with _ONE_AT_A_TIME:
+        built, _ = hf_config(config, head)
+        model = build_problem(built, head)[0] if built is not None else None
+        shapes = expected_tensors(model) if model is not None else {}
     header, offset = {}, 0
     for name, shape in shapes.items():
         size = math.prod(shape) * 2

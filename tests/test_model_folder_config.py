@@ -83,8 +83,8 @@ def test_another_moe_intermediate_size_names_the_tensor_and_both_shapes(models, 
     folder = edited(models, tmp_path, "moe", moe_intermediate_size=48)
     [problem] = ModelFolder.read(folder).problems()
     assert "tensors of another shape in the weights than config.json gives a causal LM: " in problem
-    assert "model.layers.0.mlp.experts.0.gate_proj.weight is [32, 32] in the weights and [48, 32] by config.json" \
-        in problem or "model.layers.0.mlp.experts.0.down_proj.weight is [32, 32] in the weights and [32, 48]" in problem
+    assert "model.layers.0.mlp.experts.0.down_proj.weight is [32, 32] in the weights and [32, 48] by config.json" \
+        in problem and problem.startswith(f"{folder}: 24 tensors of another shape")
 
 
 def test_an_architecture_transformers_cannot_build_as_a_causal_lm_is_named(models, tmp_path):

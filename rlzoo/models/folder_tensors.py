@@ -24,6 +24,7 @@ model loads) and quantized weights (``quantization_config``: packed tensors of o
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,7 @@ import torch
 
 from rlzoo.util.safetensors_header import HeaderProblem, TensorInfo, read_header
 
+log = logging.getLogger(__name__)
 Head = Literal["lm", "value", "score"]
 
 #: what each role builds a folder into: (transformers Auto class, what it is, labels forced on it, names the role
@@ -67,7 +69,7 @@ def hf_config(config: dict[str, Any], head: Head = "lm") -> tuple[Any, str | Non
         return None, f"config.json is not a valid {model_type} config for transformers: {_one_line(err)}"
     if labels is not None:
         built.num_labels = labels
-    if type(built) not in getattr(transformers, auto)._model_mapping:
+    if type(built) not in _auto_class(head)._model_mapping:
         return None, (f"config.json model_type {model_type!r}{names} is not {what} transformers can build "
                       f"({auto} has no {model_type} model): rlzoo trains decoder-only models; use a causal LM "
                       "(e.g. Qwen, Llama, SmolLM)")
@@ -87,7 +89,12 @@ def tensor_problems(path: Path, config: dict[str, Any], head: Head = "lm") -> li
     model, why = build_problem(built, head)
     if model is None:
         return [f"{path}: {why}"]
-    return compare(path, held, model, head)
+    try:
+        return compare(path, held, model, head)
+    except Exception:  # noqa: BLE001 - transformers could not name this model's weights: the load will tell
+        log.warning("the weights of %s were not compared with its config.json: transformers %s could not name "
+                    "the weights of %s", path, _version(), type(model).__name__, exc_info=True)
+        return []
 
 
 def folder_tensors(path: Path) -> dict[str, TensorInfo] | None:
@@ -113,12 +120,9 @@ def folder_tensors(path: Path) -> dict[str, TensorInfo] | None:
 def build_problem(config: Any, head: Head) -> tuple[torch.nn.Module | None, str | None]:
     """The role's model built from ``config`` on the meta device (no memory), or ``None`` and why transformers
     could not build it (a config whose sizes contradict each other)."""
-    import transformers
-
-    auto = getattr(transformers, HEADS[head][0])
     try:
         with torch.device("meta"):
-            return auto.from_config(config), None
+            return _auto_class(head).from_config(config), None
     except Exception as err:  # noqa: BLE001 - whatever transformers raises, the run would raise it too
         return None, f"transformers cannot build the model config.json describes: {_one_line(err)}"
 
@@ -165,6 +169,20 @@ def compare(path: Path, held: dict[str, TensorInfo], model: torch.nn.Module, hea
             f"the weights cannot be loaded into this model: {DIFFERENT}"
         )
     return problems
+
+
+def _auto_class(head: Head) -> Any:
+    """The transformers Auto class the role builds (:data:`HEADS`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    classes = (AutoModelForCausalLM, AutoModelForTokenClassification, AutoModelForSequenceClassification)
+    return {cls.__name__: cls for cls in classes}[HEADS[head][0]]
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _one_line(err: Exception) -> str:
