@@ -7,6 +7,7 @@ DeepSpeed are interchangeable. Log-probs everywhere are of the model's own distr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
+from safetensors.torch import save_file
 
 from rlzoo.interfaces.base import Component
 from rlzoo.models.memory import RolloutMemory, TrainingLayout, policy_bytes
@@ -135,10 +137,6 @@ class Adapter:
 
     def save(self, directory: Path) -> Path:
         """Write the adapters as a peft folder (``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load it)."""
-        import json
-
-        from safetensors.torch import save_file
-
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "adapter_config.json").write_text(json.dumps(self.config, indent=2, default=list))
         save_file({k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}, str(directory / "adapter_model.safetensors"))
@@ -162,6 +160,7 @@ class RolloutEngine(Component):
     - ``updates_in_flight``: it can stop a generation when newer weights are published, load them and continue the
       unfinished responses from their prefix or restart them (``rollout.partial: continue|restart``), through
       :meth:`follow_updates`; hf and vllm can.
+    - ``context_option``: the ``rollout.engine`` parameter that sets :meth:`context_tokens` (vLLM: ``max_model_len``).
     """
 
     kind = "rollout_engine"
@@ -170,6 +169,7 @@ class RolloutEngine(Component):
     runs_under_launcher: ClassVar[bool] = True
     runs_per_rank: ClassVar[bool] = False
     updates_in_flight: ClassVar[bool] = False
+    context_option: ClassVar[str | None] = None
 
     def start(self, context: EngineContext) -> None:
         raise NotImplementedError
@@ -207,8 +207,9 @@ class RolloutEngine(Component):
     # -- what the start-up check asks (before :meth:`start`; see also Component.preflight) --------------------------
 
     def context_tokens(self) -> int | None:
-        """The most prompt + response tokens this engine accepts when its parameters set a limit below the model's
-        positions (vLLM's ``max_model_len``); ``None``: the model's own."""
+        """The most prompt + response tokens it accepts (``None``: the model's positions). The run gives prompts
+        ``P + max_new_tokens <=`` the smaller of the two (dropping longer ones, counted); an engine refuses one with
+        less room for its response rather than cut the response short."""
         return None
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:

@@ -133,7 +133,7 @@ def _critic_folder_problems(run: RunFacts, path: Path) -> list[Problem]:
         return [(loc, f"{path} {what}; name a model folder, or null for a copy of the policy")]
     if folder.config is None:
         return [(loc, str(folder.unreadable))]
-    problems = [(loc, message) for message in folder.problems()]
+    problems = [(loc, message) for message in folder.problems(head="value")]
     moe = config_facts(folder.config).moe
     if run.model.moe is not None and moe != run.model.moe:
         kinds = {True: "a mixture-of-experts", False: "a dense"}

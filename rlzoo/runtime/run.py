@@ -33,8 +33,7 @@ from tqdm.auto import tqdm
 
 from rlzoo.config.loading import dump_config
 from rlzoo.config.schema import RunConfig
-from rlzoo.engines import RolloutEngine
-from rlzoo.episodes.prompts import fit_prompts, prompt_budget
+from rlzoo.episodes.prompts import fit_prompts
 from rlzoo.episodes.runner import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Tool, Verifier
@@ -61,7 +60,7 @@ from rlzoo.runtime.assembly import (
     episode_context,
     initial_model_dir,
     load_tokenizer,
-    model_positions,
+    prompt_room,
     teacher_model_dir,
     verifier_for,
 )
@@ -114,6 +113,7 @@ class TrainingRun:
     def setup(self) -> None:
         """The run's set-up steps, in order; each uses only what the steps above it built."""
         self.trainer = create(self.registry, "training_engine", self.config.trainer.engine)  # started by _setup_trainer
+        self.rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)  # by _setup_rollout
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
@@ -121,7 +121,7 @@ class TrainingRun:
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()
         self._setup_trainer()
-        self.rollout = self._setup_rollout()
+        self._setup_rollout()
         self.episodes = self._setup_episodes()
         self.components = self._setup_components()
         self.completed_steps = self._restore()
@@ -164,14 +164,15 @@ class TrainingRun:
         return tools, with_tool_descriptions(self.config, tools)
 
     def _setup_data(self) -> tuple[list[Sample], list[Sample]]:
-        """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens``."""
+        """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens`` or for
+        the context beside ``rollout.max_new_tokens`` (the rollout engine's, not yet started, or the model's)."""
         config = self.config
-        budget = prompt_budget(model_positions(self.start.model_dir), config.rollout.max_new_tokens)
+        room = prompt_room(config, self.rollout, self.start.model_dir)
         train_set = fit_prompts(self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train",
-                                budget)
+                                *room)
         check_data_parallel(config, self.dist.world, min(config.rollout.prompts_per_step, len(train_set)))
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
-        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval", budget)
+        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval", *room)
 
     def _setup_trainer(self) -> None:
         trainer = self.trainer
@@ -185,12 +186,11 @@ class TrainingRun:
                 f"{' or '.join('{name: %s}' % name for name in usable) or 'none is installed'})"
             )
 
-    def _setup_rollout(self) -> RolloutEngine:
-        rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
+    def _setup_rollout(self) -> None:
+        rollout = self.rollout
         self.rollout_per_rank = self.dist.active and self.config.rollout.per_rank and rollout.runs_per_rank
         if self.dist.is_main or self.rollout_per_rank:  # otherwise this rank holds an engine that is never started
             rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora=self.config.model.lora))
-        return rollout
 
     def _setup_episodes(self) -> EpisodeRunner:
         """The environment (with its tools) and the limits of an episode; one turn unless the config says more."""

@@ -90,6 +90,7 @@ class VLLMRolloutEngine(RolloutEngine):
     runs_under_launcher = False
     runs_per_rank = True
     updates_in_flight = True  # generate() steps vLLM's engine and stops for newer weights (in_flight.py)
+    context_option = "max_model_len"
 
     Params = options.Params
 
@@ -295,6 +296,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Generation]]:
         if self.llm is None:
             raise RuntimeError("VLLMRolloutEngine.generate() before start()")
+        self._check_room(prompts, sampling)
         from vllm.inputs import TokensPrompt
 
         capture = self._capture if self.records_routing else None
@@ -323,6 +325,20 @@ class VLLMRolloutEngine(RolloutEngine):
                 group.append(generation)
             result.append(group)
         return result
+
+    def _check_room(self, prompts: list[list[int]], sampling: SamplingSettings) -> None:
+        """vLLM stops a response where the context ends (finish reason ``length``, as if ``max_new_tokens`` were
+        reached), and refuses a prompt longer than the context: a prompt that leaves its response less than
+        ``max_new_tokens`` is refused here instead (the run's data set-up drops such prompts before they come)."""
+        context = self.llm.llm_engine.model_config.max_model_len  # what vLLM resolved, the model's when null
+        longest = max((len(prompt) for prompt in prompts), default=0)
+        if longest + sampling.max_new_tokens > context:
+            raise RlzooError(
+                f"a prompt of {longest} tokens leaves {max(context - longest, 0)} tokens of vLLM's {context}-token "
+                f"context (rollout.engine.max_model_len) for a response of up to {sampling.max_new_tokens} "
+                "(rollout.max_new_tokens): the response would be cut short; raise max_model_len, lower "
+                "max_new_tokens, or set prompt.max_prompt_tokens"
+            )
 
     def _lora_request(self) -> Any:
         return self._adapters.request if self._adapters is not None else None
