@@ -7,7 +7,7 @@ DeepSpeed are interchangeable. Log-probs everywhere are of the model's own distr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,8 +256,8 @@ class TrainingEngine(Component):
     - ``trains_adapters``: can be started with ``EngineContext.lora`` (``model.lora``) to train LoRA adapters only:
       :meth:`named_weights` then gives the merged weights, :meth:`adapter` the adapters, :meth:`without_adapters`
       the base policy (the KL reference), and :meth:`save` writes the adapters as a peft folder.
-    - ``computes_sum_pi_squared``: :meth:`sum_pi_squared` gives ``sum_v pi(v)^2`` at each response position (the
-      optimal token baseline reads it).
+    - ``computes_token_stats``: :meth:`token_stats` gives any registered per-token statistic of the policy's
+      next-token distribution (:mod:`rlzoo.interfaces.token_stats`; e.g. the optimal token baseline's).
     """
 
     kind = "training_engine"
@@ -265,7 +265,7 @@ class TrainingEngine(Component):
     collective_weights: ClassVar[bool] = False
     trains_values: ClassVar[bool] = False
     trains_adapters: ClassVar[bool] = False
-    computes_sum_pi_squared: ClassVar[bool] = False
+    computes_token_stats: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -285,10 +285,10 @@ class TrainingEngine(Component):
         ``[B, T, vocab]`` logits tensor (:func:`rlzoo.engines.tokens.hidden_logprobs`)."""
         raise NotImplementedError(f"training engine {self.name!r} cannot compute the policy's entropy")
 
-    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
-        """``[B, T]`` ``sum_v pi(v)^2`` of the full next-token distribution at each response position (0 where
-        masked), without gradient and without a ``[B, T, vocab]`` tensor (``computes_sum_pi_squared``)."""
-        raise NotImplementedError(f"training engine {self.name!r} cannot compute sum_v pi(v)^2")
+    def token_stats(self, batch: TokenBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``[B, T]`` each named statistic (:mod:`rlzoo.interfaces.token_stats`) of the next-token distribution
+        at each response position (0 where masked), without gradient or a ``[B, T, vocab]`` tensor."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot compute token statistics ({', '.join(names)})")
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         """One optimizer step on ``batch``: ``loss_fn(logp) -> (loss, metrics)`` (``loss_fn(logp, entropy)`` with

@@ -14,9 +14,10 @@ the batch (use ``tir-optimal-token-baseline`` when responses have holes, multi-t
 ``compute_optimal_token_baseline_advantage`` without its rollout-IS option (``rollout_is_weights``, which scales
 ``s`` by the squared correction weight).
 
-``sum_v pi(v)^2`` (``RewardBatch.sum_pi_squared``) is a statistic of the whole next-token distribution of the old
-policy: ``rlzoo train`` has the training engine compute it in one more no-grad pass (engines that declare
-``computes_sum_pi_squared``); from a loop of your own, pass it with ``old_logprobs`` and ``token_rewards``.
+``sum_v pi(v)^2`` (``RewardBatch.token_stats["sum_pi_squared"]``) is a statistic of the whole next-token distribution
+of the old policy, declared in ``needs_token_stats``: ``rlzoo train`` has the training engine compute it in one more
+no-grad pass (engines that declare ``computes_token_stats``; its provider is in ``rlzoo.engines.token_stats``); from
+a loop of your own, pass it in ``token_stats`` with ``old_logprobs`` and ``token_rewards``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
     reference = "optimal token baseline (verl, core_algos.compute_optimal_token_baseline_advantage)"
     verl_name = "adv_estimator=optimal_token_baseline"
     reads_token_rewards = True
-    needs_sum_pi_squared = True
+    needs_token_stats = frozenset({"sum_pi_squared"})
 
     class Params(Params):
         zero_tail: bool = Field(
@@ -82,9 +83,10 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
-        batch.require(self.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
+        batch.require(self.name, what, "token_rewards", "old_logprobs")
+        batch.require_token_stats(self.name, "sum_pi_squared")
         returns = reward_to_go(batch.token_rewards, batch.mask)
-        energy = path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask)
+        energy = path_energy(batch.old_logprobs, batch.token_stats["sum_pi_squared"], batch.mask)
         baselines = group_token_baselines(
             returns, energy, batch.mask > 0, batch.group_index, zero_tail=self.params.zero_tail, eps=self.params.eps,
             skip_empty=False,

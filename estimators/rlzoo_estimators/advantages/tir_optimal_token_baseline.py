@@ -10,7 +10,7 @@ token is position ``n`` for every response of the group, so the baseline compare
 advantages are put back in their columns. Empty responses belong to no group; a group of one gets ``B = 0``.
 ``zero_tail`` as there, in policy-token positions. On responses without holes it equals ``optimal-token-baseline``
 (but for empty responses in a group). As verl's ``compute_multi_turn_optimal_token_baseline_advantage`` without
-``rollout_is_weights``. Needs ``sum_pi_squared`` (the training engine's, as ``optimal-token-baseline``).
+``rollout_is_weights``. Needs the token statistic ``sum_pi_squared`` (the training engine's, as ``optimal-token-baseline``).
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ class TIROptimalTokenBaselineAdvantage(OptimalTokenBaselineAdvantage):
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
-        batch.require(self.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
+        batch.require(self.name, what, "token_rewards", "old_logprobs")
+        batch.require_token_stats(self.name, "sum_pi_squared")
         valid = batch.mask > 0
         returns = compact(reward_to_go(batch.token_rewards, batch.mask), valid)
-        energy = compact(path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask), valid)
+        energy = compact(path_energy(batch.old_logprobs, batch.token_stats["sum_pi_squared"], batch.mask), valid)
         lengths = valid.sum(dim=-1, keepdim=True)
         in_response = torch.arange(returns.shape[-1], device=lengths.device).unsqueeze(0) < lengths
         baselines = group_token_baselines(
