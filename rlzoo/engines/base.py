@@ -114,6 +114,7 @@ class EngineContext:
     extra: dict[str, Any] = field(default_factory=dict)
     head: Literal["lm", "value"] = "lm"
     lora: LoraConfig | None = None
+    sends_adapters: bool = False  # a rollout engine receives lora's adapters, not merged weights (engines.lora rule)
     device: str = "cpu"  # where an engine that places its own model puts it: "cpu" or "cuda:<index>"
 
 
@@ -256,8 +257,8 @@ class TrainingEngine(Component):
     - ``trains_adapters``: can be started with ``EngineContext.lora`` (``model.lora``) to train LoRA adapters only:
       :meth:`named_weights` then gives the merged weights, :meth:`adapter` the adapters, :meth:`without_adapters`
       the base policy (the KL reference), and :meth:`save` writes the adapters as a peft folder.
-    - ``computes_token_stats``: :meth:`token_stats` gives any registered per-token statistic of the policy's
-      next-token distribution (:mod:`rlzoo.interfaces.token_stats`; e.g. the optimal token baseline's).
+    - ``computes_token_stats``: :meth:`token_stats` gives any registered per-token statistic of the policy
+      (:mod:`rlzoo.interfaces.token_stats`; e.g. the optimal token baseline's).
     """
 
     kind = "training_engine"

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from rlzoo.config.loading import dump_config
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import RolloutEngine
+from rlzoo.engines.lora import sends_adapters
 from rlzoo.episodes.prompts import fit_prompts, prompt_budget
 from rlzoo.episodes.runner import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
@@ -188,8 +189,11 @@ class TrainingRun:
     def _setup_rollout(self) -> RolloutEngine:
         rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
         self.rollout_per_rank = self.dist.active and self.config.rollout.per_rank and rollout.runs_per_rank
+        # under LoRA the adapters or the merged weights: decided here once, for the learner and the engine alike
+        lora = self.config.model.lora
+        self.sends_adapters = sends_adapters(rollout, lora, self.trainer.moe_layout() is not None)
         if self.dist.is_main or self.rollout_per_rank:  # otherwise this rank holds an engine that is never started
-            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora=self.config.model.lora))
+            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora, self.sends_adapters))
         return rollout
 
     def _setup_episodes(self) -> EpisodeRunner:
@@ -248,12 +252,9 @@ class TrainingRun:
         return self._with_adapter_sync(RoutingLearner(self.trainer, policy, self.dist))
 
     def _with_adapter_sync(self, learner: Learner) -> Learner:
-        """Under LoRA, whether the rollout engine receives the adapters or the merged weights (``model.lora.sync``;
-        preflight refused ``adapter`` where the engine cannot)."""
-        lora = self.config.model.lora
-        if lora is not None and lora.sync != "merged":
-            moe = self.trainer.moe_layout() is not None
-            learner.sends_adapters = self.rollout.adapter_targets_supported(lora.target_modules, moe) is None
+        """Under LoRA, whether the rollout engine receives the adapters or the merged weights, as it was started
+        (``_setup_rollout``; preflight refused ``sync: adapter`` where the engine cannot)."""
+        learner.sends_adapters = self.sends_adapters
         return learner
 
     def _setup_reference(self) -> Learner:
