@@ -25,8 +25,7 @@ PLUGIN = '''\
 import torch
 
 import rlzoo
-from rlzoo.interfaces import AdvantageSource
-from rlzoo.interfaces.token_stats import register_token_statistic
+from rlzoo.interfaces import AdvantageSource, register_token_statistic
 
 
 def top_prob(hidden, head, targets, chunk_tokens):
