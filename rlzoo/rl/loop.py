@@ -9,14 +9,15 @@
             rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
             keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
         (no group kept: skip the update)
-        old_logprobs:                                                               (time/old_logprobs)
+        old_pass:                                                                   (time/old_logprobs)
             old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's
                           (old_logprobs: rollout-only skips the training engine's pass)
+            token stats <- the statistics the advantage source names (needs_token_stats), same weights
             ref logp   <- the KL reference on the rollout batch, if there is one
             weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         teacher logp <- the teacher on the rollout batch, if there is one             (time/teacher)
         values     <- the critic on the rollout batch, if there is one                (time/critic)
-        advantages (rlzoo.rl.rollouts.advantages):                                  (time/advantage)
+        advantages (rlzoo.rl.advantages):                                           (time/advantage)
             token rewards -= kl_in_reward's beta * KL(old || reference), if configured
             advantages <- advantage source, per token (+ the critic's returns)
         minibatch_updates:                                                          (time/train)
