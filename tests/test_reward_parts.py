@@ -20,9 +20,9 @@ from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry, default_registry
+from rlzoo.rl.advantages import advantages
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components
-from rlzoo.rl.advantages import advantages
 from rlzoo.rl.rollouts import collect
 from rlzoo.rl.step_record import OldLogprobs, StepRecord
 from rlzoo.util.timer import Timer

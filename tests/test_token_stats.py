@@ -8,11 +8,13 @@ import pytest
 import torch
 from test_micro_batches import _batch, _engine
 
+from rlzoo.config.resolution import build_config
 from rlzoo.engines.tokens import response_positions
-from rlzoo.errors import RlzooError
+from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import MismatchCorrection, RewardBatch
 from rlzoo.interfaces.token_stats import register_token_statistic, token_statistic, token_statistic_names
 from rlzoo.local_plugins import load_plugins
+from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry
 from rlzoo.rl.advantages import advantages
 from rlzoo.rl.learner import Learner
@@ -49,6 +51,11 @@ class TopProbAdvantage(AdvantageSource):
         batch.require_token_stats(self.name, "top_prob")
         type(self).seen = batch
         return (batch.rewards.unsqueeze(1) - batch.token_stats["top_prob"]) * batch.mask
+
+
+@rlzoo.register("advantage", "unknown-stat-test")
+class UnknownStatAdvantage(TopProbAdvantage):
+    needs_token_stats = frozenset({"no_such_statistic"})
 '''
 
 
@@ -56,7 +63,7 @@ class TopProbAdvantage(AdvantageSource):
 def plugin(tmp_path_factory):
     folder = tmp_path_factory.mktemp("third_party")
     (folder / "top_prob_plugin.py").write_text(PLUGIN)
-    registry = Registry()
+    registry = Registry.discover()  # the installed components, and the plugin's beside them
     load_plugins([str(folder / "top_prob_plugin.py")], registry, "--plugin", folder)
     return registry
 
@@ -111,3 +118,17 @@ def test_a_source_given_no_statistic_and_a_clash_are_refused_by_name(plugin):
         register_token_statistic("top_prob", lambda hidden, head, targets, chunk: hidden[:, 0])
     with pytest.raises(RlzooError, match="no provider of the token statistic 'nope'"):
         token_statistic("nope")
+
+
+def test_the_start_up_check_accepts_a_registered_statistic_and_refuses_an_unknown_one(plugin, tmp_path):
+    def check(advantage: str) -> None:
+        data = {"output_dir": str(tmp_path / advantage), "algorithm": {"advantage": {"name": advantage}, "router": None}}
+        preflight(build_config(data, registry=plugin), plugin)
+
+    check("top-prob-test")  # its statistic has a provider: no problem
+    with pytest.raises(ConfigError) as err:
+        check("unknown-stat-test")
+    assert dict(err.value.problems) == {"algorithm.advantage": (
+        "advantage 'unknown-stat-test' (algorithm.advantage) reads the token statistic 'no_such_statistic', which no "
+        f"provider computes (registered: {', '.join(token_statistic_names())}); install the plugin that registers it"
+    )}

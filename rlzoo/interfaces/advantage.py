@@ -43,7 +43,7 @@ class RewardBatch:
     token_stats:  name -> ``[batch, tokens]``, each per-token statistic of the old policy's next-token distribution
                   the source declares in ``needs_token_stats`` (e.g. ``sum_pi_squared``: ``sum_v pi_old(v |
                   context_t)^2``), from no-grad passes of the training engine under the weights of the old pass
-                  (:mod:`rlzoo.engines.token_stats`); empty for a source that declares none.
+                  (:mod:`rlzoo.interfaces.token_stats`); empty for a source that declares none.
     """
 
     rewards: torch.Tensor
@@ -95,7 +95,7 @@ class AdvantageSource(Component):
     - ``needs_greedy_baseline``: the source reads ``RewardBatch.reward_baselines``, so each step also samples and
       scores one greedy response per prompt (ReMax);
     - ``needs_token_stats``: the names of the per-token statistics the source reads in ``RewardBatch.token_stats``
-      (and ``old_logprobs``), each registered in :mod:`rlzoo.engines.token_stats`: each step runs one more no-grad
+      (and ``old_logprobs``), each registered in :mod:`rlzoo.interfaces.token_stats`: each step runs one more no-grad
       pass of the training engine per name, which must declare ``computes_token_stats``; a router policy that
       replays experts is refused with them (those passes route afresh).
     """
