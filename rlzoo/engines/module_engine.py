@@ -28,7 +28,7 @@ no ``[rows, length, vocab]`` logits tensor exists. Each forward announces its la
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -37,14 +37,9 @@ import torch
 
 from rlzoo.engines.aux_loss import AuxLoss
 from rlzoo.engines.base import Adapter, LossFn, RoutingPass, TokenBatch, TrainingEngine
-from rlzoo.engines.micro_batches import (
-    PACKABLE_ATTENTION,
-    MicroBatch,
-    padding_fraction,
-    plan_micro_batches,
-    with_count,
-)
-from rlzoo.engines.tokens import hidden_logprobs, hidden_sum_pi_squared
+from rlzoo.engines.micro_batches import PACKABLE_ATTENTION, MicroBatch, padding_fraction, plan_micro_batches, with_count
+from rlzoo.engines.token_stats import provider
+from rlzoo.engines.tokens import hidden_logprobs
 from rlzoo.errors import RlzooError
 from rlzoo.moe import Layout, Routing, find_routers, record_routing, replay_routing, require_routers
 from rlzoo.moe.hooks import ForwardLayout, forward_layout
@@ -63,7 +58,7 @@ class ModuleTrainingEngine(TrainingEngine):
     its routing (hooks on the module's routers, :mod:`rlzoo.moe`), and copying / exchanging its weights for
     ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
 
-    computes_sum_pi_squared = True  # a no-grad pass through the output layer in chunks (sum_pi_squared)
+    computes_token_stats = True  # a no-grad pass through the output layer in chunks, per statistic
 
     trains_values = True
     trains_adapters = True
@@ -230,10 +225,10 @@ class ModuleTrainingEngine(TrainingEngine):
         return with_count(plan, self._forward_count(len(plan)), self.context.pad_token_id)
 
     def _forward(
-        self, batch: TokenBatch, mb: MicroBatch, entropy: bool, sum_pi_squared: bool = False
+        self, batch: TokenBatch, mb: MicroBatch, entropy: bool, statistic: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[N]`` log-probs (and entropies) of one micro-batch's response tokens; for a critic, their values; with
-        ``sum_pi_squared``, ``sum_v pi(v)^2`` at their positions instead of the log-probs."""
+        ``statistic``, that token statistic (:mod:`rlzoo.interfaces.token_stats`) at their positions instead."""
         device = self._device()
         layout = ForwardLayout(mb.source_row, mb.source_pos, *batch.input_ids.shape)
         value_head = self.context.head == "value"
@@ -252,8 +247,8 @@ class ModuleTrainingEngine(TrainingEngine):
         hidden = out.hidden_states[-1]  # [b, w, H], after the final norm
         picked = hidden.reshape(-1, hidden.shape[-1])[mb.predict.to(device)]  # [N, H]
         head = self.model.get_output_embeddings()
-        if sum_pi_squared:
-            return hidden_sum_pi_squared(picked, head, self.config.logits_chunk_tokens).cpu(), None
+        if statistic is not None:
+            return provider(statistic)(picked, head, mb.target.to(device), self.config.logits_chunk_tokens).cpu(), None
         logp, ent = hidden_logprobs(picked, head, mb.target.to(device), entropy, self.config.logits_chunk_tokens)
         # the loss and its inputs (advantages, old log-probs, masks) live on the CPU; autograd crosses back
         return logp.cpu(), (ent.cpu() if ent is not None else None)
@@ -273,17 +268,17 @@ class ModuleTrainingEngine(TrainingEngine):
         return self._no_grad_pass(batch, entropy=True)
 
     @torch.no_grad()
-    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
-        return self._no_grad_pass(batch, entropy=False, sum_pi_squared=True)[0]
+    def token_stats(self, batch: TokenBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        return {name: self._no_grad_pass(batch, entropy=False, statistic=name)[0] for name in names}
 
     def _no_grad_pass(
-        self, batch: TokenBatch, entropy: bool, sum_pi_squared: bool = False
+        self, batch: TokenBatch, entropy: bool, statistic: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
         ent = torch.zeros_like(logp) if entropy else None
         for mb in self._plan(batch):
             with self._autocast():
-                mb_logp, mb_ent = self._forward(batch, mb, entropy, sum_pi_squared)
+                mb_logp, mb_ent = self._forward(batch, mb, entropy, statistic)
             if mb.dummy:
                 continue
             logp[mb.out_row, mb.out_col] = mb_logp.double().cpu()

@@ -105,8 +105,11 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
-def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None) -> EngineContext:
-    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic)."""
+def engine_context(
+    config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None, sends_adapters: bool = False
+) -> EngineContext:
+    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic),
+    ``sends_adapters`` for the rollout engine (:func:`rlzoo.engines.lora.sends_adapters`, decided once by the run)."""
     return EngineContext(
         model_dir=Path(model_dir),
         dtype=config.model.dtype,
@@ -114,5 +117,6 @@ def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: Lor
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         lora=lora,
+        sends_adapters=sends_adapters,
         device=resolve_device(config.device),
     )

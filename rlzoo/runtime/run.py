@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from rlzoo.config.loading import dump_config
 from rlzoo.config.schema import RunConfig
+from rlzoo.engines.lora import sends_adapters
 from rlzoo.episodes.prompts import fit_prompts
 from rlzoo.episodes.runner import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
@@ -189,8 +190,11 @@ class TrainingRun:
     def _setup_rollout(self) -> None:
         rollout = self.rollout
         self.rollout_per_rank = self.dist.active and self.config.rollout.per_rank and rollout.runs_per_rank
+        # under LoRA the adapters or the merged weights: decided here once, for the learner and the engine alike
+        lora = self.config.model.lora
+        self.sends_adapters = sends_adapters(rollout, lora, self.trainer.moe_layout() is not None)
         if self.dist.is_main or self.rollout_per_rank:  # otherwise this rank holds an engine that is never started
-            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora=self.config.model.lora))
+            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora, self.sends_adapters))
 
     def _setup_episodes(self) -> EpisodeRunner:
         """The environment (with its tools) and the limits of an episode; one turn unless the config says more."""
@@ -248,12 +252,9 @@ class TrainingRun:
         return self._with_adapter_sync(RoutingLearner(self.trainer, policy, self.dist))
 
     def _with_adapter_sync(self, learner: Learner) -> Learner:
-        """Under LoRA, whether the rollout engine receives the adapters or the merged weights (``model.lora.sync``;
-        preflight refused ``adapter`` where the engine cannot)."""
-        lora = self.config.model.lora
-        if lora is not None and lora.sync != "merged":
-            moe = self.trainer.moe_layout() is not None
-            learner.sends_adapters = self.rollout.adapter_targets_supported(lora.target_modules, moe) is None
+        """Under LoRA, whether the rollout engine receives the adapters or the merged weights, as it was started
+        (``_setup_rollout``; preflight refused ``sync: adapter`` where the engine cannot)."""
+        learner.sends_adapters = self.sends_adapters
         return learner
 
     def _setup_reference(self) -> Learner:

@@ -29,7 +29,8 @@ the experts vLLM used at every position it ran through the model (the last sampl
 (``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU; or vLLM's own ``routed_experts``
 output, the default with CUDA, untested) is chosen once in :meth:`start`; both are in :mod:`rlzoo.engines.vllm.routing`.
 
-LoRA (``model.lora``): when the run sends adapters (``sync`` not ``merged`` and :meth:`adapter_targets_supported`),
+LoRA (``model.lora``): when the run sends adapters (``EngineContext.sends_adapters``: ``sync`` not ``merged`` and
+:meth:`adapter_targets_supported`, decided once by the run, :func:`rlzoo.engines.lora.sends_adapters`),
 :meth:`start` builds vLLM with LoRA on the adapters' targets only, and every generate (evaluation included) samples
 with the latest adapter :meth:`sync_adapter` loaded; otherwise vLLM is built without LoRA and receives the merged
 weights. What vLLM serves, on CPU and elsewhere, is in :mod:`rlzoo.engines.vllm.lora`.
@@ -178,7 +179,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _adapter_arguments(self, context: EngineContext) -> dict[str, Any]:
         """The LLM's LoRA arguments when it receives adapters (their folders are opened here), else none."""
-        if not self._receives_adapters(context):
+        if not context.sends_adapters:  # the run's one rule (rlzoo.engines.lora.sends_adapters)
             return {}
         arguments = build_kwargs(context.lora)
         self._adapters = AdapterFolders()
@@ -226,14 +227,6 @@ class VLLMRolloutEngine(RolloutEngine):
             torch.set_num_threads = self._set_num_threads
         self._close_adapters()
         gc.collect()
-
-    def _receives_adapters(self, context: EngineContext) -> bool:
-        """The run's rule (``rlzoo.runtime.run``): adapters unless ``sync: merged`` or this engine refuses the targets."""
-        lora = context.lora
-        if lora is None or lora.sync == "merged":
-            return False
-        shape = ModelShape.from_hf(json.loads((context.model_dir / "config.json").read_text()))
-        return self.adapter_targets_supported(lora.target_modules, bool(shape and shape.moe_layers)) is None
 
     def _close_adapters(self) -> None:
         if self._adapters is not None:
