@@ -64,6 +64,7 @@ from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, R
 from rlzoo.interfaces.base import take_reports
 from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.rl.learner import Learner
+from rlzoo.rl.loss_inputs import LossInputs
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts
@@ -217,12 +218,13 @@ def minibatch_updates(
     critic, mask = c.critic, batch.response_mask
     policy_learns = critic is None or step >= critic.warmup_steps
     loss_mask = mask * kept_tokens(c.correction, old, advantages, mask)
+    inputs = LossInputs(old.logp, advantages, loss_mask, old.reference, old.correction)  # to the loss's device once
     updates, critic_updates = [], []
     shuffle = step_seed(config.seed, step, 2)
     for index, rows in enumerate(minibatches(len(mask), config.algorithm.minibatches_per_rollout, shuffle)):
         seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
         if policy_learns:
-            loss_fn = minibatch_loss(c.objective, old, advantages, loss_mask, rows, seed)
+            loss_fn = minibatch_loss(c.objective, inputs, rows, seed)
             updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
         if critic is not None:
             critic_updates.append(critic.update(batch, rows, values, returns))
@@ -238,16 +240,13 @@ def kept_tokens(correction: MismatchCorrection, old: OldLogprobs, advantages: Te
     return keep
 
 
-def minibatch_loss(
-    objective: Objective, old: OldLogprobs, advantages: Tensor, mask: Tensor, rows: Tensor, seed: int
-) -> LossFn:
-    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``."""
+def minibatch_loss(objective: Objective, inputs: LossInputs, rows: Tensor, seed: int) -> LossFn:
+    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``,
+    computed on the device of ``logp``, its metrics left there (the step reads them all at once)."""
 
-    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
-        reference = old.reference[rows] if old.reference is not None else None
-        return objective(
-            logp, old.logp[rows], advantages[rows], mask[rows], reference, old.correction[rows], seed, entropy
-        )
+    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, Any]]:
+        old_logp, advantages, mask, reference, weights = inputs.rows(rows, logp.device)
+        return objective.on_device(logp, old_logp, advantages, mask, reference, weights, seed, entropy)
 
     return loss_fn
 
