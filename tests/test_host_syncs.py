@@ -28,7 +28,7 @@ from rlzoo.registry import default_registry
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components, rl_step
 from rlzoo.rl.objective import build_objective
-from rlzoo.util.reductions import Deferred, Min, reduce_minibatches
+from rlzoo.util.reductions import Deferred, Min, read_metrics, reduce_minibatches
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 #: where a GPU run's tensors are on the device: the loss, its metrics and inputs, the engines' passes and steps
@@ -108,41 +108,45 @@ class Exact(Verifier):
         return Verdict(float(response.strip() == sample.answer))
 
 
-def _step(tmp_path: Path, minibatches: int, preset: str) -> tuple[RunConfig, Components, list[Sample]]:
+def _parts(tmp_path: Path, config: RunConfig) -> Components:
+    """The loop's components around a real torch engine on a tiny dense model."""
     tokenizer = build_char_tokenizer("0123456789+=")
     tiny = TinyModelConfig(hidden_size=32, intermediate_size=64, architecture="qwen3")
     save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
     engine = TorchTrainingEngine()
     context = EngineContext(tmp_path / "m", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     engine.start(context, TrainerConfig(lr=1e-3))
-    config = RunConfig.model_validate({
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 3},
-        "algorithm": {"preset": preset, "minibatches_per_rollout": minibatches},
-    })
-    train_set = [Sample(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (5, 7), (2, 1), (3, 0)]]
     algorithm, registry = config.algorithm, default_registry()
-    return config, Components(
+    return Components(
         objective=build_objective(algorithm),
         advantage=registry.create("advantage", algorithm.advantage.name, algorithm.advantage.params),
         verifier=Exact(), correction=registry.create("correction", "none"), rollout=Sums(tokenizer),
-        learner=Learner(engine), tokenizer=tokenizer, train_set=train_set,
-    ), train_set
+        learner=Learner(engine), tokenizer=tokenizer, train_set=TRAIN_SET,
+    )
 
 
-def _reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minibatches: int, preset: str) -> HostReads:
-    config, parts, train_set = _step(tmp_path / str(minibatches), minibatches, preset)
-    rl_step(0, train_set, parts, config)  # the first step warms up; the second is counted
+TRAIN_SET = [Sample(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (5, 7), (2, 1), (3, 0)]]
+
+
+def _config(minibatches: int) -> RunConfig:
+    return RunConfig.model_validate({
+        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 3},
+        "algorithm": {"preset": "gspo", "minibatches_per_rollout": minibatches},
+    })
+
+
+def _reads(step: int, parts: Components, config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> HostReads:
     reads = HostReads(monkeypatch)
-    metrics = rl_step(1, train_set, parts, config)
+    metrics = rl_step(step, TRAIN_SET, parts, config)
     monkeypatch.undo()
     assert metrics["train/nonfinite_steps"] == 0.0 and type(metrics["ratio/min"]) is Min
     return reads
 
 
-@pytest.mark.parametrize("preset", ["gspo"])
-def test_a_steps_waits_on_the_device_do_not_grow_with_its_minibatches(tmp_path, monkeypatch, preset):
-    one = _reads(tmp_path, monkeypatch, 1, preset)
-    four = _reads(tmp_path, monkeypatch, 4, preset)
+def test_a_steps_waits_on_the_device_do_not_grow_with_its_minibatches(tmp_path, monkeypatch):
+    parts = _parts(tmp_path, _config(1))
+    rl_step(0, TRAIN_SET, parts, _config(1))  # warms up: what is done once per run is not counted
+    one, four = _reads(1, parts, _config(1), monkeypatch), _reads(2, parts, _config(4), monkeypatch)
     report = f"1 minibatch: {one.count} {dict(one.sites)}\n4 minibatches: {four.count} {dict(four.sites)}"
     assert four.count - one.count <= 3 * ENGINE_READS_PER_UPDATE, report
     assert one.count <= READS_PER_STEP + ENGINE_READS_PER_UPDATE, report
@@ -158,6 +162,12 @@ def test_the_objective_reads_nothing_and_a_step_reads_its_minibatches_metrics_at
     reduced = reduce_minibatches(parts)
     assert reads.count == 1, dict(reads.sites)  # one .tolist() of every value of every part
     monkeypatch.undo()
-    _, floats = objective(logp, *inputs)  # the plain-tensor call reads its metrics as floats
-    assert reduced.keys() == floats.keys() and all(reduced[k] == floats[k] for k in floats)
     assert type(reduced["ratio/min"]) is Min and isinstance(parts[0]["ratio/min"], Deferred)
+    _, floats = objective(logp, *inputs)  # the plain-tensor call: its metrics read as floats, each .item()'s value
+    read = read_metrics(parts[:1])[0]
+    assert read.keys() == floats.keys() and all(read[k] == floats[k] == parts[0][k].item() for k in _plain(floats))
+    assert (read["ratio/min"], type(read["ratio/min"])) == (parts[0]["ratio/min"].value.item(), Min)
+
+
+def _plain(metrics: dict) -> list[str]:
+    return [k for k, v in metrics.items() if type(v) is float]
