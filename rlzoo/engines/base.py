@@ -271,7 +271,8 @@ class TrainingEngine(Component):
         ``with_entropy``, the entropy with gradient) sees the log-probs of the whole batch, and the step follows the
         gradient of that loss, however the engine cuts the batch into forwards (the in-process engines: micro-batches
         under ``trainer.max_tokens_per_micro_batch``, :mod:`rlzoo.engines.module_engine`). A non-finite loss or
-        gradient skips the update and reports ``train/nonfinite_steps = 1``."""
+        gradient skips the update and reports ``train/nonfinite_steps = 1``. Its metrics (``loss_fn``'s, its own) are
+        floats or 0-dim tensors left on the device, read once a step (:func:`rlzoo.util.reductions.read_metrics`)."""
         raise NotImplementedError
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:

@@ -68,6 +68,7 @@ from rlzoo.interfaces.base import take_reports
 from rlzoo.rl.advantages import advantages
 from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.rl.learner import Learner
+from rlzoo.rl.loss_inputs import LossInputs
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, score_last_turns
@@ -192,11 +193,14 @@ def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> N
     mask = batch.response_mask
     policy_learns = critic is None or step >= critic.warmup_steps
     record.loss_mask = mask * kept_tokens(c.correction, record, mask)
+    old = record.old
+    # to the loss's device once a step
+    inputs = LossInputs(old.logp, record.advantages, record.loss_mask, old.reference, old.correction)
     shuffle = step_seed(config.seed, step, Stream.SHUFFLE)
     for index, rows in enumerate(minibatches(len(mask), config.algorithm.minibatches_per_rollout, shuffle)):
         seed = step_seed(config.seed, step, Stream.MINIBATCH_LOSS + index)  # components that draw at random
         if policy_learns:
-            loss_fn = minibatch_loss(c.objective, record, rows, seed)
+            loss_fn = minibatch_loss(c.objective, inputs, rows, seed)
             record.updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
         if critic is not None:
             record.critic_updates.append(critic.update(batch, rows, record.values, record.returns))
@@ -212,15 +216,13 @@ def kept_tokens(correction: MismatchCorrection, record: StepRecord, mask: Tensor
     return keep
 
 
-def minibatch_loss(objective: Objective, record: StepRecord, rows: Tensor, seed: int) -> LossFn:
-    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``."""
-    old, advantages, mask = record.old, record.advantages, record.loss_mask
+def minibatch_loss(objective: Objective, inputs: LossInputs, rows: Tensor, seed: int) -> LossFn:
+    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``,
+    computed on the device of ``logp``, its metrics left there (the step reads them all at once)."""
 
-    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
-        reference = old.reference[rows] if old.reference is not None else None
-        return objective(
-            logp, old.logp[rows], advantages[rows], mask[rows], reference, old.correction[rows], seed, entropy
-        )
+    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, Any]]:
+        old_logp, advantages, mask, reference, weights = inputs.rows(rows, logp.device)
+        return objective.on_device(logp, old_logp, advantages, mask, reference, weights, seed, entropy)
 
     return loss_fn
 
