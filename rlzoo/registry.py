@@ -5,7 +5,9 @@ point and distribution) and skipped, so one broken package never takes the other
 is reported together with those failures. Two plugins that register the same ``kind`` + ``name`` are both listed
 (marked) and stop only a config that uses that name, with an error naming both distributions. A misspelt
 parameter is reported with the component's valid parameter names; a component whose constructor raises is
-reported as ``<config field>: <kind> <name> (<distribution>): <message>``.
+reported as ``<config field>: <kind> <name> (<distribution>): <message>``, and one that raises later, in its
+``preflight`` or in the middle of a run, by :func:`component_raised` (:func:`raising_component` finds it in the
+traceback): the component, its file and line, the exception, in one line.
 
 A plugin module contributes components through its module-level ``@rlzoo.hookimpl`` functions, or by marking a
 component class with :func:`register` (``@rlzoo.register("clipper", "my-clip")``): the marked classes of a module
@@ -18,6 +20,8 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib.metadata
+import os
+import sys
 import traceback
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -279,7 +283,55 @@ class Registry:
             return info.cls(params)
         except Exception as exc:  # a plugin's set-up failure, reported where the config names it
             reason = str(exc) if isinstance(exc, RlzooError) else f"{type(exc).__name__}: {exc}"
-            raise ConfigError([(loc, f"{kind} {name!r} ({info.distribution}) failed to set up: {reason}")]) from exc
+            raise ConfigError([(loc, f"{named(kind, name, info.distribution)} failed to set up: {reason}")]) from exc
+
+
+def named(kind: str, name: str, distribution: str | None = None) -> str:
+    """``kind 'name' (distribution)``: how errors and warnings name a component (as ``rlzoo plugins list`` lists it;
+    a script's distribution is ``script my_loss.py``)."""
+    return f"{kind} {name!r}" + (f" ({distribution})" if distribution else "")
+
+
+def component_raised(component: Component, exc: BaseException, distribution: str | None = None) -> str:
+    """``clipper 'my-clip' (script my_loss.py) raised RuntimeError: boom in clip (my_loss.py, line 14)``:
+    ``component``'s failure in one line, where it happened: the innermost line of the traceback in the file that
+    defines the component's class, else in one of the component's own methods."""
+    reason = " ".join(str(exc).split())  # one line, whatever the exception's text
+    text = f"{named(component.kind, component.name, distribution)} raised "
+    text += reason if isinstance(exc, RlzooError) else f"{type(exc).__name__}: {reason}"
+    source = getattr(sys.modules.get(type(component).__module__), "__file__", None)
+    where = _innermost(exc, lambda frame: frame.f_code.co_filename == source)
+    where = where or _innermost(exc, lambda frame: frame.f_locals.get("self") is component)
+    return text + (f" in {where[2]} ({_shown(where[0])}, line {where[1]})" if where else "")
+
+
+def raising_component(exc: BaseException) -> Component | None:
+    """The component in one of whose methods ``exc`` was raised: the innermost frame of its traceback whose
+    ``self`` is a component (``None``: no component's method is in the traceback)."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        found = owner if isinstance(owner, Component) else found
+        tb = tb.tb_next
+    return found
+
+
+def _innermost(exc: BaseException, wanted: Callable[[types.FrameType], bool]) -> tuple[str, int, str] | None:
+    """``(file, line, function)`` of the innermost frame of ``exc``'s traceback that is ``wanted``."""
+    hit = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if wanted(tb.tb_frame):
+            hit = (tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return hit
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working folder when it lies inside it (a script beside the config), else as it is."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _origin(info: ComponentInfo) -> str:
