@@ -305,14 +305,16 @@ def component_raised(component: Component, exc: BaseException, distribution: str
     return text + (f" in {where[2]} ({_shown(where[0])}, line {where[1]})" if where else "")
 
 
-def raising_component(exc: BaseException) -> Component | None:
+def raising_component(
+    exc: BaseException, accept: Callable[[Component], bool] = lambda component: True
+) -> Component | None:
     """The component in one of whose methods ``exc`` was raised: the innermost frame of its traceback whose
-    ``self`` is a component (``None``: no component's method is in the traceback)."""
+    ``self`` is a component ``accept`` takes (``None``: no such component's method is in the traceback)."""
     found = None
     tb = exc.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
-        found = owner if isinstance(owner, Component) else found
+        found = owner if isinstance(owner, Component) and accept(owner) else found
         tb = tb.tb_next
     return found
 

@@ -121,3 +121,39 @@ def test_a_component_that_raises_mid_run_ends_train_in_one_line_its_checkpoint_i
     check = verify_checkpoint(tmp_path / checkpoint)
     assert check.intact and check.verified, check.problems
     assert (tmp_path / "out" / "checkpoints" / "latest").read_text().strip() == "step_000001"
+
+
+def test_only_a_registered_components_exception_is_named(tmp_path):
+    """rlzoo's own bugs (outside any component, or in a base class's default instance) and its own user-facing
+    errors keep their way out: the traceback, or the message as it is."""
+    from rlzoo.errors import RlzooError
+    from rlzoo.interfaces import RouterPolicy
+    from rlzoo.registry import default_registry
+    from rlzoo.runtime.faults import component_failure
+
+    registry = default_registry()
+
+    def raised(call) -> Exception:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - the exception under test
+            return exc
+        raise AssertionError("did not raise")
+
+    class Unnamed(RouterPolicy):  # a component no registry knows
+        def replays_routing(self) -> bool:
+            raise ValueError("internal")
+
+    assert component_failure(raised(lambda: 1 / 0), registry, tmp_path, 3) is None
+    assert component_failure(raised(Unnamed().replays_routing), registry, tmp_path, 3) is None
+    gdpo = registry.create("advantage", "gdpo", {})
+    assert component_failure(raised(lambda: gdpo.compute(None)), registry, tmp_path, 3) is not None
+    class Telling(type(gdpo)):
+        def compute(self, batch):
+            raise RlzooError("already clear")
+
+    assert component_failure(raised(lambda: Telling().compute(None)), registry, tmp_path, 3) is None
+    failure = component_failure(raised(lambda: gdpo.compute(None)), registry, tmp_path, None)
+    assert str(failure).startswith("stopped while the run was set up: advantage 'gdpo' (rlzoo-estimators) raised "
+                                   "AttributeError: 'NoneType' object has no attribute 'reward_parts' in compute (")
+    assert str(failure).endswith("no checkpoint had been written yet")

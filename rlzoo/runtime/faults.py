@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
-from rlzoo.registry import Registry, component_raised, raising_component
+from rlzoo.interfaces import Component
+from rlzoo.registry import ComponentInfo, Registry, component_raised, raising_component
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.util.reductions import Declared, FailedEpisodes, SkippedUpdates, UnscoredResponses
 
@@ -60,16 +61,25 @@ def component_failure(exc: Exception, registry: Registry, run_dir: Path, step: i
     """``exc`` as one line naming the component in whose method it was raised (:func:`rlzoo.registry.raising_component`),
     with its traceback logged (the run's log file); ``None`` when no component raised it, or it is a user-facing
     error already (an :class:`RlzooError` says what is wrong itself)."""
-    component = raising_component(exc)
-    if component is None or isinstance(exc, RlzooError):
+    if isinstance(exc, RlzooError):
+        return None
+    # only a registered component's (a base class's default instance, say, is rlzoo's own)
+    component = raising_component(exc, lambda c: _registration(registry, c) is not None)
+    if component is None:
         return None
     log.info("the traceback of that failure:", exc_info=exc)
-    info = registry.get(component.kind, component.name)
+    distribution = _registration(registry, component).distribution
     when = f"at step {step}" if step is not None else "while the run was set up"
     return ComponentFailure(
-        f"stopped {when}: {component_raised(component, exc, info.distribution)}; its traceback is in the run's "
-        f"log.txt; {checkpoint_kept(run_dir)}"
+        f"stopped {when}: {component_raised(component, exc, distribution)}; its traceback is in the run's log.txt; "
+        f"{checkpoint_kept(run_dir)}"
     )
+
+
+def _registration(registry: Registry, component: Component) -> ComponentInfo | None:
+    """How ``registry`` registers ``component`` (its name, and a class it is an instance of); ``None``: it does not."""
+    found = [i for i in registry.components(component.kind) if i.name == component.name and isinstance(component, i.cls)]
+    return found[0] if found else None
 
 
 class FaultPolicy:
