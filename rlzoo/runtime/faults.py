@@ -70,10 +70,12 @@ def component_failure(exc: Exception, registry: Registry, run_dir: Path, step: i
     log.info("the traceback of that failure:", exc_info=exc)
     distribution = _registration(registry, component).distribution
     when = f"at step {step}" if step is not None else "while the run was set up"
-    return ComponentFailure(
+    failure = ComponentFailure(
         f"stopped {when}: {component_raised(component, exc, distribution)}; its traceback is in the run's log.txt; "
         f"{checkpoint_kept(run_dir)}"
     )
+    failure.__cause__ = exc  # as `raise failure from exc`: --verbose shows the component's traceback first
+    return failure
 
 
 def _registration(registry: Registry, component: Component) -> ComponentInfo | None:

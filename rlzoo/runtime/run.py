@@ -323,11 +323,8 @@ class TrainingRun:
         try:
             self.setup()
             return self._train()
-        except Exception as exc:  # a component's bug: one line naming it, the traceback in the log
-            failure = component_failure(exc, self.registry, Path(self.config.output_dir), self.step)
-            if failure is None:
-                raise
-            raise failure from exc
+        except Exception as exc:  # a component's bug: one line naming it, the traceback in the log (else as it is)
+            raise component_failure(exc, self.registry, Path(self.config.output_dir), self.step) or exc
         finally:
             if self.folder_lock is not None:
                 self.folder_lock.release()
