@@ -220,6 +220,9 @@ def test_gdpo_without_parts_is_a_clear_error_naming_the_verifier():
         create("advantage", "gdpo").compute(batch([1.0, 0.0], [0, 0], [1, 1]))
     with pytest.raises(RlzooError, match="algorithm.advantage.parts: 'format' is not among the verdicts' reward parts"):
         create("advantage", "gdpo", parts=["format"]).compute(parts_batch({"correct": [1.0] * 8}))
+    # without parts, a weight naming a part the verdicts lack would weigh nothing: a misspelt name, refused
+    with pytest.raises(RlzooError, match=r"algorithm.advantage.weights: 'corect' is not among the verdicts' reward parts \(correct\)"):
+        create("advantage", "gdpo", weights={"corect": 2.0}).compute(parts_batch({"correct": [1.0] * 8}))
 
 
 def otb_batch(lengths, groups, width=4, seed=0):

@@ -67,7 +67,7 @@ from rlzoo.runtime.assembly import (
 )
 from rlzoo.runtime.checkpoint.resume import resume_checkpoint
 from rlzoo.runtime.checkpoint.store import load_checkpoint, save_checkpoint
-from rlzoo.runtime.faults import FaultPolicy
+from rlzoo.runtime.faults import FaultPolicy, component_failure
 from rlzoo.util.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class TrainingRun:
         self.resume = resume
         self.progress = progress
         self.folder_lock: runlock.FileLock | None = None
+        self.step: int | None = None  # the step under way (None: still setting up)
 
     def setup(self) -> None:
         """The run's set-up steps, in order; each uses only what the steps above it built."""
@@ -323,6 +324,8 @@ class TrainingRun:
         try:
             self.setup()
             return self._train()
+        except Exception as exc:  # a component's bug: one line naming it, the traceback in the log (else as it is)
+            raise component_failure(exc, self.registry, Path(self.config.output_dir), self.step) or exc
         finally:
             if self.folder_lock is not None:
                 self.folder_lock.release()
@@ -341,7 +344,7 @@ class TrainingRun:
         )
         try:
             for step in bar:
-                metrics = {}
+                self.step, metrics = step, {}
                 if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
                     metrics.update(self.evaluate())
                     trackers.log_evaluation(step, dict(metrics))  # metrics grows below
