@@ -2,14 +2,15 @@
 
 A subprocess pays seconds importing torch; :func:`run_cli` calls :func:`rlzoo.cli.main` instead, with what a fresh
 process would have: its own working folder and environment variables, no logging handlers (so the CLI's
-``logging.basicConfig`` takes effect, as it does in a new process), a registry discovered anew (a load warning is
-printed again, a ``--plugin`` file's components do not outlive the call), and file descriptors 1 and 2 pointed at
+``logging.basicConfig`` takes effect, as it does in a new process), a registry discovered anew and no script
+plugin loaded yet (a load warning is printed again, a ``--plugin`` file's components do not outlive the call), and file descriptors 1 and 2 pointed at
 files of its own (a run's console writes to duplicates of them, not to ``sys.stdout``). An exception escaping
 ``main`` is printed as Python prints it, exit 1, so a table's "no traceback" rule still sees it.
 
 Everything the call may change in the process is put back afterwards: the working folder, ``os.environ``,
-``sys.path``, every logger's handlers, level and propagation, transformers' progress bars, the warnings filters,
-torch's thread count and global random state, and the modules imported from the folders ``path`` added. Not
+``sys.path``, the local plugins loaded (``rlzoo.local_plugins``), every logger's handlers, level and propagation, transformers' progress bars, the warnings filters,
+torch's thread count and global random state, and the modules imported from ``cwd`` (a ``--plugin`` script) or the
+folders ``path`` added, with what ``rlzoo.register`` marked in them. Not
 thread-safe (working folder, descriptors): the tables run their in-process cases one after the other.
 """
 
@@ -44,7 +45,7 @@ def run_cli(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None, p
     from rlzoo.cli import main
 
     argv = [str(a) for a in argv]
-    with _fresh_process(cwd, env, path), _captured() as (out, err):
+    with _fresh_process(Path(cwd).resolve(), env, path), _captured() as (out, err):
         try:
             code = main(argv)
         except SystemExit as stop:  # argparse's usage errors: exit 2
@@ -59,10 +60,11 @@ def run_cli(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None, p
 def _fresh_process(cwd: Path, env: dict[str, str] | None, path: Sequence[Path]) -> Iterator[None]:
     import torch
 
-    from rlzoo.registry import default_registry
+    from rlzoo import local_plugins
+    from rlzoo.registry import default_registry, forget_marks
 
     folder, environ, sys_path = os.getcwd(), dict(os.environ), sys.path[:]
-    modules = set(sys.modules)
+    modules, scripts = set(sys.modules), dict(local_plugins._LOADED)
     loggers = _logger_state()
     threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
     bars = _progress_bars()
@@ -76,17 +78,21 @@ def _fresh_process(cwd: Path, env: dict[str, str] | None, path: Sequence[Path]) 
             sys.path[:0] = [str(p) for p in path]
             root.handlers[:] = []
             default_registry.cache_clear()
+            local_plugins._LOADED.clear()
             yield
     finally:
         default_registry.cache_clear()
+        local_plugins._LOADED.clear()  # the scripts this process loaded, by path: a new process has loaded none
+        local_plugins._LOADED.update(scripts)
         os.chdir(folder)
         os.environ.clear()
         os.environ.update(environ)
         sys.path[:] = sys_path
-        for name in set(sys.modules) - modules:  # a plugin imported from the added folders
+        for name in set(sys.modules) - modules:  # a plugin imported from the added folders, a script beside the config
             file = getattr(sys.modules[name], "__file__", None) or ""
-            if any(file.startswith(str(p)) for p in path):
+            if any(file.startswith(str(folder) + os.sep) for folder in (cwd, *path)):
                 del sys.modules[name]
+                forget_marks(name)
         _restore_loggers(loggers)
         torch.set_num_threads(threads)
         torch.random.set_rng_state(rng)
