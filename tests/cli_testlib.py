@@ -2,16 +2,17 @@
 
 A subprocess pays seconds importing torch; :func:`run_cli` calls :func:`rlzoo.cli.main` instead, with what a fresh
 process would have: its own working folder and environment variables, no logging handlers (so the CLI's
-``logging.basicConfig`` takes effect, as it does in a new process), a registry discovered anew and no script
-plugin loaded yet (a load warning is printed again, a ``--plugin`` file's components do not outlive the call), and file descriptors 1 and 2 pointed at
-files of its own (a run's console writes to duplicates of them, not to ``sys.stdout``). An exception escaping
-``main`` is printed as Python prints it, exit 1, so a table's "no traceback" rule still sees it.
+``logging.basicConfig`` takes effect, as it does in a new process), a registry discovered anew and no script plugin
+loaded yet (a load warning is printed again, a ``--plugin`` file's components do not outlive the call), and file
+descriptors 1 and 2 pointed at files of its own (a run's console writes to duplicates of them, not to
+``sys.stdout``). An exception escaping ``main`` is printed as Python prints it, exit 1, so a table's "no traceback"
+rule still sees it.
 
 Everything the call may change in the process is put back afterwards: the working folder, ``os.environ``,
-``sys.path``, the local plugins loaded (``rlzoo.local_plugins``), every logger's handlers, level and propagation, transformers' progress bars, the warnings filters,
-torch's thread count and global random state, and the modules imported from ``cwd`` (a ``--plugin`` script) or the
-folders ``path`` added, with what ``rlzoo.register`` marked in them. Not
-thread-safe (working folder, descriptors): the tables run their in-process cases one after the other.
+``sys.path``, the script plugins loaded (``rlzoo.local_plugins``), every logger's handlers, level and propagation,
+transformers' progress bars, the warnings filters, torch's thread count and global random state, and the modules
+imported from ``cwd`` (a ``--plugin`` script) with what ``rlzoo.register`` marked in them. Not thread-safe (working
+folder, descriptors): the tables run their in-process cases one after the other.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ class CliResult:
     stderr: str
 
 
-def run_cli(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None, path: Sequence[Path] = ()) -> CliResult:
-    """``rlzoo *argv`` in ``cwd`` with the environment ``env`` (default: this one), and ``path`` in front of
-    ``sys.path`` (what ``PYTHONPATH`` does for a new process); its exit code and what it printed."""
+def run_cli(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> CliResult:
+    """``rlzoo *argv`` in ``cwd`` with the environment ``env`` (default: this one); its exit code and what it
+    printed."""
     from rlzoo.cli import main
 
     argv = [str(a) for a in argv]
-    with _fresh_process(Path(cwd).resolve(), env, path), _captured() as (out, err):
+    with _fresh_process(Path(cwd).resolve(), env), _captured() as (out, err):
         try:
             code = main(argv)
         except SystemExit as stop:  # argparse's usage errors: exit 2
@@ -57,7 +58,7 @@ def run_cli(argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None, p
 
 
 @contextlib.contextmanager
-def _fresh_process(cwd: Path, env: dict[str, str] | None, path: Sequence[Path]) -> Iterator[None]:
+def _fresh_process(cwd: Path, env: dict[str, str] | None) -> Iterator[None]:
     import torch
 
     from rlzoo import local_plugins
@@ -75,7 +76,6 @@ def _fresh_process(cwd: Path, env: dict[str, str] | None, path: Sequence[Path]) 
             if env is not None:
                 os.environ.clear()
                 os.environ.update(env)
-            sys.path[:0] = [str(p) for p in path]
             root.handlers[:] = []
             default_registry.cache_clear()
             local_plugins._LOADED.clear()
@@ -88,9 +88,9 @@ def _fresh_process(cwd: Path, env: dict[str, str] | None, path: Sequence[Path]) 
         os.environ.clear()
         os.environ.update(environ)
         sys.path[:] = sys_path
-        for name in set(sys.modules) - modules:  # a plugin imported from the added folders, a script beside the config
+        for name in set(sys.modules) - modules:  # a script beside the config, loaded as a plugin
             file = getattr(sys.modules[name], "__file__", None) or ""
-            if any(file.startswith(str(folder) + os.sep) for folder in (cwd, *path)):
+            if file.startswith(str(cwd) + os.sep):
                 del sys.modules[name]
                 forget_marks(name)
         _restore_loggers(loggers)

@@ -206,8 +206,8 @@ TRAIN_IDS = ("launcher-vllm", "launcher-rows", "ep-size-world", "resume-missing"
              "vllm-missing")
 IN_PROCESS = [(c, "check") for c in CASES] + [(c, "train") for c in CASES if c.id in TRAIN_IDS]
 # a real subprocess costs seconds (torch's import): one per command, the exit path as a user sees it
-SUBPROCESS = [(c, command) for c in CASES for command, case_id in (("check", "vllm-missing"), ("train", "output-holds-run"))
-              if c.id == case_id]
+SMOKES = (("check", "vllm-missing"), ("train", "output-holds-run"))
+SUBPROCESS = [(c, command) for command, case_id in SMOKES for c in CASES if c.id == case_id]
 BASE = {"output_dir": "out", "rollout": {"engine": {"name": "hf"}}, "trainer": {"engine": {"name": "torch"}}}
 
 

@@ -2,12 +2,12 @@
 
 Each case of :data:`CASES` runs ``rlzoo ...`` through the CLI's entry function in this process, as a new process
 would run it (tests/cli_testlib.py; the few marked ``subprocess`` as a real ``rlzoo`` process, for the exit path),
-one after the other in one fixture, and must end with its exit code (1 for an error; 0 where rlzoo goes on with a warning), no traceback, and the field or the file (and
-line or row) named once in what it prints. The rows: output folders, data files, over-long prompts, YAML keys, torn
-metrics lines, damaged checkpoints, run folders in use, resumes with a changed config, non-finite and out-of-range
-numbers. The cases that resume start from a copy of one finished tiny run (two checkpoints), made once. The rules
-behind them are also tested in-process below and beside their modules (fast), the permission rules with
-``os.access`` stubbed so that they hold as root too.
+one after the other in one fixture, and must end with its exit code (1 for an error; 0 where rlzoo goes on with a
+warning), no traceback, and the field or the file (and line or row) named once in what it prints. The rows: output
+folders, data files, over-long prompts, YAML keys, torn metrics lines, damaged checkpoints, run folders in use,
+resumes with a changed config, non-finite and out-of-range numbers. The cases that resume start from a copy of one
+finished tiny run (two checkpoints), made once. The rules behind them are also tested in-process below and beside
+their modules (fast), the permission rules with ``os.access`` stubbed so that they hold as root too.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ checkpoints (the policy's ``model.path``, ``algorithm.critic.model``, ``teacher.
 ``verifier.path``), and ``rlzoo export``'s inputs (the adapters, verified against the checkpoint's digests as
 ``--resume`` verifies them, and the base model).
 
-Each case runs ``rlzoo ...`` through the CLI's entry function in this process (tests/cli_testlib.py) and is held to :mod:`test_fault_table`'s rules (its exit code, no
-traceback, the field or the file named, one ``error:`` line). The cases start from one finished tiny LoRA run (two
-checkpoints, and its cold start as the model folder to damage), made once, beside a base model of other sizes, a
-deeper one and a small reward model.
+Each case runs ``rlzoo ...`` through the CLI's entry function in this process (tests/cli_testlib.py) and is held to
+:mod:`test_fault_table`'s rules (its exit code, no traceback, the field or the file named, one ``error:`` line). The
+cases start from one finished tiny LoRA run (two checkpoints, and its cold start as the model folder to damage),
+made once, beside a base model of other sizes, a deeper one and a small reward model.
 """
 
 from __future__ import annotations

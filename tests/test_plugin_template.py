@@ -15,6 +15,6 @@ pytestmark = pytest.mark.timeout(300)
 def test_the_plugin_template_installs_and_its_tests_pass(plugin_venv: PluginVenv, tmp_path):
     plugin_venv.assert_installed_here("rlzoo_plugin_template")  # pip installed a copy of examples/plugin-template
     source = plugin_venv.sources["rlzoo_plugin_template"]
-    proc = run([plugin_venv.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source / "tests")], cwd=tmp_path)
+    proc = run([plugin_venv.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", source / "tests"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "4 passed" in proc.stdout

@@ -134,5 +134,6 @@ def test_a_plugin_failing_at_set_up_is_a_plain_message_naming_field_component_an
     proc = rlzoo_cli(venv, "config", "check", config, env=env, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
-    expected = "algorithm.clipper: clipper 'fragile-clip' (rlzoo-fragile) failed to set up: RuntimeError: this clipper needs a GPU"
+    expected = ("algorithm.clipper: clipper 'fragile-clip' (rlzoo-fragile) failed to set up: RuntimeError: this clipper "
+                "needs a GPU")
     assert expected in proc.stderr, proc.stderr
