@@ -1,10 +1,12 @@
 """Bad configs through the real CLI: ``config check`` and ``train`` reject each one alike, before anything starts.
 
-For both commands a case must exit 1 with an ``error: invalid config`` message naming the field and the allowed
-values, no traceback, and (``train``) no run folder: the preflight (:mod:`rlzoo.preflight.checks`) fails before the
-run builds anything. Every case runs in-process through ``rlzoo.cli.main`` (fast: imports are done once); 15
-of them, covering each kind of check, also run as ``python -m rlzoo.cli`` subprocesses, a few at a time in one
-fixture (each spends ~2.5 s of CPU importing torch, which plugin discovery needs).
+A case must exit 1 with an ``error: invalid config`` message naming the field and the allowed values, no traceback,
+and (``train``) no run folder: the preflight (:mod:`rlzoo.preflight.checks`) fails before the run builds anything.
+Every case runs ``config check`` in-process through ``rlzoo.cli.main`` (fast: imports are done once). ``train`` runs
+the very same preflight (:func:`test_train_runs_the_preflight_config_check_runs`), so it runs only the cases whose
+inputs reach it by another way (the process count from the launcher's ``WORLD_SIZE``, ``--resume``, a run folder
+already there, an engine package missing). Two cases also run as ``python -m rlzoo.cli`` subprocesses, one per
+command: the exit path a user sees (each spends ~2.5 s of CPU importing torch, which plugin discovery needs).
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ class Case:
     args: tuple[str, ...] = ()
     hide: tuple[str, ...] = ()  # packages that look uninstalled
     processes: int = 1  # train: WORLD_SIZE as a launcher sets it; config check: --processes
-    commands: tuple[str, ...] = COMMANDS
 
 
 def hf_folder(root: Path, *, config: dict | None = None, tokenizer: bool = True, vocab: int = 5, weights: bool = True) -> str:
@@ -201,13 +202,13 @@ CASES = [
          expect=("teacher.tiny", "the task's character tokenizer, which differs from the policy's (model.path)",
                  "use teacher.model")),
 ]
-# a real subprocess per case and command costs seconds (torch's import); these cover every kind of check
-SUBPROCESS_IDS = (
-    "head-dim-vllm", "kv-heads", "top-k", "path-missing", "path-no-tokenizer", "vocab", "no-model", "minibatches",
-    "jsonl-missing", "vllm-missing", "router-dense", "ds-moe-zero3", "greedy-samples", "resume-empty",
-    "output-holds-run",
-)
-SUBPROCESS_CASES = [c for c in CASES if c.id in SUBPROCESS_IDS]
+# train as well as config check: the cases whose inputs reach train's preflight by another way than check's
+TRAIN_IDS = ("launcher-vllm", "launcher-rows", "ep-size-world", "resume-missing", "resume-empty", "output-holds-run",
+             "vllm-missing")
+IN_PROCESS = [(c, "check") for c in CASES] + [(c, "train") for c in CASES if c.id in TRAIN_IDS]
+# a real subprocess costs seconds (torch's import): one per command, the exit path as a user sees it
+SMOKES = (("check", "vllm-missing"), ("train", "output-holds-run"))
+SUBPROCESS = [(c, command) for command, case_id in SMOKES for c in CASES if c.id == case_id]
 BASE = {"output_dir": "out", "rollout": {"engine": {"name": "hf"}}, "trainer": {"engine": {"name": "torch"}}}
 
 
@@ -261,15 +262,16 @@ def assert_one_clear_error(case: Case, command: str, folder: Path, code: int, ou
 
 
 def test_enough_cases():
-    assert len([c for c in SUBPROCESS_CASES if c.commands == COMMANDS]) >= 15
-    assert len({c.id for c in CASES}) == len(CASES)
+    assert len(CASES) >= 50 and len({c.id for c in CASES}) == len(CASES)
+    assert {c.id for c, command in IN_PROCESS if command == "train"} == set(TRAIN_IDS)
+    assert [command for _, command in SUBPROCESS] == list(COMMANDS)
 
 
 def _ids(x):
     return getattr(x, "id", x)
 
 
-@pytest.mark.parametrize("case, command", [(c, m) for c in CASES for m in c.commands], ids=_ids)
+@pytest.mark.parametrize("case, command", IN_PROCESS, ids=_ids)
 def test_bad_config_in_process(tmp_path, monkeypatch, capsys, case: Case, command: str):
     """Every case through ``rlzoo.cli.main`` in this process (fast: the imports are done once)."""
     from rlzoo.cli import main
@@ -289,17 +291,48 @@ def test_bad_config_in_process(tmp_path, monkeypatch, capsys, case: Case, comman
 
 @pytest.fixture(scope="module")
 def subprocess_results(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, subprocess.CompletedProcess]]:
-    jobs = [(case, command, tmp_path_factory.mktemp(f"{case.id}-{command}")) for case in SUBPROCESS_CASES for command in case.commands]
+    jobs = [(case, command, tmp_path_factory.mktemp(f"{case.id}-{command}")) for case, command in SUBPROCESS]
     with ThreadPoolExecutor(max_workers=3) as pool:  # each spends its seconds importing torch
         procs = list(pool.map(lambda job: run_case(*job), jobs))
     return {(case.id, command): (folder, proc) for (case, command, folder), proc in zip(jobs, procs)}
 
 
-@pytest.mark.parametrize("case, command", [(c, m) for c in SUBPROCESS_CASES for m in c.commands], ids=_ids)
+@pytest.mark.parametrize("case, command", SUBPROCESS, ids=_ids)
 def test_bad_config_through_the_real_cli(subprocess_results, case: Case, command: str):
     """The same, as ``python -m rlzoo.cli`` subprocesses: what a user sees, start-up included."""
     folder, proc = subprocess_results[(case.id, command)]
     assert_one_clear_error(case, command, folder, proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_train_runs_the_preflight_config_check_runs(tmp_path, monkeypatch, capsys):
+    """``train`` refuses what ``config check`` refuses because it calls the same :func:`preflight`, before it writes
+    anything, with the config it resolved, the registry, the launcher's process count and its ``--resume`` and
+    ``--allow-changes``: so the tables check each rule once, through ``config check``."""
+    from rlzoo.cli import main
+    from rlzoo.errors import ConfigError
+    from rlzoo.preflight import checks
+
+    calls = []
+
+    def refusing(config, registry, **kwargs):
+        calls.append((config, kwargs))
+        raise ConfigError([("trainer.lr", "refused by the preflight (a test's stand-in)")])
+
+    monkeypatch.setattr(checks, "preflight", refusing)
+    prepare(Case("base"), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for name in LAUNCHER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for argv in (["config", "check", "run.yaml", "--processes", "3"], ["train", "run.yaml", "--set", "seed=7"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: invalid config") and "trainer.lr: refused by the preflight" in err
+    (_, check), (config, train) = calls
+    assert config.seed == 7 and config.output_dir == "out"
+    assert train["world"] == check["world"] == 3 and train["resume"] is check["resume"] is None
+    assert train["allow_changes"] == check["allow_changes"] == []
+    assert not (tmp_path / "out").exists()  # refused before the run wrote anything
 
 
 def test_the_base_config_passes_the_check(tmp_path, monkeypatch, capsys):

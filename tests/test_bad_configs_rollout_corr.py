@@ -1,14 +1,14 @@
-"""A rollout-correction mode or threshold out of range, through the real CLI (``python -m rlzoo.cli config check``, and
-``train`` for one): exit 1, one problem line naming the field and what is allowed, no traceback, nothing built.
+"""A rollout-correction mode or threshold out of range, through the real CLI (``rlzoo config check``, in-process
+through ``rlzoo.cli.main``; ``train`` runs the same checks: tests/test_bad_configs.py): exit 1, one problem line
+naming the field and what is allowed, no traceback.
 
-The cases and their checks are tests/test_bad_configs.py's (``Case``, ``run_case``, ``assert_one_clear_error``)."""
+The cases and their checks are tests/test_bad_configs.py's (``Case``, ``prepare``, ``assert_one_clear_error``)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from test_bad_configs import Case, assert_one_clear_error, run_case
+from cli_testlib import run_cli
+from test_bad_configs import Case, assert_one_clear_error, prepare
 
 
 def correction(**spec) -> dict:
@@ -40,20 +40,11 @@ CASES = [
          ("algorithm.correction.name", "rollout-only", "'none'")),
     Case("correction-name", correction(name="rejections"), ("algorithm.correction.name", "did you mean 'rejection'")),
 ]
-RUNS = [(case, "check") for case in CASES] + [(CASES[1], "train")]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    jobs = [(case, command, tmp_path_factory.mktemp(f"{case.id}-{command}")) for case, command in RUNS]
-    with ThreadPoolExecutor(max_workers=2) as pool:  # each spends its seconds importing torch
-        procs = list(pool.map(lambda job: run_case(*job), jobs))
-    return {(case.id, command): (folder, proc) for (case, command, folder), proc in zip(jobs, procs)}
-
-
-@pytest.mark.parametrize("case, command", RUNS, ids=lambda x: getattr(x, "id", x))
-def test_a_bad_correction_is_one_line_naming_the_field(results, case: Case, command: str):
-    folder, proc = results[(case.id, command)]
-    assert_one_clear_error(case, command, folder, proc.returncode, proc.stdout, proc.stderr)
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_a_bad_correction_is_one_line_naming_the_field(tmp_path, case: Case):
+    proc = run_cli(["config", "check", *prepare(case, tmp_path)], tmp_path)
+    assert_one_clear_error(case, "check", tmp_path, proc.returncode, proc.stdout, proc.stderr)
     problems = proc.stderr.strip().splitlines()[1:]
     assert len(problems) == 1, proc.stderr

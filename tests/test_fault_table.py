@@ -1,12 +1,13 @@
 """The fault table: what a hostile-but-realistic user does wrong, through the real CLI.
 
-Each case of :data:`CASES` runs ``rlzoo ...`` as a subprocess (a few at a time, in one fixture) and must end with
-its exit code (1 for an error; 0 where rlzoo goes on with a warning), no traceback, and the field or the file (and
-line or row) named once in what it prints. The rows: output folders, data files, over-long prompts, YAML keys, torn
-metrics lines, damaged checkpoints, run folders in use, resumes with a changed config, non-finite and out-of-range
-numbers. The cases that resume start from a copy of one finished tiny run (two checkpoints), made once. The rules
-behind them are also tested in-process below and beside their modules (fast), the permission rules with
-``os.access`` stubbed so that they hold as root too.
+Each case of :data:`CASES` runs ``rlzoo ...`` through the CLI's entry function in this process, as a new process
+would run it (tests/cli_testlib.py; the few marked ``subprocess`` as a real ``rlzoo`` process, for the exit path),
+one after the other in one fixture, and must end with its exit code (1 for an error; 0 where rlzoo goes on with a
+warning), no traceback, and the field or the file (and line or row) named once in what it prints. The rows: output
+folders, data files, over-long prompts, YAML keys, torn metrics lines, damaged checkpoints, run folders in use,
+resumes with a changed config, non-finite and out-of-range numbers. The cases that resume start from a copy of one
+finished tiny run (two checkpoints), made once. The rules behind them are also tested in-process below and beside
+their modules (fast), the permission rules with ``os.access`` stubbed so that they hold as root too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_testlib import CliResult, run_cli
 from test_cli import _rlzoo_command
 
 BASE = {
@@ -99,6 +101,7 @@ class Case:
     absent: tuple[str, ...] = ()
     locks: bool = False  # needs a folder made unwritable (skipped where that cannot be done)
     one_error: bool = True  # exit 1 with a single `error:` line
+    subprocess: bool = False  # run as a real `rlzoo` process (seconds importing torch) instead of in this one
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -248,8 +251,7 @@ TEMPLATE = {"output_dir": "run", "train": {"steps": 2, "eval_every": 2, "keep_ch
 def make_template(folder: Path) -> Path:
     """A finished two-step run in ``folder/run`` (checkpoints after steps 1 and 2), from ``folder/run.yaml``."""
     config(folder, merge(TEMPLATE, {"cold_start": {"output_dir": str(folder / "cold")}}))
-    proc = subprocess.run([*_rlzoo_command(), "train", "run.yaml"], cwd=folder, env=_environment(),
-                          capture_output=True, text=True, timeout=600)
+    proc = run_cli(["train", "run.yaml"], folder, _environment())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return folder
 
@@ -346,15 +348,13 @@ CASES = [
     # 1. output folder problems: config check, and train's preflight
     Case("output-dir-is-a-file-check", check({"output_dir": "afile"}),
          ("output_dir: afile is a file, not a folder", "choose another output_dir")),
-    Case("output-dir-is-a-file-train", check({"output_dir": "afile"}, "train"),
-         ("output_dir: afile is a file, not a folder", "choose another output_dir")),
+    Case("output-dir-is-a-file-train", check({"output_dir": "afile"}, "train"),  # train's exit path, for real
+         ("output_dir: afile is a file, not a folder", "choose another output_dir"), subprocess=True),
     Case("output-dir-under-a-file", check({"output_dir": "afile/run"}),
          ("output_dir: afile/run cannot be made:", "afile is a file, not a folder")),
     Case("cold-start-dir-is-a-file", check({"cold_start": {"output_dir": "afile"}}),
          ("cold_start.output_dir: afile is a file, not a folder",)),
     Case("output-dir-not-writable-check", locked("locked", "check"),
-         ("output_dir: locked is a folder this user cannot write to",), locks=True),
-    Case("output-dir-not-writable-train", locked("locked", "train"),
          ("output_dir: locked is a folder this user cannot write to",), locks=True),
     Case("output-dir-parent-not-writable", locked("locked/new/run", "check"),
          ("output_dir: locked/new/run cannot be made: its parent folder", "locked is not writable"), locks=True),
@@ -377,8 +377,6 @@ CASES = [
     Case("long-prompt-jsonl-check", long_prompt("long.jsonl", "jsonl", "check"),
          ("task.path: long.jsonl, line 4: a prompt of 2,000,003 characters", "256-token context",
           "prompt.max_prompt_tokens (at most 252)")),
-    Case("long-prompt-jsonl-train", long_prompt("long.jsonl", "jsonl", "train"),
-         ("task.path: long.jsonl, line 4: a prompt of 2,000,003 characters",)),
     Case("long-prompt-dataset-json-check", long_prompt("long.json", "dataset", "check"),
          ("task.path: long.json, row 4: a prompt of 2,000,003 characters",)),
     Case("long-prompt-parquet-cold-start", long_prompt("long.parquet", "dataset", "sft"),  # not measured: dropped
@@ -452,20 +450,35 @@ def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
 
-def _run(case: Case, folder: Path, ctx: Context) -> subprocess.CompletedProcess:
+Outcome = subprocess.CompletedProcess | CliResult
+
+
+def _run(case: Case, folder: Path, ctx: Context, env: dict[str, str] | None = None) -> Outcome:
     argv = case.setup(folder, ctx)
-    return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=_environment(), capture_output=True, text=True,
-                          timeout=600)
+    env = env if env is not None else _environment()
+    if case.subprocess:
+        return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=600)
+    return run_cli(argv, folder, env)
+
+
+def run_cases(jobs: list[tuple[Case, Path]], ctx: Context, env: dict[str, str] | None = None) -> list[Outcome]:
+    """Every job's outcome, in order: the subprocess ones a few at a time (each spends seconds importing torch)
+    while the rest run in this process, one after the other (a working folder and descriptors of their own)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        spawned = {i: pool.submit(_run, case, folder, ctx, env) for i, (case, folder) in enumerate(jobs)
+                   if case.subprocess}
+        here = {i: _run(case, folder, ctx, env) for i, (case, folder) in enumerate(jobs) if not case.subprocess}
+        return [spawned[i].result() if i in spawned else here[i] for i in range(len(jobs))]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+def results(tmp_path_factory) -> dict[str, tuple[Path, Outcome]]:
     pytest.importorskip("datasets")
     ctx = Context(make_template(tmp_path_factory.mktemp("template")))
     jobs = [(case, tmp_path_factory.mktemp(case.id)) for case in CASES if CAN_LOCK or not case.locks]
     try:
-        with ThreadPoolExecutor(max_workers=3) as pool:  # each spends seconds importing torch
-            procs = list(pool.map(lambda job: _run(*job, ctx), jobs))
+        procs = run_cases(jobs, ctx)
     finally:
         for undo in ctx.undo:
             if undo is not None:

@@ -3,23 +3,21 @@ checkpoints (the policy's ``model.path``, ``algorithm.critic.model``, ``teacher.
 ``verifier.path``), and ``rlzoo export``'s inputs (the adapters, verified against the checkpoint's digests as
 ``--resume`` verifies them, and the base model).
 
-Each case runs ``rlzoo ...`` as a subprocess and is held to :mod:`test_fault_table`'s rules (its exit code, no
-traceback, the field or the file named, one ``error:`` line). The cases start from one finished tiny LoRA run (two
-checkpoints, and its cold start as the model folder to damage), made once, beside a base model of other sizes, a
-deeper one and a small reward model.
+Each case runs ``rlzoo ...`` through the CLI's entry function in this process (tests/cli_testlib.py) and is held to
+:mod:`test_fault_table`'s rules (its exit code, no traceback, the field or the file named, one ``error:`` line). The
+cases start from one finished tiny LoRA run (two checkpoints, and its cold start as the model folder to damage),
+made once, beside a base model of other sizes, a deeper one and a small reward model.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import test_fault_table as table
-from test_cli import _rlzoo_command
+from cli_testlib import run_cli
 from test_fault_table import TEMPLATE, Case, Context, checkpoint_file, config, copied_run, flip, merge, truncate
 
 ALPHABET = "0123456789+-*="  # the arithmetic task's: the models below share the run's character tokenizer
@@ -36,8 +34,7 @@ def make_lora_template(folder: Path) -> Path:
 
     lora = {"cold_start": {"output_dir": str(folder / "cold")}, "model": {"lora": {"rank": 4}}}
     config(folder, merge(TEMPLATE, lora))
-    proc = subprocess.run([*_rlzoo_command(), "train", "run.yaml"], cwd=folder, env=table._environment(),
-                          capture_output=True, text=True, timeout=600)
+    proc = run_cli(["train", "run.yaml"], folder, table._environment())
     assert proc.returncode == 0, proc.stderr[-3000:]
     tokenizer = build_char_tokenizer(ALPHABET)
     save_model(build_tiny_model(TinyModelConfig(hidden_size=32, head_dim=16), tokenizer), tokenizer, folder / "other")
@@ -104,18 +101,13 @@ TRUNCATED = "is damaged: truncated ("
 ADAPTER = "adapter_model.safetensors"
 
 CASES = [
-    # damaged weights of a model the run reads: refused by the preflight (config check, and train before it starts)
+    # damaged weights of a model the run reads: refused by the preflight (config check; train runs the same one before
+    # it starts: tests/test_bad_configs.py)
     Case("critic-weights-truncated-check", damaged_model("cold", "critic", lambda n: CRITIC),
          (f"algorithm.critic.model: critic/model.safetensors {TRUNCATED}", "copy or save the model again")),
-    Case("critic-weights-truncated-train", damaged_model("cold", "critic", lambda n: CRITIC, "train"),
-         (f"algorithm.critic.model: critic/model.safetensors {TRUNCATED}",), absent=("SafetensorError",)),
     Case("teacher-weights-truncated-check", damaged_model("cold", "teacher", lambda n: TEACHER),
          (f"teacher.model: teacher/model.safetensors {TRUNCATED}",)),
-    Case("teacher-weights-truncated-train", damaged_model("cold", "teacher", lambda n: TEACHER, "train"),
-         (f"teacher.model: teacher/model.safetensors {TRUNCATED}",), absent=("SafetensorError",)),
     Case("reward-model-weights-truncated-check", damaged_model("rm", "rm", lambda n: REWARD_MODEL),
-         (f"verifier.path: rm/model.safetensors {TRUNCATED}",)),
-    Case("reward-model-weights-truncated-train", damaged_model("rm", "rm", lambda n: REWARD_MODEL, "train"),
          (f"verifier.path: rm/model.safetensors {TRUNCATED}",)),
     Case("policy-weights-truncated-check", damaged_model("cold", "policy", lambda n: {"model": {"path": n}}),
          (f"model.path: policy/model.safetensors {TRUNCATED}",)),
@@ -151,11 +143,10 @@ def template(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def results(template, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+def results(template, tmp_path_factory) -> dict[str, tuple[Path, table.Outcome]]:
     ctx = Context(template)
     jobs = [(case, tmp_path_factory.mktemp(case.id)) for case in CASES]
-    with ThreadPoolExecutor(max_workers=3) as pool:  # each spends seconds importing torch
-        procs = list(pool.map(lambda job: table._run(*job, ctx), jobs))
+    procs = table.run_cases(jobs, ctx)
     yield {case.id: (folder, proc) for (case, folder), proc in zip(jobs, procs)}
 
 
@@ -167,8 +158,6 @@ def test_damaged_model_files_through_the_real_cli(results, case: Case):
         merged = folder / "merged"
         assert (merged / "model.safetensors").is_file() if case.code == 0 else not merged.exists()
         assert not list(folder.glob(".merged.tmp-*"))
-    if case.id.endswith("-train"):
-        assert not (folder / "out" / "checkpoints").exists()  # refused before the run started
 
 
 def test_the_exported_model_is_the_base_plus_the_adapters(results, template):

@@ -4,7 +4,8 @@ my_loss.py`` end to end, and the bad inputs (a missing path, a syntax error, a f
 ``ppo``) on every command that takes ``--plugin`` or ``plugins:``: exit 1, no traceback, the field and file named.
 
 One tiny run (one step, one checkpoint) is trained once; the resume and the sweep start from it (the sweep from its
-cold-start model, so that it builds none).
+cold-start model, so that it builds none). Every command runs in-process through the CLI's entry function, as a new
+process would run it (tests/cli_testlib.py), except the sweep (a real ``rlzoo ablate``, marked slow).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import hashlib
 import json
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_testlib import CliResult, run_cli
 from test_cli import _rlzoo_command
 from test_fault_table import BASE, Case, merge
 from test_fault_table import _environment as environment
@@ -47,12 +48,12 @@ EMPTY = '"""Registers nothing."""\nimport rlzoo\n'
 CLASH = MY_LOSS.replace('"my-clip"', '"ppo"')
 
 
-def rlzoo(folder: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=environment(), capture_output=True, text=True,
-                          timeout=timeout)
+def rlzoo(folder: Path, *argv: str) -> CliResult:
+    """``rlzoo *argv`` in ``folder``, in this process as a new one would run it (tests/cli_testlib.py)."""
+    return run_cli(argv, folder, environment())
 
 
-def shown(proc: subprocess.CompletedProcess) -> str:
+def shown(proc: subprocess.CompletedProcess | CliResult) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
@@ -125,8 +126,9 @@ def test_a_changed_file_is_refused_on_resume_and_goes_ahead_with_allow_changes(t
 def test_rlzoo_ablate_varies_a_builtin_against_the_script_end_to_end(template):
     sweep_config = merge(BASE, {"model": {"path": str(template / "cold")}})  # the template's cold-start model
     (template / "sweep.yaml").write_text(yaml.safe_dump(sweep_config))
-    proc = rlzoo(template, "ablate", "sweep.yaml", "--vary", "algorithm.clipper.name=ppo,my-clip", "--plugin",
-                 "my_loss.py", "--seeds", "1", "--jobs", "2", "--out", "sweep")
+    proc = subprocess.run([*_rlzoo_command(), "ablate", "sweep.yaml", "--vary", "algorithm.clipper.name=ppo,my-clip",
+                           "--plugin", "my_loss.py", "--seeds", "1", "--jobs", "2", "--out", "sweep"], cwd=template,
+                          env=environment(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, shown(proc)
     sweep = template / "sweep"
     table = (sweep / "summary.md").read_text()
@@ -181,11 +183,9 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+def results(tmp_path_factory) -> dict[str, tuple[Path, CliResult]]:
     jobs = [(c, tmp_path_factory.mktemp(c.id)) for c in CASES]
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = list(pool.map(lambda job: rlzoo(job[1], *job[0].setup(job[1], None), timeout=300), jobs))
-    return {c.id: (folder, proc) for (c, folder), proc in zip(jobs, procs)}
+    return {c.id: (folder, rlzoo(folder, *c.setup(folder, None))) for c, folder in jobs}
 
 
 @pytest.mark.parametrize("bad", CASES, ids=lambda c: c.id)

@@ -2,16 +2,13 @@
 of range, gdpo's parts against the verifier's, a source rlzoo's engines cannot feed, pass@k with one response per
 prompt, two weighted-verifier parts with one label -- each ``rlzoo config check`` exits 1 with one ``error:`` line
 naming the field, no traceback. gdpo with a verifier that returns no parts and does not declare it stops at the first
-step (tests/test_zoo_2026_runs.py). The cases reuse tests/test_fault_table.py's helpers."""
+step (tests/test_zoo_2026_runs.py). The cases reuse tests/test_fault_table.py's helpers and run in-process through
+the CLI's entry function, one after the other (tests/cli_testlib.py)."""
 
 from __future__ import annotations
 
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from test_cli import _rlzoo_command
-from test_fault_table import Case, Context, _environment, sets
+from test_fault_table import Case, Context, Outcome, _environment, run_cases, sets
 
 WEIGHTED = "verifier={name: weighted, verifiers: [{name: exact, label: correct}, {name: regex, pattern: x, label: format}]}"
 CASES = [
@@ -42,17 +39,9 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+def results(tmp_path_factory) -> dict[str, Outcome]:
     ctx = Context(tmp_path_factory.mktemp("unused-template"))
-
-    def run(case: Case) -> subprocess.CompletedProcess:
-        folder = tmp_path_factory.mktemp(case.id)
-        argv = case.setup(folder, ctx)
-        return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=_environment(), capture_output=True,
-                              text=True, timeout=600)
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = list(pool.map(run, CASES))
+    procs = run_cases([(case, tmp_path_factory.mktemp(case.id)) for case in CASES], ctx, _environment())
     return {case.id: proc for case, proc in zip(CASES, procs, strict=True)}
 
 

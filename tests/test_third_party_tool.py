@@ -2,8 +2,8 @@
 of a real ``rlzoo train`` run (docs/multi-turn.md).
 
 The distribution ``rlzoo-wordcount-tool`` is the real source tree ``tests/third_party_tool`` (copied to a temporary
-folder first, so no build artefacts land in the repository), installed into a venv layered over the test
-environment as in test_third_party_plugin.py. It registers the tool ``word-count`` (a JSON schema with one
+folder first, so no build artefacts land in the repository), installed into the session's venv layered over the
+test environment (tests/venv_testlib.py). It registers the tool ``word-count`` (a JSON schema with one
 ``text`` argument; each call appends a line to its ``log_path``) and the rollout engine ``word-count-caller``
 (transformers generate, except that every episode's first turn is a scripted ``hermes`` call of ``word-count``), so
 the episode loop of the first-party ``tools`` environment parses the call, runs the third-party tool found through
@@ -19,20 +19,21 @@ from pathlib import Path
 import pytest
 import yaml
 from test_cli import TINY_RUN
-from test_third_party_plugin import rlzoo_cli, run, venv_with_distribution
+from test_third_party_plugin import rlzoo_cli
+from venv_testlib import PluginVenv
 
 pytestmark = pytest.mark.timeout(300)
 
-SOURCE = Path(__file__).resolve().parent / "third_party_tool"
 DIST = "rlzoo-wordcount-tool"
 TEXT = "one two three four"  # what every scripted call asks word-count to count
 OBSERVATION = "<tool_response>\n4 words\n</tool_response>\n"  # its result as hermes shows it in plain text
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Path:
-    """A venv layered over the test environment with ``rlzoo-wordcount-tool`` installed; returns its python."""
-    return venv_with_distribution(tmp_path_factory.mktemp("thirdparty_tool"), SOURCE, "rlzoo_wordcount_tool")
+@pytest.fixture
+def venv(plugin_venv: PluginVenv) -> Path:
+    """The session's venv (tests/conftest.py), with ``rlzoo-wordcount-tool`` installed; its python."""
+    plugin_venv.assert_installed_here("rlzoo_wordcount_tool")
+    return plugin_venv.python
 
 
 def test_the_tool_is_listed_with_its_distribution(venv, tmp_path):
