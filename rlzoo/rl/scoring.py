@@ -64,7 +64,12 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
             verdicts = verifier.verify_batch(samples, responses)
             if len(verdicts) != len(responses):
                 raise ValueError(f"verify_batch returned {len(verdicts)} verdicts for {len(responses)} responses")
-            slots[:] = verdicts
+            for index, verdict in enumerate(verdicts):
+                if isinstance(verdict, Exception):  # that response could not be scored (Verifier.verify_batch)
+                    raised.add(index)
+                    log.warning("verifier %s could not score a response: %s", verifier.name, verdict)
+                    verdict = Verdict(0.0, reason=f"verifier error: {type(verdict).__name__}: {verdict}")
+                slots[index] = verdict
             return
         except Exception:
             pass  # fall back to one call per response to isolate the failing ones
