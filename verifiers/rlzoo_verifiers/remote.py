@@ -107,7 +107,8 @@ class RemoteVerifier(ServiceVerifier):
             parts = {str(name): _number(value, f"{self.params.url}: part {name!r}") for name, value in parts.items()}
         correct = result.get("correct")
         info = result.get("info")
-        reason = str(info)[:200] if info else None
+        reason = info.get("reason") if isinstance(info, dict) and isinstance(info.get("reason"), str) else info
+        reason = str(reason)[:200] if reason else None
         return Verdict(reward, correct=bool(correct) if isinstance(correct, bool) else None, parts=parts, reason=reason)
 
 
