@@ -57,6 +57,7 @@ def test_a_served_verifier_scores_through_remote_and_its_failures_are_errors_the
     assert [v.reward for v in scores.verdicts] == [1.0, 0.0, 0.0, 0.0]
     assert scores.verdicts[0].parts == {"yes": 1.0} and scores.verdicts[0].reason == "said yes"
     assert scores.errors == 2  # the raise and the NaN, each an error on the server and so at the caller
+    assert scores.metrics()["remote/failures"] == 2 and scores.metrics()["remote/requests"] == 1
     assert "cannot read 'what'" in scores.verdicts[2].reason and "not a finite number" in scores.verdicts[3].reason
 
 

@@ -90,8 +90,10 @@ class RemoteVerifier(ServiceVerifier):
             raise ServiceError(f"{self.params.url} replied without a list {key!r} of {count} (got {_shape(reply)})")
         if self.params.protocol == "openrlhf":
             return [{"reward": reward} for reward in found]
-        return [ServiceError(f"{self.params.url}: {item['error']}") if isinstance(item, dict) and item.get("error")
-                else item for item in found]
+        results = [ServiceError(f"{self.params.url}: {item['error']}") if isinstance(item, dict) and item.get("error")
+                   else item for item in found]
+        self.stats.count(failures=sum(isinstance(result, ServiceError) for result in results))
+        return results
 
     def verdict(self, result: Any) -> Verdict:
         if not isinstance(result, dict):
