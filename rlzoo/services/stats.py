@@ -21,6 +21,12 @@ class ServiceStats:
     def _clear(self) -> None:
         self.requests = self.cache_hits = self.retries = self.failures = 0
         self.latencies: list[float] = []
+        self.sums: dict[str, float] = {}  # a verifier's own counts (a judge's tokens), by metric name
+
+    def add(self, name: str, value: float) -> None:
+        """Add ``value`` to the verifier's own count ``name`` (reported as ``<prefix>/<name>``, a ``Sum``)."""
+        with self._lock:
+            self.sums[name] = self.sums.get(name, 0.0) + value
 
     def count(self, *, requests: int = 0, cache_hits: int = 0, retries: int = 0, failures: int = 0) -> None:
         with self._lock:
@@ -36,7 +42,8 @@ class ServiceStats:
     def take(self, prefix: str) -> dict[str, float]:
         """``<prefix>/requests``, ``cache_hits``, ``retries``, ``failures`` (counts, ``Sum`` over the step's
         scorings) and, when a request was made, ``latency_p50_s`` (a ``Mean`` over the scorings) and
-        ``latency_p95_s`` (a ``Max``): nearest-rank percentiles of this scoring's request latencies. Cleared after."""
+        ``latency_p95_s`` (a ``Max``): nearest-rank percentiles of this scoring's request latencies; and each count
+        :meth:`add` made. Cleared after."""
         with self._lock:
             metrics: dict[str, float] = {
                 f"{prefix}/requests": Sum(self.requests),
@@ -44,6 +51,7 @@ class ServiceStats:
                 f"{prefix}/retries": Sum(self.retries),
                 f"{prefix}/failures": Sum(self.failures),
             }
+            metrics.update({f"{prefix}/{name}": Sum(value) for name, value in self.sums.items()})
             if self.latencies:
                 metrics[f"{prefix}/latency_p50_s"] = Mean(percentile(self.latencies, 50))
                 metrics[f"{prefix}/latency_p95_s"] = Max(percentile(self.latencies, 95))
