@@ -125,3 +125,21 @@ def test_a_service_that_dies_mid_run_stops_the_run_after_max_consecutive_failure
     assert policy.streak == 1
     with pytest.raises(StepFailure, match=r"stopped at step 3 after 2 failed steps in a row .*verifier/errors 4"):
         policy.check(3, score(verifier, samples, ["more"] * 4).metrics())
+
+
+def test_weighted_passes_the_run_folder_and_a_service_part_s_failures_on(service, tmp_path):
+    url, app = service
+    registry = default_registry()
+    spec = {"verifiers": [{"name": "exact"}, {"name": "remote", "url": f"{url}/ok", **FAST}]}
+    samples, responses = batch(2)
+    first = registry.create("verifier", "weighted", spec)
+    first.use_run_folder(tmp_path)
+    assert [v.reward for v in score(first, samples, responses).verdicts] == [2.0, 0.0]
+    again = registry.create("verifier", "weighted", spec)
+    again.use_run_folder(tmp_path)
+    assert score(again, samples, responses).metrics()["remote/cache_hits"] == 2  # the part's cache, resumed
+    broken = registry.create("verifier", "weighted", {"verifiers": [
+        {"name": "exact"}, {"name": "remote", "url": f"{url}/always500", **FAST, "retries": 0}]})
+    scores = score(broken, samples, responses)
+    assert scores.errors == 2 and [v.reward for v in scores.verdicts] == [0.0, 0.0]
+    assert app.state.calls["/always500"] >= 1 and scores.metrics()["remote/requests"] == 1  # not re-asked per response
