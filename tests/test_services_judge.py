@@ -37,6 +37,7 @@ def fake_judge() -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> dict:
         body = await request.json()
+        app.state.last_body = body
         content = body["messages"][0]["content"]
         if content.startswith("Short?"):
             best = 9 if len(content) < 20 else 3
@@ -54,9 +55,15 @@ def fake_judge() -> FastAPI:
 
 
 @pytest.fixture(scope="module")
-def judge_url():
-    with serving(fake_judge()) as url:
-        yield url
+def judge_service():
+    app = fake_judge()
+    with serving(app) as url:
+        yield url, app
+
+
+@pytest.fixture
+def judge_url(judge_service):
+    return judge_service[0]
 
 
 def judge(base_url: str, **params):
@@ -85,6 +92,15 @@ def test_parts_are_judged_apart_and_averaged(judge_url):
     verdicts = score(judge(f"{judge_url}/v1", parts=parts), SAMPLES[:2], ["Please sit.", "Sit, sit, sit, sit, now."]).verdicts
     assert [v.parts for v in verdicts] == [{"polite": 0.9, "short": 0.9}, {"polite": 0.2, "short": 0.3}]
     assert [v.reward for v in verdicts] == [pytest.approx(0.9), pytest.approx(0.25)]
+
+
+def test_extra_body_fields_go_with_each_request(judge_service):
+    url, app = judge_service
+    score(judge(f"{url}/v1", extra_body={"structured_outputs": {"regex": "SCORE: [0-9]"}}), SAMPLES[:1], ["Sit."])
+    body = app.state.last_body
+    assert body["structured_outputs"] == {"regex": "SCORE: [0-9]"}
+    assert (body["model"], body["n"], body["temperature"], body["messages"]) == (
+        "fake", 1, 0.0, [{"role": "user", "content": "Rate: Sit."}])
 
 
 def test_a_judge_whose_reply_has_no_score_is_a_verifier_error(judge_url):
@@ -143,18 +159,27 @@ def test_a_real_judge_smollm2_on_vllm(tmp_path):
                 pass
             assert time.monotonic() < deadline, f"vLLM did not start within {START_S} s"
             time.sleep(1)
-        verifier = judge(base, model="smollm2", samples=2, temperature=0.7, max_tokens=64, timeout_s=120,
-                         rubric="Is this reply polite? Reply: {response}\nAnswer with one line: SCORE: <0-10>")
-        assert verifier.preflight(None, "verifier") == []
+        rubric = "Is this reply polite? Reply: {response}\nAnswer with one line: SCORE: <0-10>"
+        free = judge(base, model="smollm2", samples=2, temperature=0.7, max_tokens=64, timeout_s=120, rubric=rubric)
+        assert free.preflight(None, "verifier") == []
         responses = ["Please take a seat, thank you.", "Sit down now.", INJECTION]
-        scores = score(verifier, [Sample("Ask them to sit.", "")] * 3, responses)
+        scores = score(free, [Sample("Ask them to sit.", "")] * 3, responses)
         metrics = scores.metrics()
-        # a 135M judge often answers out of format: those are counted, never scored as 0 silently
+        # a 135M judge left free mostly answers out of format: counted, never scored as 0 silently
         read = [v for v in scores.verdicts if not (v.reason or "").startswith("verifier error")]
-        assert scores.errors + len(read) == 3
-        assert all(0.0 <= v.reward <= 1.0 for v in read)
+        assert scores.errors + len(read) == 3 and all(0.0 <= v.reward <= 1.0 for v in read)
         assert metrics["judge/requests"] == 3 and metrics["judge/completion_tokens"] > 0
-        assert metrics["judge/unread_judgements"] <= 6
+        assert metrics["judge/unread_judgements"] >= 2 * scores.errors  # both judgements of an unscored response
+        print("free:", {k: float(v) for k, v in metrics.items()}, [(v.reward, v.reason) for v in scores.verdicts])
+        # held to the format by vLLM's structured outputs, every judgement is read
+        held = judge(base, model="smollm2", samples=2, temperature=0.7, max_tokens=8, timeout_s=120, rubric=rubric,
+                     extra_body={"structured_outputs": {"regex": "SCORE: (10|[0-9])"}})
+        scores = score(held, [Sample("Ask them to sit.", "")] * 3, responses)
+        metrics = scores.metrics()
+        assert scores.errors == 0 and metrics["judge/unread_judgements"] == 0
+        # the mean of two whole scores out of 10: a multiple of 0.05
+        assert all(0.0 <= v.reward <= 1.0 and float(round(v.reward * 20, 6)).is_integer() for v in scores.verdicts)
+        print("held:", {k: float(v) for k, v in metrics.items()}, [v.reward for v in scores.verdicts])
         print({k: float(v) for k, v in metrics.items() if k.startswith(("judge/", "verifier/"))},
               [(v.reward, v.reason) for v in scores.verdicts])
     finally:

@@ -73,6 +73,10 @@ class JudgeVerifier(ServiceVerifier):
         temperature: float = Field(0.0, ge=0, description="the judge's sampling temperature")
         max_tokens: int = Field(256, ge=1, description="the most tokens of one judgement")
         correct_at: float | None = Field(None, description="correct when reward >= correct_at; null: not judged")
+        extra_body: dict[str, Any] = Field(
+            default_factory=dict, description="more fields of each request, e.g. vLLM's structured_outputs (a regex "
+            "the judgement must match) or OpenAI's response_format"
+        )
 
         @model_validator(mode="after")
         def _range(self) -> JudgeVerifier.Params:
@@ -92,7 +96,7 @@ class JudgeVerifier(ServiceVerifier):
     def cache_identity(self) -> tuple[Any, ...]:
         p = self.params
         return (p.base_url, p.model, self._rubrics(), p.score_format, p.min_score, p.max_score, p.samples,
-                p.temperature, p.max_tokens)
+                p.temperature, p.max_tokens, p.extra_body)
 
     def _rubrics(self) -> dict[str, str]:
         return dict(self.params.parts) if self.params.parts else {"": self.params.rubric}
@@ -103,7 +107,7 @@ class JudgeVerifier(ServiceVerifier):
         asks = [(s, r, name, rubric) for s, r in zip(samples, responses, strict=True) for name, rubric in rubrics.items()]
         replies = self.client.post_all([(url, {
             "model": p.model, "messages": [{"role": "user", "content": self.fill(rubric, sample, response)}],
-            "n": p.samples, "temperature": p.temperature, "max_tokens": p.max_tokens,
+            "n": p.samples, "temperature": p.temperature, "max_tokens": p.max_tokens, **p.extra_body,
         }) for sample, response, _, rubric in asks])
         results: list[Any] = []
         for start in range(0, len(asks), len(rubrics)):
