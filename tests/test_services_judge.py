@@ -180,8 +180,6 @@ def test_a_real_judge_smollm2_on_vllm(tmp_path):
         # the mean of two whole scores out of 10: a multiple of 0.05
         assert all(0.0 <= v.reward <= 1.0 and float(round(v.reward * 20, 6)).is_integer() for v in scores.verdicts)
         print("held:", {k: float(v) for k, v in metrics.items()}, [v.reward for v in scores.verdicts])
-        print({k: float(v) for k, v in metrics.items() if k.startswith(("judge/", "verifier/"))},
-              [(v.reward, v.reason) for v in scores.verdicts])
     finally:
         proc.terminate()
         try:
