@@ -119,3 +119,19 @@ def test_an_endpoint_that_nothing_listens_on_is_a_service_error():
     [reply] = http.post_all([("http://127.0.0.1:9/verify", BODY)])
     assert isinstance(reply, ServiceError) and "127.0.0.1:9" in str(reply)
     assert stats.take("x")["x/retries"] == 1
+
+
+def test_the_final_summary_says_what_scoring_cost():
+    from rlzoo.reporting.console import scoring_summary
+
+    rows = [
+        {"step": 0, "judge/requests": 4.0, "judge/cache_hits": 0.0, "judge/retries": 1.0, "judge/failures": 0.0,
+         "judge/prompt_tokens": 100.0, "judge/completion_tokens": 20.0, "remote/requests": 2.0, "remote/cache_hits": 2.0},
+        {"step": 1, "judge/requests": 3.0, "judge/cache_hits": 1.0, "judge/retries": 0.0, "judge/failures": 1.0,
+         "judge/prompt_tokens": 80.0, "judge/completion_tokens": 15.0, "tool/requests": 9.0},
+    ]
+    assert scoring_summary(rows) == [
+        "scoring (judge, training steps): 7 requests, 1 cache hits, 1 retries, 1 failed; 180 prompt + 35 completion tokens",
+        "scoring (remote, training steps): 2 requests, 2 cache hits, 0 retries, 0 failed",
+    ]
+    assert scoring_summary([{"step": 0, "reward/mean": 1.0}]) == []
