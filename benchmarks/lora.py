@@ -278,7 +278,7 @@ def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
             if reason is not None:
                 return {"unsupported": reason}
         try:
-            rollout.start(engine_context(config, model_dir, tokenizer, lora=rollout_lora))
+            rollout.start(engine_context(config, model_dir, tokenizer, rollout_lora, sends_adapters=path == "adapter"))
         except Exception as exc:  # noqa: BLE001 - reported in the table
             return {"error": f"start: {failure(path, exc)}"}
         device = rollout_device(rollout)

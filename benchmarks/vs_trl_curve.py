@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from _common import ROOT
 from vs_trl import DEFAULT_STEPS, SCALES, fmt
 
@@ -61,6 +63,88 @@ def position_sets(config_path: str, sets: list[str], longest_length: int) -> lis
     if needed <= config.model.tiny.max_position_embeddings:
         return []
     return [f"model.tiny.max_position_embeddings={needed}"]
+
+
+class _Read(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the files hold more than the table and plot read
+
+
+class _System(_Read):
+    """One system's result at one length (vs_trl.py's ``systems.<name>``): what :func:`rows` reads when it is ok."""
+
+    status: str
+    step_s: float | None = None
+    tokens_per_step: float | None = None
+    tokens_per_s: float | None = None
+    phases_s: dict[str, float] | None = None
+    peak_tree_rss_mb: float | None = None
+    peak_process_rss_mb: float | None = None
+
+    @model_validator(mode="after")
+    def _ok_has_numbers(self) -> _System:
+        if self.status == "ok":
+            for field in ("step_s", "tokens_per_step", "tokens_per_s", "phases_s"):
+                if getattr(self, field) is None:
+                    raise ValueError(f"an ok system needs {field}")
+        return self
+
+
+class _Batch(_Read):
+    prompts: int = Field(ge=1)
+    group_size: int = Field(ge=1)
+
+
+class _Point(_Read):
+    """One length's vs_trl.py result (or its failure: ``status`` and ``log`` only)."""
+
+    status: str
+    log: str
+    batch: _Batch | None = None
+    systems: dict[str, _System] | None = None
+    derived: dict[str, dict[str, float | None]] = {}
+
+    @model_validator(mode="after")
+    def _ok_has_systems(self) -> _Point:
+        if self.status == "ok" and (not self.systems or self.batch is None):
+            raise ValueError("an ok point needs its batch and at least one system")
+        return self
+
+
+class _Curve(_Read):
+    """A ``curve_<scale>.json``, as far as ``--replot`` reads it: checked whole before anything is used."""
+
+    scale: str
+    model: str
+    batch: str
+    date: str
+    steps: int
+    warmup: int
+    repeats: int
+    cpus: int
+    seconds: float
+    load_before: list[float]
+    load_after: list[float]
+    lengths: list[int] = Field(min_length=1)
+    points: dict[int, _Point] = Field(min_length=1)
+
+
+def read_curve(path: Path) -> dict[str, Any]:
+    """The curve in ``path``, its shape checked (:class:`_Curve`); a :class:`ValueError` saying what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(error.strerror or str(error)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not JSON: {error}") from None
+    try:
+        _Curve.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}{more}") from None
+    data["points"] = {int(length): point for length, point in data["points"].items()}
+    return data
 
 
 def run_point(args: argparse.Namespace, length: int, sets: list[str], cold_start: Path | None) -> dict[str, Any]:
@@ -199,12 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot:
         try:
-            result = json.loads(Path(args.replot).read_text())
-            points = {int(length): point for length, point in result["points"].items()}
-        except (OSError, ValueError, KeyError, AttributeError) as error:
+            result = read_curve(Path(args.replot))
+        except ValueError as error:
             print(f"vs_trl_curve.py: --replot {args.replot}: not a curve_<scale>.json ({error})", file=sys.stderr)
             return 1
-        result["rows"] = rows(points)
+        result["rows"] = rows(result["points"])
         return write(result, args.out)
     args.work = str(Path(args.work or tempfile.mkdtemp(prefix="rlzoo-vs-trl-curve-")).resolve())
     config_path = str(args.config or SCALES[args.scale])

@@ -253,7 +253,7 @@ def test_torch_and_deepspeed_engines_add_the_same_aux_loss(moe, model_dir, token
     before = _weights(reference)
     aux_only = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731: the gradient is the aux term's alone
     expected, got = reference.train_step(batch, aux_only), engine.train_step(batch, aux_only)
-    assert got["train/aux_loss"] == pytest.approx(expected["train/aux_loss"], abs=1e-6)
+    assert float(got["train/aux_loss"]) == pytest.approx(float(expected["train/aux_loss"]), abs=1e-6)
     assert got["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=NORM_RTOL)
     assert expected["train/grad_norm"] > 0 and _max_gap(_weights(reference), before) > 0
     assert _max_gap(_weights(engine), _weights(reference)) <= WEIGHT_TOL

@@ -21,7 +21,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_
 
 from rlzoo.config.schema import LoraConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, Generation, SamplingSettings  # noqa: E402
-from rlzoo.engines.lora import adapter, merged_weights, wrap
+from rlzoo.engines.lora import adapter, merged_weights, sends_adapters, wrap
 from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model  # noqa: E402
 
@@ -48,7 +48,8 @@ class Case:
 
     def start(self, lora: LoraConfig) -> VLLMRolloutEngine:
         engine = VLLMRolloutEngine(VLLMRolloutEngine.Params(enable_prefix_caching=self.architecture == "qwen3"))
-        engine.start(EngineContext(**{**vars(self.context), "lora": lora}))
+        adapters = sends_adapters(engine, lora, moe=self.architecture == "qwen3_moe")  # the run's rule
+        engine.start(EngineContext(**{**vars(self.context), "lora": lora, "sends_adapters": adapters}))
         return engine
 
     def trained(self, seed: int, zero_b: bool = False):

@@ -5,7 +5,9 @@ point and distribution) and skipped, so one broken package never takes the other
 is reported together with those failures. Two plugins that register the same ``kind`` + ``name`` are both listed
 (marked) and stop only a config that uses that name, with an error naming both distributions. A misspelt
 parameter is reported with the component's valid parameter names; a component whose constructor raises is
-reported as ``<config field>: <kind> <name> (<distribution>): <message>``.
+reported as ``<config field>: <kind> <name> (<distribution>): <message>``, and one that raises later, in its
+``preflight`` or in the middle of a run, by :func:`component_raised` (:func:`raising_component` finds it in the
+traceback): the component, its file and line, the exception, in one line.
 
 A plugin module contributes components through its module-level ``@rlzoo.hookimpl`` functions, or by marking a
 component class with :func:`register` (``@rlzoo.register("clipper", "my-clip")``): the marked classes of a module
@@ -35,6 +37,7 @@ import pluggy
 from pydantic import ValidationError
 
 from rlzoo import hookspecs
+from rlzoo.component_errors import named
 from rlzoo.errors import ConfigError, DuplicateComponentError, RegistryError, RlzooError, UnknownComponentError
 from rlzoo.interfaces.base import Component, Params
 
@@ -347,7 +350,7 @@ class Registry:
             return info.cls(params)
         except Exception as exc:  # a plugin's set-up failure, reported where the config names it
             reason = str(exc) if isinstance(exc, RlzooError) else f"{type(exc).__name__}: {exc}"
-            raise ConfigError([(loc, f"{kind} {name!r} ({info.distribution}) failed to set up: {reason}")]) from exc
+            raise ConfigError([(loc, f"{named(kind, name, info.distribution)} failed to set up: {reason}")]) from exc
 
 
 def _origin(info: ComponentInfo) -> str:

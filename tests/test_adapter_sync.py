@@ -10,7 +10,7 @@ import torch
 from rlzoo.config.schema import LoraConfig, TinyModelConfig
 from rlzoo.engines import EngineContext, SamplingSettings
 from rlzoo.engines.hf_rollout import HFRolloutEngine
-from rlzoo.engines.lora import adapter, merged_weights, wrap
+from rlzoo.engines.lora import adapter, merged_weights, sends_adapters, wrap
 from rlzoo.errors import RlzooError
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_model, save_model
 
@@ -32,7 +32,9 @@ class Case:
     def engine(self, sync: str | None = "auto", **params) -> HFRolloutEngine:
         engine = HFRolloutEngine(HFRolloutEngine.Params(**params))
         lora = None if sync is None else self.lora.model_copy(update={"sync": sync})
-        engine.start(EngineContext(self.model_dir, seed=5, eos_token_id=1, pad_token_id=0, lora=lora))
+        adapters = sends_adapters(engine, lora, moe=self.architecture == "qwen3_moe")  # the run's rule
+        engine.start(EngineContext(self.model_dir, seed=5, eos_token_id=1, pad_token_id=0, lora=lora,
+                                   sends_adapters=adapters))
         return engine
 
     def trained(self, seed: int):
@@ -147,7 +149,7 @@ def test_vllm_takes_adapters_on_attention_and_mlp_projections_only(case):
     assert "lm_head" in engine.adapter_targets_supported(["q_proj", "lm_head"], moe=False)
     assert HFRolloutEngine().adapter_targets_supported(TARGETS["qwen3_moe"], moe=True) is None
     assert (max_lora_rank(4), max_lora_rank(8), max_lora_rank(9), max_lora_rank(513)) == (8, 8, 16, None)
-    context = EngineContext(case.model_dir, lora=case.lora)
-    assert engine._receives_adapters(context) == (case.architecture == "qwen3")  # the MoE case targets experts
-    context.lora = case.lora.model_copy(update={"sync": "merged"})
-    assert not engine._receives_adapters(context)
+    moe = case.architecture == "qwen3_moe"
+    assert sends_adapters(engine, case.lora, moe) == (case.architecture == "qwen3")  # the MoE case targets experts
+    assert not sends_adapters(engine, case.lora.model_copy(update={"sync": "merged"}), moe)
+    assert not sends_adapters(engine, None, moe)

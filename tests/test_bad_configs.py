@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from folder_testlib import write_weights
 
 COMMANDS = ("check", "train")
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -53,8 +54,8 @@ def hf_folder(root: Path, *, config: dict | None = None, tokenizer: bool = True,
     if tokenizer:
         tok = {"model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(vocab)}}, "added_tokens": []}
         (folder / "tokenizer.json").write_text(json.dumps(tok))
-    if weights:
-        (folder / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")  # a whole safetensors file, no tensors
+    if weights:  # the tensors config.json describes (zeros), or none where transformers cannot build it
+        write_weights(folder) if config is not None else (folder / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")
     return str(folder)
 
 

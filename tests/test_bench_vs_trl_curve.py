@@ -106,3 +106,45 @@ def test_replot_of_a_file_that_is_not_a_curve_says_so(tmp_path):
         done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl_curve.py"), "--replot", str(path)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and "not a curve_<scale>.json" in done.stderr and "Traceback" not in done.stderr
+
+
+CURVE = {"scale": "real", "model": "m", "batch": "b", "steps": 3, "warmup": 1, "repeats": 1, "date": "d", "cpus": 2,
+         "load_before": [0.0], "load_after": [0.0], "lengths": [64, 128], "seconds": 1.0}
+
+
+def _curve(**points) -> dict:
+    return {**CURVE, "points": points}
+
+
+@pytest.mark.parametrize("data, message", [
+    ([1, 2], "the top level: Input should be a valid dictionary"),
+    (_curve(), "points: Dictionary should have at least 1 item"),
+    ({**CURVE}, "points: Field required"),
+    (_curve(**{"64": {"status": "ok", "log": "x.log", "batch": {"prompts": 2, "group_size": 4}}}),
+     "points.64: an ok point needs its batch and at least one system"),
+    (_curve(**{"64": {**_point(1.0, 1.5, 400.0), "systems": {"trl": {"status": "ok", "step_s": 1.0}}}}),
+     "points.64.systems.trl: an ok system needs tokens_per_step"),
+    (_curve(**{"x": _point(1.0, 1.5, 400.0)}), "points.x.[key]: Input should be a valid integer"),
+    ({**_curve(**{"64": _point(1.0, 1.5, 400.0)}), "seconds": "soon"}, "seconds: Input should be a valid number"),
+])
+def test_replot_validates_the_whole_file_before_using_it(tmp_path, capsys, data, message):
+    path = tmp_path / "curve_real.json"
+    path.write_text(json.dumps(data))
+    assert curve.main(["--replot", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert f"--replot {path}: not a curve_<scale>.json ({message}" in captured.err, captured.err
+
+
+def test_replot_of_a_valid_file_remakes_the_table(tmp_path, capsys):
+    path = tmp_path / "curve_real.json"
+    path.write_text(json.dumps(_curve(**{"64": _point(1.0, 1.5, 400.0), "128": {"status": "failed (exit 1)", "log": "y"}})))
+    assert curve.main(["--replot", str(path), "--out", str(tmp_path / "out")]) == 0
+    table = capsys.readouterr().out
+    assert "1.50" in table and "failed (exit 1) (log y)" in table
+    assert (tmp_path / "out" / "curve_real.png").stat().st_size > 1000
+
+
+def test_the_published_curves_replot():
+    for path in sorted((ROOT / "docs" / "benchmarks").glob("curve_*.json")):
+        assert curve.read_curve(path)["points"], path  # the files the docs show pass the check they are held to

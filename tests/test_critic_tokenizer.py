@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from folder_testlib import write_weights
+
 from rlzoo.config.resolution import build_config
 from rlzoo.errors import ConfigError
 from rlzoo.models.tokenizer import char_vocab
@@ -17,16 +19,17 @@ ARITHMETIC = "0123456789+-*="  # the arithmetic task's alphabet: the tiny policy
 
 
 def model_folder(root: Path, vocab: dict[str, int], vocab_size: int | None = None) -> str:
-    """A model folder with a character-level ``tokenizer.json`` (the preflight reads files, never the weights)."""
+    """A model folder with a character-level ``tokenizer.json`` and the weights its ``config.json`` describes (the
+    preflight reads their headers, and compares them with the config)."""
     root.mkdir(parents=True)
     hf = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
           "num_hidden_layers": 2, "intermediate_size": 128, "max_position_embeddings": 256,
           "vocab_size": len(vocab) if vocab_size is None else vocab_size}
     hf.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)  # MoE, as the default tiny policy
     (root / "config.json").write_text(json.dumps(hf))
+    write_weights(root)
     tokenizer = {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []}
     (root / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (root / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")  # a whole safetensors file, no tensors
     return str(root)
 
 

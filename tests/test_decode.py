@@ -96,7 +96,7 @@ def test_training_and_evaluation_score_identical_strings(bpe):
         objective=None, advantage=Zero(), verifier=verifier, correction=None, rollout=rollout,
         learner=Learner(None), tokenizer=bpe,
     )  # type: ignore[arg-type]
-    collected = collect(0, samples, parts.rollout_parts, config, Timer())
+    collected = collect(0, samples, parts.rollout_parts(config), Timer())
     scored_in_training = list(verifier.seen)
     verifier.seen.clear()
     result = evaluate(samples, rollout, verifier, bpe, config)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from folder_testlib import write_weights
 
 from rlzoo.config.resolution import build_config
 from rlzoo.episodes.rules import _writable, tool_markup_rule
@@ -105,7 +106,7 @@ def _folder(root: Path, vocab: dict[str, int]) -> str:
           "max_position_embeddings": 256}
     (root / "config.json").write_text(json.dumps(hf))
     (root / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []}))
-    (root / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")  # a whole safetensors file, no tensors
+    write_weights(root)  # the tensors config.json describes, zeros
     return str(root)
 
 

@@ -37,6 +37,7 @@ from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components
 from rlzoo.rl.objective import build_objective
 from rlzoo.rl.rollouts import collect, generate_and_score, turn_steps
+from rlzoo.util.seeds import generation_seed
 from rlzoo.tools import ToolOutcome
 from rlzoo.util.timer import Timer
 
@@ -522,14 +523,14 @@ def _turn_reward_components(max_new_tokens: int, shapers=()):
 def test_turn_rewards_give_one_process_step_per_turn():
     config, parts = _turn_reward_components(16, shapers=[{"name": "length", "coef": 0.1}])
     samples = [Sample("Q:", "x")]
-    groups, _ = generate_and_score(0, 0, samples, parts.rollout_parts, config, Timer())
+    groups, _ = generate_and_score(samples, generation_seed(config.seed, 0, 0), parts.rollout_parts(config), Timer())
     rewards, ends = turn_steps(groups)
     # episode 0: call (0.25), ans (0.5) + verifier 1 + shaping -0.1 * 9 policy tokens; episode 1: no (0) + 0 - 0.3
     assert rewards == [pytest.approx([0.25, 0.5 + 1.0 - 0.9]), pytest.approx([-0.3])]
     assert ends == [[5, 9], [3]]  # cumulative policy tokens: the observation's 3 tokens are not counted
     assert groups[0].rewards.tolist() == pytest.approx([1.75, 0.0])  # the verifier's plus the turn rewards
 
-    rollout = collect(0, samples, parts.rollout_parts, config, Timer())
+    rollout = collect(0, samples, parts.rollout_parts(config), Timer())
     steps = torch.tensor([0.25, 0.6, -0.3], dtype=torch.float64)
     r = (steps - steps.mean()).tolist()  # every step of the group normalised together (std_normalize false)
     expected = torch.zeros(2, 40)
@@ -549,7 +550,7 @@ def test_reward_shaping_of_an_episode_longer_than_one_turns_budget():
     """An episode's policy tokens may pass rollout.max_new_tokens (a budget per turn): shapers measure them against
     the episode's budget, max_new_tokens x max_turns, and do not fail."""
     config, parts = _turn_reward_components(6, shapers=[{"name": "length", "coef": 0.1}])
-    rollout = collect(0, [Sample("Q:", "x")], parts.rollout_parts, config, Timer())
+    rollout = collect(0, [Sample("Q:", "x")], parts.rollout_parts(config), Timer())
     assert rollout.rewards.rewards.tolist() == pytest.approx([1.75 - 0.9, -0.3])
 
 

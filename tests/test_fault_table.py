@@ -567,7 +567,7 @@ def test_folder_rules_with_permissions_stubbed(tmp_path, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir()
     real = os.access
-    monkeypatch.setattr(preflight.os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
     assert "is a folder this user cannot write to" in preflight.folder_problem(locked, "output_dir")
     problem = preflight.folder_problem(locked / "a" / "b", "output_dir")
     assert f"cannot be made: its parent folder {locked} is not writable" in problem

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from folder_testlib import write_weights
 from test_cli import _rlzoo_command
 from test_fault_table import BASE, Case, Context, config, data_file, merge, rows_jsonl
 from test_fault_table import _environment as environment
@@ -86,7 +87,7 @@ def model_folder(folder: Path, alphabet: str) -> str:
     (folder / "config.json").write_text(json.dumps(hf))
     (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel", "vocab": vocab},
                                                        "added_tokens": []}))
-    (folder / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")  # a whole safetensors file, no tensors
+    write_weights(folder)  # the tensors config.json describes, zeros
     return folder.name
 
 

@@ -31,8 +31,8 @@ CASES = [
          ("algorithm.advantage.parts.1: 'style' is not a reward part of verifier 'weighted'; its parts: correct, format",)),
     Case("otb-with-routing-replay",
          sets("algorithm.advantage.name=tir-optimal-token-baseline", "algorithm.router={name: replay-old}"),
-         ("algorithm.router: 'replay-old' replays expert routing, but the pass that computes sum_v pi(v)^2 for "
-          "advantage 'tir-optimal-token-baseline'",)),
+         ("algorithm.router: 'replay-old' replays expert routing, but the pass that computes the token statistics "
+          "(sum_pi_squared) for advantage 'tir-optimal-token-baseline'",)),
     Case("passk-one-response", sets("algorithm.advantage.name=grpo-passk", "rollout.group_size=1"),
          ("rollout.group_size: 1, but advantage 'grpo-passk'",)),
     Case("weighted-one-label-twice",

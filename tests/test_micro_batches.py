@@ -101,7 +101,7 @@ def test_micro_batched_sum_pi_squared_equals_the_full_logits(tmp_path, moe, pack
     engine = _engine(tmp_path, moe, max_tokens_per_micro_batch=24, packing=pack, logits_chunk_tokens=5)
     batch = _batch(9)
     assert len(engine._plan(batch)) > 2
-    sums = engine.sum_pi_squared(batch)
+    sums = engine.token_stats(batch, ["sum_pi_squared"])["sum_pi_squared"]
     with torch.no_grad():
         logits = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     squares = (torch.softmax(logits.double(), dim=-1) ** 2).sum(dim=-1)  # [B, L]

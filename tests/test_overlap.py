@@ -121,7 +121,7 @@ def test_a_failed_background_generation_surfaces_in_the_step():
 
     original, overlap.collect = overlap.collect, broken
     try:
-        schedule._launch(1, None, None)
+        schedule._launch(1, None)
         with pytest.raises(ValueError, match="sampler broke"):
             schedule.settle(Timer())
     finally:

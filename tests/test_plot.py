@@ -40,3 +40,36 @@ def test_a_run_with_a_critic_gets_its_panels(tmp_path, monkeypatch):
     assert main(["plot", str(tmp_path)]) == 0
     assert {"critic: explained variance", "critic: value loss", "KL in the reward"} <= set(titles)
     assert "tool calls per episode" not in titles  # no episodes logged: no episode panels
+
+
+def test_a_row_without_a_step_is_skipped_naming_its_line(tmp_path, capsys, caplog):
+    rows = [{"step": 0, "reward/mean": 0.1}, {"reward/mean": 0.2}, {"step": True, "reward/mean": 0.3},
+            {"step": 1, "reward/mean": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["plot", str(tmp_path)]) == 0  # the two rows with a step are drawn
+    assert (tmp_path / "curves.png").is_file()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any('line 2: an object without an integer "step" (none)' in w for w in warned), warned
+    assert any('line 3: an object without an integer "step" (True)' in w for w in warned), warned
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"\xff\xfe\x00garbage\n\x80\x81\n", "line 1: not valid UTF-8 (invalid start byte at byte 0)"),
+    (b"not json at all\n{\"step\": 1\n", "line 1: not a whole JSON object (a torn or corrupted write): Expecting value"),
+    (b'[1, 2]\n{"reward/mean": 1}\n', "line 1: a JSON list, not an object"),
+    (b'{"reward/mean": 1}\n', 'line 1: an object without an integer "step" (none)'),
+])
+def test_a_file_with_no_readable_row_is_unreadable_not_missing(tmp_path, capsys, content, expected):
+    (tmp_path / "metrics.jsonl").write_bytes(content)
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'metrics.jsonl'} is unreadable: {expected}" in err, err
+    assert "no metrics.jsonl" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_a_metrics_file_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").mkdir()  # a folder where the file should be: reading it fails
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "metrics.jsonl cannot be read: Is a directory" in err and len(err.strip().splitlines()) == 1

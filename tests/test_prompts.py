@@ -134,7 +134,7 @@ def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
         objective=None, advantage=registry.create("advantage", "group"), verifier=registry.create("verifier", "math"),
         correction=None, rollout=rollout, learner=None, tokenizer=tok,
     )
-    collected = rollouts.collect(0, samples, components.rollout_parts, config, Timer())
+    collected = rollouts.collect(0, samples, components.rollout_parts(config), Timer())
     assert rollout.seen[0] == expected  # rollout
     batch = collected.batch  # training: prompt then response, row by row
     for row in range(batch.input_ids.shape[0]):

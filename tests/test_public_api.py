@@ -27,7 +27,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
                          "PolicyBatch", "Problem", "RatioEstimator", "RecordedRouting", "Regulariser", "ResponseTooLong",
                          "RewardBatch", "RewardShaper", "RouterPolicy", "RunFacts", "Sample", "Sum", "Task", "Tool",
                          "ToolCall", "ToolCallParser", "ToolError", "ToolTimeout", "TrackedRun", "ValueLoss",
-                         "ValueLossResult", "Verdict", "Verifier"),
+                         "ValueLossResult", "Verdict", "Verifier", "TokenStatistic", "register_token_statistic"),
     "rlzoo.errors": ("RlzooError", "ConfigError", "RegistryError", "UnknownComponentError", "DuplicateComponentError",
                      "DataError"),
     "rlzoo.metrics": ("Declared", "Mean", "Sum", "Min", "Max", "SkippedUpdates", "UnscoredResponses", "declared"),

@@ -20,9 +20,11 @@ from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import AdvantageSource, Sample, Verdict, Verifier
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry, default_registry
+from rlzoo.rl.advantages import advantages
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components
-from rlzoo.rl.rollouts import advantages, collect
+from rlzoo.rl.rollouts import collect
+from rlzoo.rl.step_record import OldLogprobs, StepRecord
 from rlzoo.util.timer import Timer
 
 
@@ -81,14 +83,14 @@ def setup(verifier: Verifier, shapers=(), greedy=False, prompts=("easy0", "hard0
         batch_filter=registry.create("batch_filter", "none", {}),
         shapers=[registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"}) for s in shapers],
     )  # type: ignore[arg-type]
-    parts = components.rollout_parts
+    parts = components.rollout_parts(config)
     parts.greedy_baseline = greedy
     return config, components, parts, [Sample(p, "a") for p in prompts]
 
 
 def test_parts_reach_the_reward_batch_and_the_metrics():
     config, _, parts, prompts = setup(Parts())
-    rollout = collect(0, prompts, parts, config, Timer())
+    rollout = collect(0, prompts, parts, Timer())
     got = rollout.rewards.reward_parts
     assert list(got) == ["correct", "short"]
     assert got["correct"].tolist() == [1.0, 0.0, 1.0, 0.0] * 2
@@ -100,7 +102,7 @@ def test_parts_reach_the_reward_batch_and_the_metrics():
 
 def test_the_shapers_terms_are_a_part_of_their_own():
     config, _, parts, prompts = setup(Parts(), shapers=[{"name": "length", "coef": 0.25}])
-    rollout = collect(0, prompts, parts, config, Timer())
+    rollout = collect(0, prompts, parts, Timer())
     assert list(rollout.rewards.reward_parts) == ["correct", "short", "shaping"]
     assert rollout.rewards.reward_parts["shaping"].tolist() == [-0.25, -0.5, -0.25, -0.5] * 2
     assert "reward/parts/shaping_mean" not in rollout.metrics  # reward/shaping_mean has it already
@@ -108,7 +110,7 @@ def test_the_shapers_terms_are_a_part_of_their_own():
 
 def test_a_run_without_parts_has_exactly_its_metrics():
     config, _, parts, prompts = setup(Plain())
-    rollout = collect(0, prompts, parts, config, Timer())
+    rollout = collect(0, prompts, parts, Timer())
     assert rollout.rewards.reward_parts is None
     assert sorted(rollout.metrics) == sorted([
         "reward/mean", "reward/std", "reward/correct_fraction", "reward/shaping_mean", "response/length_mean",
@@ -134,7 +136,7 @@ class Faulty(Parts):
 
 def test_a_fault_scores_every_part_zero():
     config, _, parts, prompts = setup(Faulty())
-    rollout = collect(0, prompts, parts, config, Timer())
+    rollout = collect(0, prompts, parts, Timer())
     got = rollout.rewards.reward_parts
     assert got["correct"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert got["short"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -142,17 +144,25 @@ def test_a_fault_scores_every_part_zero():
     assert rollout.metrics["verifier/errors"] == 4 and rollout.metrics["verifier/nonfinite_rewards"] == 2
 
 
+def advantages_of(rollout, source):
+    """The advantage phase of a step whose old log-probs are 0: the advantages, returns and their metrics."""
+    zeros = torch.zeros_like(rollout.rewards.mask)
+    record = StepRecord(0, rollout=rollout, old=OldLogprobs(zeros, None, None, zeros, None, torch.ones_like(zeros)))
+    advantages(record, source, None)
+    return record.advantages, record.returns, record.advantage_metrics
+
+
 def test_remax_samples_scores_and_shapes_one_greedy_response_per_prompt():
     config, components, parts, prompts = setup(Parts(), shapers=[{"name": "length", "coef": 0.25}], greedy=True)
     timer = Timer()
-    rollout = collect(0, prompts, parts, config, timer)
+    rollout = collect(0, prompts, parts, timer)
     assert components.rollout.calls == [(4, 1.0), (1, 0.0)]
     # easy0: greedy "a" scores 1.5 - 0.25; hard0: "ccc" scores 0 - 0.75; each prompt's baseline on its 4 responses
     assert rollout.rewards.reward_baselines.tolist() == [1.25] * 4 + [-0.75] * 4
     assert rollout.metrics["reward/baseline_mean"] == pytest.approx(0.25)
     assert "time/baseline" in timer.metrics()
     remax = default_registry().create("advantage", "remax", {})
-    adv, returns, _ = advantages(rollout.rewards, remax, None, torch.zeros_like(rollout.rewards.mask), None, None, None)
+    adv, returns, _ = advantages_of(rollout, remax)
     first = adv[:, 0].tolist()
     assert first == pytest.approx([0.0, -1.75, 0.0, -1.75, 2.0, 0.25, 2.0, 0.25])  # shaped reward - baseline
     assert returns is None
@@ -162,19 +172,19 @@ def test_the_loop_asks_for_greedy_baselines_only_when_the_source_declares_it():
     _, components, parts, _ = setup(Parts())
     assert parts.greedy_baseline is False
     components.advantage = default_registry().create("advantage", "remax", {})
-    assert components.rollout_parts.greedy_baseline is True
+    assert components.rollout_parts(RunConfig()).greedy_baseline is True
 
 
 def test_gdpo_reads_the_parts_and_refuses_a_batch_without_them():
     config, _, parts, prompts = setup(Parts())
-    rollout = collect(0, prompts, parts, config, Timer())
+    rollout = collect(0, prompts, parts, Timer())
     gdpo = default_registry().create("advantage", "gdpo", {})
-    adv, _, _ = advantages(rollout.rewards, gdpo, None, torch.zeros_like(rollout.rewards.mask), None, None, None)
+    adv, _, _ = advantages_of(rollout, gdpo)
     assert torch.isfinite(adv).all() and adv.abs().sum() > 0
     config, _, parts, prompts = setup(Plain())
-    rollout = collect(0, prompts, parts, config, Timer())
+    rollout = collect(0, prompts, parts, Timer())
     with pytest.raises(RlzooError, match="^verifier: its verdicts carry no reward parts"):
-        advantages(rollout.rewards, gdpo, None, torch.zeros_like(rollout.rewards.mask), None, None, None)
+        advantages_of(rollout, gdpo)
 
 
 # -- before the run ------------------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     engine = Seeded()
     config, parts = _parts(engine, Dist(rank=rank, world=world), per_rank=True)
-    rollout = collect(STEP, parts.train_set[:PROMPTS], parts.rollout_parts, config, Timer())
+    rollout = collect(STEP, parts.train_set[:PROMPTS], parts.rollout_parts(config), Timer())
     queue.put((rank, engine.calls, engine.made, _summary(rollout)))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -159,7 +159,7 @@ def test_every_rank_holds_the_batch_one_engine_gives_for_the_same_generations(ra
     assert ranks[0][2] == ranks[1][2]  # identical batches on both ranks
     made = {**ranks[0][1], **ranks[1][1]}
     config, parts = _parts(Replay(made))
-    one = _summary(collect(STEP, parts.train_set[:PROMPTS], parts.rollout_parts, config, Timer()))
+    one = _summary(collect(STEP, parts.train_set[:PROMPTS], parts.rollout_parts(config), Timer()))
     two = ranks[0][2]
     assert two == one  # order, tokens, log-probs, rewards, group-relative advantages, filter and reward metrics
     assert len(one["generations"]) == PROMPTS * GROUP and any(a != 0 for row in one["advantages"] for a in row)

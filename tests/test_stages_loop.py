@@ -88,7 +88,7 @@ def _setup(train_names, filter_spec=None, shapers=(), long=0, prompts_per_step=2
 def test_dynamic_sampling_fills_the_batch_with_fresh_informative_groups():
     names = ["same0", "same1", "same2", "mix0", "mix1", "mix2"]
     config, parts, train_set = _setup(names, {"name": "dynamic-sampling", "max_gen_batches": 10})
-    rollout = collect(3, train_set[:2], parts.rollout_parts, config, Timer())  # the first batch: two uninformative prompts
+    rollout = collect(3, train_set[:2], parts.rollout_parts(config), Timer())  # the first batch: two uninformative prompts
     prompts = [p for texts, _ in parts.rollout.calls for p in texts]
     assert len(prompts) == len(set(prompts))  # every further batch draws prompts not drawn yet
     assert len(rollout.generations) == 2 * 4
@@ -102,13 +102,13 @@ def test_dynamic_sampling_fills_the_batch_with_fresh_informative_groups():
     assert len(set(seeds)) == len(seeds)  # each generation batch has its own seed
     # reproducible: the same step draws the same prompts with the same seeds
     _, again, _ = _setup(names, {"name": "dynamic-sampling", "max_gen_batches": 10})
-    collect(3, train_set[:2], again.rollout_parts, config, Timer())
+    collect(3, train_set[:2], again.rollout_parts(config), Timer())
     assert again.rollout.calls == parts.rollout.calls
 
 
 def test_no_filter_keeps_everything_from_one_generation_batch():
     config, parts, train_set = _setup(["same0", "mix0"])
-    rollout = collect(0, train_set, parts.rollout_parts, config, Timer())
+    rollout = collect(0, train_set, parts.rollout_parts(config), Timer())
     assert len(parts.rollout.calls) == 1 and len(rollout.generations) == 8
     assert rollout.metrics["filter/kept_fraction"] == 1.0 and rollout.metrics["filter/gen_batches"] == 1.0
 
@@ -116,7 +116,7 @@ def test_no_filter_keeps_everything_from_one_generation_batch():
 def test_underfilled_batch_trains_on_what_it_has_and_says_so(caplog):
     config, parts, train_set = _setup(["mix0", "same0", "same1"], {"name": "dynamic-sampling", "max_gen_batches": 2})
     with caplog.at_level(logging.WARNING, logger="rlzoo.rl.loop"):
-        rollout = collect(0, train_set[:2], parts.rollout_parts, config, Timer())
+        rollout = collect(0, train_set[:2], parts.rollout_parts(config), Timer())
     assert len(rollout.generations) == 4 and rollout.batch is not None  # the one informative group
     assert rollout.metrics["filter/underfilled"] == 1.0 and rollout.metrics["filter/skipped"] == 0.0
     assert rollout.metrics["filter/gen_batches"] == 2.0
@@ -136,13 +136,13 @@ def test_all_rewards_equal_skips_the_update_and_never_loops_forever(caplog):
 
 def test_filter_stops_when_the_train_set_runs_out():
     config, parts, train_set = _setup(["same0", "same1", "same2"], {"name": "dynamic-sampling", "max_gen_batches": 100})
-    rollout = collect(0, train_set[:2], parts.rollout_parts, config, Timer())
+    rollout = collect(0, train_set[:2], parts.rollout_parts(config), Timer())
     assert rollout.batch is None and rollout.metrics["filter/gen_batches"] == 2.0  # then no fresh prompt is left
 
 
 def test_shapers_add_to_the_rewards_before_advantages():
     config, parts, train_set = _setup(["mix0"], shapers=[{"name": "length", "coef": 0.25}], prompts_per_step=1)
-    rollout = collect(0, train_set, parts.rollout_parts, config, Timer())
+    rollout = collect(0, train_set, parts.rollout_parts(config), Timer())
     raw = torch.tensor([1.0, 0.0, 1.0, 0.0])
     assert torch.allclose(rollout.rewards.rewards, raw - 0.25)  # every response is 1 token long
     assert rollout.metrics["reward/shaping_mean"] == pytest.approx(-0.25)
@@ -151,17 +151,17 @@ def test_shapers_add_to_the_rewards_before_advantages():
 
 def test_overlong_shaping_lowers_long_responses():
     config, parts, train_set = _setup(["mix0"], shapers=[{"name": "overlong", "buffer": 2}], long=4, prompts_per_step=1)
-    rollout = collect(0, train_set, parts.rollout_parts, config, Timer())
+    rollout = collect(0, train_set, parts.rollout_parts(config), Timer())
     assert torch.allclose(rollout.rewards.rewards, torch.full((4,), -1.0))  # |y| = L_max: the full penalty
 
 
 def test_a_response_longer_than_the_shaper_budget_is_an_error_naming_it():
     config, parts, train_set = _setup(["mix0"], shapers=[{"name": "overlong", "buffer": 2}], long=7, prompts_per_step=1)
     with pytest.raises(ResponseTooLong, match=r"'overlong'.* 7 tokens exceeds L_max .* of 4 tokens"):
-        collect(0, train_set, parts.rollout_parts, config, Timer())
+        collect(0, train_set, parts.rollout_parts(config), Timer())
     config, parts, train_set = _setup(["mix0"], shapers=[{"name": "length"}], long=5, prompts_per_step=1)
     with pytest.raises(ResponseTooLong, match=r"'length'.* 5 tokens exceeds the budget .* of 4 tokens"):
-        collect(0, train_set, parts.rollout_parts, config, Timer())
+        collect(0, train_set, parts.rollout_parts(config), Timer())
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlzoo.models",),
     ("rlzoo.interfaces", "rlzoo.tools"),  # the component contract, and the tool-call runner environments use
     ("rlzoo.services",),  # calling services robustly, which service-backed verifiers build on
+    ("rlzoo.component_errors",),  # how errors name a component (the registry, preflight, episodes and run say it)
     ("rlzoo.registry", "rlzoo.local_plugins"),  # local plugins are loaded into a registry as entry points are
     ("rlzoo.config.resolution",),  # component specs validated against the registry
     ("rlzoo.engines",),
@@ -43,6 +44,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 MAX_MODULE_LINES = 400
 MAX_RL_STEP_LINES = 40
+MAX_STEP_PARAMETERS = 4
+#: the modules of the RL step whose functions take the step record and the components, not loose tensors (the
+#: objective's call, the loss's own signature, is the objective's business)
+STEP_MODULES = ("loop", "step_record", "rollouts", "advantages", "schedule", "overlap", "async_rollouts", "learner",
+                "routing_learner", "critic", "teacher", "scoring")
 
 
 def modules() -> dict[str, Path]:
@@ -157,6 +163,20 @@ def test_rl_step_reads_on_one_screen():
     source = path.read_text()
     [step] = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "rl_step"]
     assert code_lines(step, source) <= MAX_RL_STEP_LINES
+
+
+def test_no_function_of_the_step_takes_more_than_four_parameters():
+    """Constructors and ``evaluate`` (not part of the step) aside; ``self`` is not counted."""
+    wide = []
+    for module in STEP_MODULES:
+        path = CORE / "rl" / f"{module}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name not in ("__init__", "evaluate"):
+                args = node.args
+                names = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg not in ("self", "cls")]
+                if len(names) > MAX_STEP_PARAMETERS:
+                    wide.append(f"rlzoo/rl/{module}.py:{node.lineno} {node.name}({', '.join(names)})")
+    assert wide == [], "\n".join(wide)
 
 
 def test_the_architecture_page_names_every_module():

@@ -33,7 +33,7 @@ def lone_responses() -> RewardBatch:
         old_logprobs=old,
         reward_parts={"correct": rewards, "format": torch.tensor([0.0, 1.0, 1.0, 0.5], dtype=torch.float64)},
         reward_baselines=torch.tensor([0.5, 0.5, 0.0, 1.0], dtype=torch.float64),
-        sum_pi_squared=torch.exp(old) ** 2 + 0.1,
+        token_stats={"sum_pi_squared": torch.exp(old) ** 2 + 0.1},
     )
 
 

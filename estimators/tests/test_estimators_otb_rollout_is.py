@@ -20,7 +20,6 @@ import torch
 from estimators_testlib import create, t
 
 from rlzoo.config.resolution import build_config
-from rlzoo.errors import ConfigError
 from rlzoo.interfaces import RewardBatch
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
@@ -102,7 +101,7 @@ def batch_of(case, weights: torch.Tensor | None) -> RewardBatch:
     return RewardBatch(
         torch.zeros(len(mask), dtype=torch.float64), torch.tensor(x["group_index"]), mask,
         token_rewards=t(x["token_rewards"]), old_logprobs=t(x["old_logprobs"]),
-        sum_pi_squared=t(x["sum_pi_squared"]), rollout_is_weights=weights,
+        token_stats={"sum_pi_squared": t(x["sum_pi_squared"])}, rollout_is_weights=weights,
     )
 
 
@@ -149,15 +148,10 @@ def test_unit_weights_change_nothing_and_missing_weights_are_named():
 
 
 @pytest.mark.parametrize("name", sorted(NAMES.values()))
-def test_rlzoo_train_refuses_rollout_is_naming_the_field(name, tmp_path):
-    """The step does not hand the correction's weights to the advantage yet: refused before the run, not run
-    with the weights silently left out."""
+def test_rlzoo_train_accepts_rollout_is(name, tmp_path):
+    """The step hands the correction's weights to the advantage (rlzoo.rl.advantages.reward_batch, tested in
+    tests/test_step_advantages.py), so the option passes the start-up check."""
     registry = default_registry()
     data = {"output_dir": str(tmp_path / "run"), "algorithm": {"advantage": {"name": name, "rollout_is": True},
                                                                "router": None}}
-    with pytest.raises(ConfigError) as err:
-        preflight(build_config(data, registry=registry), registry)
-    found = dict(err.value.problems)
-    assert found["algorithm.advantage.rollout_is"].startswith("true, but rlzoo train does not hand the correction's")
-    data["algorithm"]["advantage"]["rollout_is"] = False
     preflight(build_config(data, registry=registry), registry)

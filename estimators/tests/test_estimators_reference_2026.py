@@ -151,7 +151,7 @@ def reward_batch(case) -> RewardBatch:
         "token_rewards": t(x["token_rewards"]) if "token_rewards" in x else None,
         "reward_baselines": t(x["reward_baselines"]) if "reward_baselines" in x else None,
         "old_logprobs": t(x["old_logprobs"]) if "old_logprobs" in x else None,
-        "sum_pi_squared": t(x["sum_pi_squared"]) if "sum_pi_squared" in x else None,
+        "token_stats": {"sum_pi_squared": t(x["sum_pi_squared"])} if "sum_pi_squared" in x else {},
         "reward_parts": {k: t(v) for k, v in x["parts"].items()} if "parts" in x else None,
     }
     rewards = t(x["rewards"]) if "rewards" in x else torch.zeros(len(mask), dtype=torch.float64)

@@ -220,6 +220,9 @@ def test_gdpo_without_parts_is_a_clear_error_naming_the_verifier():
         create("advantage", "gdpo").compute(batch([1.0, 0.0], [0, 0], [1, 1]))
     with pytest.raises(RlzooError, match="algorithm.advantage.parts: 'format' is not among the verdicts' reward parts"):
         create("advantage", "gdpo", parts=["format"]).compute(parts_batch({"correct": [1.0] * 8}))
+    # without parts, a weight naming a part the verdicts lack would weigh nothing: a misspelt name, refused
+    with pytest.raises(RlzooError, match=r"algorithm.advantage.weights: 'corect' is not among the verdicts' reward parts \(correct\)"):
+        create("advantage", "gdpo", weights={"corect": 2.0}).compute(parts_batch({"correct": [1.0] * 8}))
 
 
 def otb_batch(lengths, groups, width=4, seed=0):
@@ -232,7 +235,7 @@ def otb_batch(lengths, groups, width=4, seed=0):
     old = -(torch.rand(mask.shape, generator=g, dtype=torch.float64) + 0.1)
     spi = torch.exp(old) ** 2 + 0.1
     return RewardBatch(torch.zeros(len(lengths)), torch.tensor(groups), mask, token_rewards=tokens, old_logprobs=old,
-                       sum_pi_squared=spi)
+                       token_stats={"sum_pi_squared": spi})
 
 
 def test_otb_group_of_one_keeps_its_return_and_the_zero_tail():
@@ -254,7 +257,7 @@ def test_tir_otb_equals_otb_without_holes():
 
 def test_otb_needs_sum_pi_squared():
     b = otb_batch([2, 2], [0, 0])
-    with pytest.raises(ValueError, match="RewardBatch.sum_pi_squared"):
+    with pytest.raises(ValueError, match=r"RewardBatch.token_stats\['sum_pi_squared'\]"):
         create("advantage", "optimal-token-baseline").compute(RewardBatch(b.rewards, b.group_index, b.mask,
                                                                           token_rewards=b.token_rewards,
                                                                           old_logprobs=b.old_logprobs))
@@ -264,7 +267,7 @@ def test_capabilities_are_declared():
     cls = {name: REGISTRY.get("advantage", name).cls for name in REGISTRY.names("advantage")}
     assert [n for n, c in cls.items() if c.needs_reward_parts] == ["gdpo"]
     assert [n for n, c in cls.items() if c.needs_greedy_baseline] == ["remax"]
-    assert sorted(n for n, c in cls.items() if c.needs_sum_pi_squared) == [
+    assert sorted(n for n, c in cls.items() if "sum_pi_squared" in c.needs_token_stats) == [
         "optimal-token-baseline", "tir-optimal-token-baseline",
     ]
     assert cls["remax"].reads_token_rewards  # kl_in_reward works with it, as in verl's recipe

@@ -9,21 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from rlzoo.hookspecs import HOOK_KINDS
+from rlzoo.util.strict_numbers import StrictNumbers
 
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _fits_float32(value: float) -> float:
-    if value > FLOAT32_MAX:  # torch's optimizers pass it to float32 kernels, which raise mid-step
-        raise ValueError(f"{value:g} does not fit in float32, the optimizer's number type: at most {FLOAT32_MAX:.4g}")
-    return value
-
-
-LearningRate = Annotated[float, Field(gt=0), AfterValidator(_fits_float32)]
-"""An optimizer's learning rate: positive, and a float32 number."""
+LearningRate = Annotated[float, Field(gt=0)]
+"""An optimizer's learning rate: positive (a float32 number, as every float of a section: :class:`Section`)."""
 Beta = Annotated[float, Field(ge=0, lt=1)]
 """One of Adam's moment decays, in [0, 1)."""
 PartialMode = Annotated[
@@ -32,10 +24,11 @@ PartialMode = Annotated[
 """``rollout.partial``; YAML 1.1 reads a bare ``off`` as false, which means "off" here."""
 
 
-class Section(BaseModel):
+class Section(StrictNumbers, BaseModel):
     """A section of the run config. Every number must be finite (``inf``, ``-inf`` and ``nan`` are refused, also
     as text through ``--set``): no setting means "unbounded" by an infinity (those use ``null``), and a non-finite
-    learning rate, coefficient or clip range would only turn the weights into NaN."""
+    learning rate, coefficient or clip range would only turn the weights into NaN. An integer is an integer (not a
+    boolean) and a float fits in float32 (:mod:`rlzoo.util.strict_numbers`)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -55,7 +55,7 @@ class AuxLoss:
         if whole is None:
             return loss, metrics
         aux = whole.loss()
-        metrics = {**metrics, METRIC: float(aux)}
+        metrics = {**metrics, METRIC: aux.detach()}  # read with the step's other metrics, at once
         return (loss + self.coef * aux.to(loss.device) if self.coef > 0 else loss), metrics
 
     def share(self, part: BalanceTerms | None, whole: BalanceTerms | None) -> torch.Tensor | float:
@@ -72,7 +72,7 @@ class AuxLoss:
         self._logits.clear()
         if aux is None:
             return loss, metrics
-        metrics = {**metrics, METRIC: float(aux.detach())}
+        metrics = {**metrics, METRIC: aux.detach()}  # read with the step's other metrics, at once
         if self.coef > 0:
-            loss = loss + self.coef * aux.to(loss.device)  # the router's device; the policy loss is on the CPU
+            loss = loss + self.coef * aux.to(loss.device)  # the router's device (the policy loss's, in one process)
         return loss, metrics

@@ -7,14 +7,14 @@ DeepSpeed are interchangeable. Log-probs everywhere are of the model's own distr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
-
+from rlzoo.engines.adapter import Adapter
 from rlzoo.interfaces.base import Component
 from rlzoo.models.memory import RolloutMemory, TrainingLayout, policy_bytes
 
@@ -114,35 +114,8 @@ class EngineContext:
     extra: dict[str, Any] = field(default_factory=dict)
     head: Literal["lm", "value"] = "lm"
     lora: LoraConfig | None = None
+    sends_adapters: bool = False  # a rollout engine receives lora's adapters, not merged weights (engines.lora rule)
     device: str = "cpu"  # where an engine that places its own model puts it: "cpu" or "cuda:<index>"
-
-
-@dataclass
-class Adapter:
-    """A policy's LoRA adapters as peft saves them (``adapter_config.json`` + ``adapter_model.safetensors``).
-
-    config:  the peft ``LoraConfig`` as a dict (what ``adapter_config.json`` holds; ``target_modules`` and
-             ``target_parameters`` name the base model's modules and parameters).
-    tensors: ``get_peft_model_state_dict`` of the policy: keys as peft writes them, e.g.
-             ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``.
-    version: how many times adapters were sent before (a rollout engine that caches adapters by id needs a new
-             id for new weights).
-    """
-
-    config: dict[str, Any]
-    tensors: dict[str, torch.Tensor]
-    version: int = 0
-
-    def save(self, directory: Path) -> Path:
-        """Write the adapters as a peft folder (``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load it)."""
-        import json
-
-        from safetensors.torch import save_file
-
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "adapter_config.json").write_text(json.dumps(self.config, indent=2, default=list))
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}, str(directory / "adapter_model.safetensors"))
-        return directory
 
 
 class RolloutEngine(Component):
@@ -162,6 +135,7 @@ class RolloutEngine(Component):
     - ``updates_in_flight``: it can stop a generation when newer weights are published, load them and continue the
       unfinished responses from their prefix or restart them (``rollout.partial: continue|restart``), through
       :meth:`follow_updates`; hf and vllm can.
+    - ``context_option``: the ``rollout.engine`` parameter that sets :meth:`context_tokens` (vLLM: ``max_model_len``).
     """
 
     kind = "rollout_engine"
@@ -170,6 +144,7 @@ class RolloutEngine(Component):
     runs_under_launcher: ClassVar[bool] = True
     runs_per_rank: ClassVar[bool] = False
     updates_in_flight: ClassVar[bool] = False
+    context_option: ClassVar[str | None] = None
 
     def start(self, context: EngineContext) -> None:
         raise NotImplementedError
@@ -207,8 +182,9 @@ class RolloutEngine(Component):
     # -- what the start-up check asks (before :meth:`start`; see also Component.preflight) --------------------------
 
     def context_tokens(self) -> int | None:
-        """The most prompt + response tokens this engine accepts when its parameters set a limit below the model's
-        positions (vLLM's ``max_model_len``); ``None``: the model's own."""
+        """The most prompt + response tokens it accepts (``None``: the model's positions). The run gives prompts
+        ``P + max_new_tokens <=`` the smaller of the two (dropping longer ones, counted); an engine refuses one with
+        less room for its response rather than cut the response short."""
         return None
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
@@ -256,8 +232,8 @@ class TrainingEngine(Component):
     - ``trains_adapters``: can be started with ``EngineContext.lora`` (``model.lora``) to train LoRA adapters only:
       :meth:`named_weights` then gives the merged weights, :meth:`adapter` the adapters, :meth:`without_adapters`
       the base policy (the KL reference), and :meth:`save` writes the adapters as a peft folder.
-    - ``computes_sum_pi_squared``: :meth:`sum_pi_squared` gives ``sum_v pi(v)^2`` at each response position (the
-      optimal token baseline reads it).
+    - ``computes_token_stats``: :meth:`token_stats` gives any registered per-token statistic of the policy
+      (:mod:`rlzoo.interfaces.token_stats`; e.g. the optimal token baseline's).
     """
 
     kind = "training_engine"
@@ -265,7 +241,7 @@ class TrainingEngine(Component):
     collective_weights: ClassVar[bool] = False
     trains_values: ClassVar[bool] = False
     trains_adapters: ClassVar[bool] = False
-    computes_sum_pi_squared: ClassVar[bool] = False
+    computes_token_stats: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -285,17 +261,18 @@ class TrainingEngine(Component):
         ``[B, T, vocab]`` logits tensor (:func:`rlzoo.engines.tokens.hidden_logprobs`)."""
         raise NotImplementedError(f"training engine {self.name!r} cannot compute the policy's entropy")
 
-    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
-        """``[B, T]`` ``sum_v pi(v)^2`` of the full next-token distribution at each response position (0 where
-        masked), without gradient and without a ``[B, T, vocab]`` tensor (``computes_sum_pi_squared``)."""
-        raise NotImplementedError(f"training engine {self.name!r} cannot compute sum_v pi(v)^2")
+    def token_stats(self, batch: TokenBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``[B, T]`` each named statistic (:mod:`rlzoo.interfaces.token_stats`) of the next-token distribution
+        at each response position (0 where masked), without gradient or a ``[B, T, vocab]`` tensor."""
+        raise NotImplementedError(f"training engine {self.name!r} cannot compute token statistics ({', '.join(names)})")
 
     def train_step(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         """One optimizer step on ``batch``: ``loss_fn(logp) -> (loss, metrics)`` (``loss_fn(logp, entropy)`` with
         ``with_entropy``, the entropy with gradient) sees the log-probs of the whole batch, and the step follows the
         gradient of that loss, however the engine cuts the batch into forwards (the in-process engines: micro-batches
         under ``trainer.max_tokens_per_micro_batch``, :mod:`rlzoo.engines.module_engine`). A non-finite loss or
-        gradient skips the update and reports ``train/nonfinite_steps = 1``."""
+        gradient skips the update and reports ``train/nonfinite_steps = 1``. Its metrics (``loss_fn``'s, its own) are
+        floats or 0-dim tensors left on the device, read once a step (:func:`rlzoo.util.reductions.read_metrics`)."""
         raise NotImplementedError
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:

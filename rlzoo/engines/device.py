@@ -24,6 +24,12 @@ def resolve_device(setting: str) -> str:
     return f"cuda:{torch.cuda.current_device()}"
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device`` without the host waiting for the device: a copy from the CPU's pageable memory is
+    staged before the call returns (so the source may change at once), and a copy back to the CPU is not made here."""
+    return tensor.to(device, non_blocking=True)
+
+
 def device_memory_metrics() -> dict[str, float]:
     """``memory/gpu_peak_gb`` (10^9 bytes): the most GPU memory torch's allocator held at once since the last call,
     then the peak is reset, so each step reports its own; nothing on a run that never touched a GPU."""

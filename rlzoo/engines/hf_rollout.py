@@ -8,7 +8,7 @@ sampled token is never fed through the model, so it has no routing; ``rlzoo.moe.
 position (and the padding) to be routed afresh at replay time, which changes no response log-prob.
 
 LoRA (``model.lora``): with ``sync`` ``auto`` or ``adapter`` the run sends this engine the adapters (it loads any
-target peft wraps), so :meth:`start` wraps its model with peft on the same targets (``rlzoo.engines.lora.wrap``; the
+target peft wraps; ``EngineContext.sends_adapters``, decided once by the run), so :meth:`start` wraps its model with peft on the same targets (``rlzoo.engines.lora.wrap``; the
 adapters start at ``B = 0``: the base model) and :meth:`sync_adapter` loads each new adapter into it; sampling runs on
 the transformers model itself, whose layers peft replaced in place. With ``merged`` the model is not wrapped at all:
 the merged weights it receives by :meth:`sync_weights` are a plain model's, under a plain model's names, and a
@@ -72,7 +72,7 @@ class HFRolloutEngine(RolloutEngine):
         self.model.to(context.device)
         self._updates: InFlightUpdates | None = None  # rollout.partial: set by follow_updates
         self._peft = None
-        if context.lora is not None and context.lora.sync != "merged":
+        if context.sends_adapters:  # the run's one rule (rlzoo.engines.lora.sends_adapters)
             from rlzoo.engines.lora import wrap
 
             # peft puts its layers into self.model itself; generate() and the routing hooks stay on self.model (the

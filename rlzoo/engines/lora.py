@@ -31,12 +31,21 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from rlzoo.config.schema import LoraConfig
-    from rlzoo.engines.base import Adapter
+    from rlzoo.engines.base import Adapter, RolloutEngine
     from rlzoo.interfaces import Problem, RunFacts
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names, in model/
 #: linear modules that are no layer's projection (the output layer, MoE routers): never targets, whatever a name says
 NEVER_TARGETED = frozenset({"lm_head", "gate", "router", "score"})
+
+
+def sends_adapters(rollout: RolloutEngine, lora: LoraConfig | None, moe: bool) -> bool:
+    """The one rule for what a rollout engine receives under LoRA: the adapters, unless ``model.lora.sync: merged``
+    or the engine refuses the targets on this (``moe``: mixture-of-experts) model; else the merged weights. The run
+    decides it once and tells the learner and the engine (``EngineContext.sends_adapters``)."""
+    if lora is None or lora.sync == "merged":
+        return False
+    return rollout.adapter_targets_supported(list(lora.target_modules), moe) is None
 
 
 def split_targets(model: torch.nn.Module, names: list[str]) -> tuple[list[str], list[str], list[str]]:

@@ -28,7 +28,7 @@ no ``[rows, length, vocab]`` logits tensor exists. Each forward announces its la
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -37,14 +37,10 @@ import torch
 
 from rlzoo.engines.aux_loss import AuxLoss
 from rlzoo.engines.base import Adapter, LossFn, RoutingPass, TokenBatch, TrainingEngine
-from rlzoo.engines.micro_batches import (
-    PACKABLE_ATTENTION,
-    MicroBatch,
-    padding_fraction,
-    plan_micro_batches,
-    with_count,
-)
-from rlzoo.engines.tokens import hidden_logprobs, hidden_sum_pi_squared
+from rlzoo.engines.device import to_device as _to
+from rlzoo.engines.micro_batches import PACKABLE_ATTENTION, MicroBatch, padding_fraction, plan_micro_batches, with_count
+from rlzoo.engines.token_stats import provider
+from rlzoo.engines.tokens import hidden_logprobs
 from rlzoo.errors import RlzooError
 from rlzoo.moe import Layout, Routing, find_routers, record_routing, replay_routing, require_routers
 from rlzoo.moe.hooks import ForwardLayout, forward_layout
@@ -63,7 +59,7 @@ class ModuleTrainingEngine(TrainingEngine):
     its routing (hooks on the module's routers, :mod:`rlzoo.moe`), and copying / exchanging its weights for
     ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
 
-    computes_sum_pi_squared = True  # a no-grad pass through the output layer in chunks (sum_pi_squared)
+    computes_token_stats = True  # a no-grad pass through the output layer in chunks, per statistic
 
     trains_values = True
     trains_adapters = True
@@ -230,10 +226,11 @@ class ModuleTrainingEngine(TrainingEngine):
         return with_count(plan, self._forward_count(len(plan)), self.context.pad_token_id)
 
     def _forward(
-        self, batch: TokenBatch, mb: MicroBatch, entropy: bool, sum_pi_squared: bool = False
+        self, batch: TokenBatch, mb: MicroBatch, entropy: bool, statistic: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens; for a critic, their values; with
-        ``sum_pi_squared``, ``sum_v pi(v)^2`` at their positions instead of the log-probs."""
+        """``[N]`` log-probs (and entropies) of one micro-batch's response tokens, left on the model's device (the loss
+        is computed there); for a critic, their values; with ``statistic``, that token statistic
+        (:mod:`rlzoo.interfaces.token_stats`) at their positions instead."""
         device = self._device()
         layout = ForwardLayout(mb.source_row, mb.source_pos, *batch.input_ids.shape)
         value_head = self.context.head == "value"
@@ -241,22 +238,20 @@ class ModuleTrainingEngine(TrainingEngine):
         outputs = {} if value_head else {"output_hidden_states": True, "logits_to_keep": 1}
         with forward_layout(layout):
             out = self._module()(
-                input_ids=mb.input_ids.to(device),
-                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
-                position_ids=mb.position_ids.to(device),
+                input_ids=_to(mb.input_ids, device),
+                attention_mask=None if mb.attention_mask is None else _to(mb.attention_mask, device),
+                position_ids=_to(mb.position_ids, device),
                 use_cache=False,
                 **outputs,
             )
         if value_head:
-            return out.logits[..., 0].reshape(-1)[mb.predict.to(device)].float().cpu(), None
+            return out.logits[..., 0].reshape(-1)[_to(mb.predict, device)].float(), None
         hidden = out.hidden_states[-1]  # [b, w, H], after the final norm
-        picked = hidden.reshape(-1, hidden.shape[-1])[mb.predict.to(device)]  # [N, H]
+        picked = hidden.reshape(-1, hidden.shape[-1])[_to(mb.predict, device)]  # [N, H]
         head = self.model.get_output_embeddings()
-        if sum_pi_squared:
-            return hidden_sum_pi_squared(picked, head, self.config.logits_chunk_tokens).cpu(), None
-        logp, ent = hidden_logprobs(picked, head, mb.target.to(device), entropy, self.config.logits_chunk_tokens)
-        # the loss and its inputs (advantages, old log-probs, masks) live on the CPU; autograd crosses back
-        return logp.cpu(), (ent.cpu() if ent is not None else None)
+        if statistic is not None:
+            return provider(statistic)(picked, head, _to(mb.target, device), self.config.logits_chunk_tokens), None
+        return hidden_logprobs(picked, head, _to(mb.target, device), entropy, self.config.logits_chunk_tokens)
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
@@ -273,24 +268,26 @@ class ModuleTrainingEngine(TrainingEngine):
         return self._no_grad_pass(batch, entropy=True)
 
     @torch.no_grad()
-    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
-        return self._no_grad_pass(batch, entropy=False, sum_pi_squared=True)[0]
+    def token_stats(self, batch: TokenBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        return {name: self._no_grad_pass(batch, entropy=False, statistic=name)[0] for name in names}
 
     def _no_grad_pass(
-        self, batch: TokenBatch, entropy: bool, sum_pi_squared: bool = False
+        self, batch: TokenBatch, entropy: bool, statistic: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+        device = self._device()
+        logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64, device=device)
         ent = torch.zeros_like(logp) if entropy else None
         for mb in self._plan(batch):
             with self._autocast():
-                mb_logp, mb_ent = self._forward(batch, mb, entropy, sum_pi_squared)
+                mb_logp, mb_ent = self._forward(batch, mb, entropy, statistic)
             if mb.dummy:
                 continue
-            logp[mb.out_row, mb.out_col] = mb_logp.double().cpu()
+            at = (_to(mb.out_row, device), _to(mb.out_col, device))
+            logp[at] = mb_logp.double()
             if ent is not None:
-                ent[mb.out_row, mb.out_col] = mb_ent.double().cpu()
-        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
-        return logp.to(dtype), (ent.to(dtype) if ent is not None else None)
+                ent[at] = mb_ent.double()
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)  # the step's tensors: CPU
+        return logp.to(dtype).cpu(), (ent.to(dtype).cpu() if ent is not None else None)
 
     # -- the optimizer step ---------------------------------------------------------------------------------------
 
@@ -326,9 +323,9 @@ class ModuleTrainingEngine(TrainingEngine):
     def _accumulated(
         self, batch: TokenBatch, plan: list[MicroBatch], loss_fn: LossFn, with_entropy: bool
     ) -> dict[str, float]:
-        whole = None
+        whole, device = None, self._device()
         with torch.no_grad():  # 1. the whole minibatch's log-probs and aux terms
-            logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64)
+            logp = torch.zeros(batch.response_mask.shape, dtype=torch.float64, device=device)
             ent = torch.zeros_like(logp)
             for mb in plan:
                 with self._autocast(), self._aux_loss.forward():
@@ -337,9 +334,10 @@ class ModuleTrainingEngine(TrainingEngine):
                 if mb.dummy:
                     continue
                 whole = terms if whole is None else whole + terms
-                logp[mb.out_row, mb.out_col] = mb_logp.double()
+                at = (_to(mb.out_row, device), _to(mb.out_col, device))
+                logp[at] = mb_logp.double()
                 if with_entropy:
-                    ent[mb.out_row, mb.out_col] = mb_ent.double()
+                    ent[at] = mb_ent.double()
         dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         leaves = [logp.to(dtype).requires_grad_()] + ([ent.to(dtype).requires_grad_()] if with_entropy else [])
         outputs = loss_fn(*leaves)  # 2. the minibatch's loss, and its gradient at the log-probs
@@ -352,14 +350,13 @@ class ModuleTrainingEngine(TrainingEngine):
             with self._autocast(), self._aux_loss.forward():
                 mb_logp, mb_ent = self._forward(batch, mb, with_entropy)
             surrogate = self._aux_loss.share(self._aux_loss.terms(mb.token_mask), whole)
-            if isinstance(surrogate, torch.Tensor):
-                surrogate = surrogate.cpu()  # the router's device; the log-prob terms below are on the CPU
             if mb.dummy:
                 surrogate = 0.0 * mb_logp.sum()
             else:
-                surrogate = surrogate + (mb_logp * grads[0][mb.out_row, mb.out_col].to(mb_logp.dtype)).sum()
+                at = (_to(mb.out_row, device), _to(mb.out_col, device))
+                surrogate = surrogate + (mb_logp * grads[0][at].to(mb_logp.dtype)).sum()
                 if with_entropy:
-                    surrogate = surrogate + (mb_ent * grads[1][mb.out_row, mb.out_col].to(mb_ent.dtype)).sum()
+                    surrogate = surrogate + (mb_ent * grads[1][at].to(mb_ent.dtype)).sum()
             self._backward(surrogate, last=index == len(plan) - 1)
         return {**metrics, NONFINITE: SkippedUpdates(0.0)}
 
@@ -367,12 +364,11 @@ class ModuleTrainingEngine(TrainingEngine):
         self, batch: TokenBatch, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None
     ) -> list[torch.Tensor]:
         """One micro-batch's ``[N]`` results in the batch's ``[rows, T]`` layout, differentiably (0 elsewhere)."""
-        shape = batch.response_mask.shape
         out = []
         for values in (logp, ent) if ent is not None else (logp,):
-            full = values.new_zeros(shape)
+            full = values.new_zeros(batch.response_mask.shape)
             if not mb.dummy:
-                full = full.index_put((mb.out_row.to(values.device), mb.out_col.to(values.device)), values)
+                full = full.index_put((_to(mb.out_row, values.device), _to(mb.out_col, values.device)), values)
             out.append(full)
         return out
 

@@ -53,12 +53,13 @@ class TorchTrainingEngine(ModuleTrainingEngine):
 
     def _optimizer_step(self) -> dict[str, float]:
         clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), clip)
-        if not torch.isfinite(grad_norm):
+        # read once: whether to step is the one thing a minibatch waits on the device for here
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), clip).item()
+        if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return {NONFINITE: 1.0, "train/grad_norm": float("nan")}
         self.optimizer.step()
-        return {NONFINITE: 0.0, "train/grad_norm": grad_norm.item()}
+        return {NONFINITE: 0.0, "train/grad_norm": grad_norm}
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         from rlzoo.engines.lora import merged_weights

@@ -26,6 +26,7 @@ from typing import Any
 
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation
+from rlzoo.component_errors import named
 from rlzoo.tools import ToolOutcome, failing_tools
 
 log = logging.getLogger("rlzoo.episodes.faults")
@@ -93,8 +94,7 @@ class FaultNotices:
 
     def named(self, kind: str, name: str) -> str:
         """``kind 'name' (distribution)``, as the registry names a component."""
-        distribution = self.distributions.get((kind, name))
-        return f"{kind} {name!r}" + (f" ({distribution})" if distribution else "")
+        return named(kind, name, self.distributions.get((kind, name)))
 
     def environment_failed(self, raised: Raised, consequence: str) -> str:
         """Why the environment failed, in one line (the failed episode's verdict reason); the first time also on the

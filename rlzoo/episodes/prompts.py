@@ -12,7 +12,9 @@
 Length (``prompt.max_prompt_tokens``): :func:`fit_prompts` drops the longer prompts from a split, or with
 ``overlong_prompts: truncate`` keeps them and :func:`prompt_ids` keeps their *last* tokens (so a chat prompt keeps
 its generation prompt); either way the count is logged, never cut silently. Without it, a prompt longer than the
-model's context leaves beside the response (:func:`prompt_budget`) is dropped, counted in the log the same way.
+context leaves beside the response (:func:`prompt_budget`) is dropped, counted in the log the same way. The context
+(:func:`context_limit`) is the smaller of the rollout engine's limit and the model's positions, so a prompt + its
+``rollout.max_new_tokens`` always fit what the engine accepts, and no response is cut short by the context.
 """
 
 from __future__ import annotations
@@ -72,6 +74,27 @@ def prompt_ids(tokenizer: Any, sample: Sample, config: PromptConfig) -> list[int
     )
 
 
+def context_limit(engine: int | None, positions: int | None) -> int | None:
+    """The tokens a prompt and its response share: the smaller of the rollout engine's limit
+    (:meth:`rlzoo.engines.RolloutEngine.context_tokens`, e.g. vLLM's ``max_model_len``) and the model's
+    ``max_position_embeddings``; ``None`` when neither is known."""
+    known = [n for n in (engine, positions) if n is not None]
+    return min(known) if known else None
+
+
+def context_name(
+    engine: int | None, positions: int | None, option: str | None,
+    where: str = "the model's max_position_embeddings",
+) -> str:
+    """What sets :func:`context_limit`, as a message names it: ``the 40-token context (rollout.engine.max_model_len)``
+    (``option``: the engine's :attr:`~rlzoo.engines.RolloutEngine.context_option`) or ``the 2048-token context (the
+    model's max_position_embeddings)`` (``where``: the field that holds the positions)."""
+    context = context_limit(engine, positions)
+    if engine is not None and context == engine and engine != positions:
+        return f"the {engine}-token context (rollout.engine.{option or 'context'})"
+    return f"the {context}-token context ({where})"
+
+
 def prompt_budget(context: int | None, max_new_tokens: int) -> int | None:
     """The most prompt tokens a ``context``-token model leaves beside a response of ``max_new_tokens``
     (``rollout.max_new_tokens``); ``None`` when the context is unknown."""
@@ -85,13 +108,15 @@ def _longer_than(tokenizer: Any, sample: Sample, config: PromptConfig, limit: in
 
 
 def fit_prompts(
-    samples: Sequence[Sample], tokenizer: Any, config: PromptConfig, split: str, budget: int | None = None
+    samples: Sequence[Sample], tokenizer: Any, config: PromptConfig, split: str, budget: int | None = None,
+    context: str = "the model's context",
 ) -> list[Sample]:
     """``samples`` with the prompts longer than ``prompt.max_prompt_tokens`` dropped (or kept, to be truncated by
     :func:`prompt_ids`); how many were dropped or truncated is logged. Raises when no prompt is left.
 
-    Without ``max_prompt_tokens``, ``budget`` (:func:`prompt_budget`: what the model's context leaves beside the
-    response) still bounds them: a longer prompt could not be run at all, so it is dropped, counted in the log."""
+    Without ``max_prompt_tokens``, ``budget`` (:func:`prompt_budget`: what the context leaves beside the response;
+    ``context`` names it, :func:`context_name`) still bounds them: a longer prompt could not be run with a whole
+    response, so it is dropped, counted in the log."""
     limit = config.max_prompt_tokens
     if limit is None:
         if budget is None:
@@ -99,15 +124,16 @@ def fit_prompts(
         kept = [s for s in samples if not _longer_than(tokenizer, s, config, budget)]
         if len(kept) < len(samples):
             log.warning(
-                "%s split: %d of %d prompts are longer than the %d tokens the model's context leaves beside "
-                "rollout.max_new_tokens and are dropped (set prompt.max_prompt_tokens to choose how long prompts are "
-                "dropped or truncated)", split, len(samples) - len(kept), len(samples), budget,
+                "%s split: %d of %d prompts are longer than the %d tokens %s leaves beside rollout.max_new_tokens "
+                "and are dropped (set prompt.max_prompt_tokens to choose how long prompts are dropped or truncated)",
+                split, len(samples) - len(kept), len(samples), budget, context,
             )
         if samples and not kept:
             raise RlzooError(
-                f"every prompt of the {split} split is longer than the {budget} tokens the model's context leaves "
-                "beside rollout.max_new_tokens: use a model with a longer context, shorter prompts, or set "
-                "prompt.max_prompt_tokens with prompt.overlong_prompts: truncate"
+                f"every prompt of the {split} split is longer than the {budget} tokens {context} leaves beside "
+                "rollout.max_new_tokens: raise the context (a model with a longer one, or the rollout engine's "
+                "limit), lower rollout.max_new_tokens, use shorter prompts, or set prompt.max_prompt_tokens with "
+                "prompt.overlong_prompts: truncate"
             )
         return kept
     kept, overlong = [], 0

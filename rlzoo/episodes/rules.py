@@ -10,15 +10,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from rlzoo.episodes.prompts import context_limit, context_name
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.models.folder import ModelFolder
 from rlzoo.models.tokenizer import char_vocab
 
 
 def context_tokens(run: RunFacts) -> int | None:
-    """The tokens a prompt and its response share: the rollout engine's limit, else the model's positions."""
-    limit = run.rollout_engine.context_tokens() if run.rollout_engine is not None else None
-    return limit if limit is not None else run.model.max_positions
+    """The tokens a prompt and its response share: the smaller of the rollout engine's limit and the model's
+    positions (:func:`rlzoo.episodes.prompts.context_limit`)."""
+    return context_limit(_engine_limit(run), run.model.max_positions)
+
+
+def _engine_limit(run: RunFacts) -> int | None:
+    return run.rollout_engine.context_tokens() if run.rollout_engine is not None else None
+
+
+def _context(run: RunFacts) -> str:
+    """The context as a message names it: ``the 40-token context (rollout.engine.max_model_len)``."""
+    engine = run.rollout_engine
+    where = "model.tiny.max_position_embeddings" if run.model.tiny else "max_position_embeddings of model.path"
+    return context_name(_engine_limit(run), run.model.max_positions, engine.context_option if engine else None, where)
+
+
+def _context_field(run: RunFacts) -> str | None:
+    """The field that sets the context when it is the rollout engine's limit (else ``None``: the model's)."""
+    engine, limit = run.rollout_engine, _engine_limit(run)
+    if limit is None or limit != context_tokens(run) or limit == run.model.max_positions:
+        return None
+    return f"rollout.engine.{engine.context_option or 'context'}"
 
 
 def _chat_task(run: RunFacts) -> bool:
@@ -53,10 +73,12 @@ def response_room_rule(run: RunFacts) -> list[Problem]:
     context, new = context_tokens(run), run.config.rollout.max_new_tokens
     if context is None or new < context:
         return []
+    field = _context_field(run)
+    raise_it = f", or raise {field} above {new}" if field else ""
     return [(
         "rollout.max_new_tokens",
-        f"{new} leaves no room for the prompt in the {context}-token context (the model's max_position_embeddings or "
-        f"the rollout engine's limit); use less than {context}",
+        f"{new} leaves no room for the prompt in {_context(run)}: a prompt and its response share it; use less "
+        f"than {context}{raise_it}",
     )]
 
 
@@ -67,8 +89,7 @@ def episode_rule(run: RunFacts) -> list[Problem]:
     if episode.max_tokens is not None and context is not None and episode.max_tokens > context:
         problems.append((
             "episode.max_tokens",
-            f"{episode.max_tokens} exceeds the {context}-token context (the model's max_position_embeddings or the "
-            f"rollout engine's limit); use at most {context}",
+            f"{episode.max_tokens} exceeds {_context(run)}; use at most {context}",
         ))
     prompt_limit = run.config.prompt.max_prompt_tokens
     if episode.max_tokens is not None and prompt_limit is not None and prompt_limit >= episode.max_tokens:
@@ -94,8 +115,8 @@ def prompt_room_rule(run: RunFacts) -> list[Problem]:
         return []
     return [(
         "prompt.max_prompt_tokens",
-        f"{p.max_prompt_tokens} + rollout.max_new_tokens {new} exceeds the {context}-token context (the model's "
-        f"max_position_embeddings or the rollout engine's limit): use at most {max(context - new, 0)}",
+        f"{p.max_prompt_tokens} + rollout.max_new_tokens {new} exceeds {_context(run)}: use at most "
+        f"{max(context - new, 0)}",
     )]
 
 

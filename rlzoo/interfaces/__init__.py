@@ -16,6 +16,7 @@ from rlzoo.interfaces.reward_shaper import ResponseTooLong, RewardShaper
 from rlzoo.interfaces.router import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.run_facts import ModelFacts, Problem, RunFacts
 from rlzoo.interfaces.task import Sample, Task
+from rlzoo.interfaces.token_stats import TokenStatistic, register_token_statistic
 from rlzoo.interfaces.tool import MalformedCall, ParsedTurn, Tool, ToolCall, ToolCallParser, ToolError, ToolTimeout
 from rlzoo.interfaces.value_loss import ValueLoss, ValueLossResult
 from rlzoo.interfaces.verifier import Verdict, Verifier
@@ -54,6 +55,7 @@ __all__ = [
     "Sample",
     "Sum",
     "Task",
+    "TokenStatistic",
     "Tool",
     "ToolCall",
     "ToolCallParser",
@@ -64,4 +66,5 @@ __all__ = [
     "ValueLossResult",
     "Verdict",
     "Verifier",
+    "register_token_statistic",
 ]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from rlzoo.interfaces.base import Component
 from rlzoo.interfaces.run_facts import Problem, RunFacts
+from rlzoo.interfaces.token_stats import token_statistic_names
 
 
 @dataclass
@@ -30,7 +32,7 @@ class RewardBatch:
     teacher_logprobs: ``[batch, tokens]`` the teacher's log-prob of each sampled response token (``teacher``), for
                   sources that declare ``needs_teacher``; else None.
     old_logprobs: ``[batch, tokens]`` the behaviour policy's log-prob of each sampled token (the loop's old
-                  log-probs), for sources that declare ``needs_teacher``; else None.
+                  log-probs), for sources that declare ``needs_teacher`` or any ``needs_token_stats``; else None.
     reward_parts: part name -> ``[batch]``, the named parts of each response's reward (:attr:`Verdict.parts`; a
                   response whose verdict lacks a part has 0 there, as a verifier fault scores 0), plus ``shaping``
                   (the reward shapers' terms, when there are shapers) and ``turns`` (an environment's turn rewards,
@@ -38,14 +40,14 @@ class RewardBatch:
     reward_baselines: ``[batch]`` each response's baseline reward: the reward (verifier, turn rewards and shapers'
                   terms) of one greedy response to the same prompt (ReMax), for sources that declare
                   ``needs_greedy_baseline``; else None.
-    sum_pi_squared: ``[batch, tokens]`` ``sum_v pi_old(v | context_t)^2`` at each response position, for sources that
-                  declare ``needs_sum_pi_squared``: a no-grad pass of the training engine under the weights of the
-                  old pass (engines that declare ``computes_sum_pi_squared``); else None.
+    token_stats:  name -> ``[batch, tokens]``, each per-token statistic of the old policy's next-token distribution
+                  the source declares in ``needs_token_stats`` (e.g. ``sum_pi_squared``: ``sum_v pi_old(v |
+                  context_t)^2``), from no-grad passes of the training engine under the weights of the old pass
+                  (:mod:`rlzoo.interfaces.token_stats`); empty for a source that declares none.
     rollout_is_weights: ``[batch, tokens]`` the train-inference correction's weights of each response token (the
                   ``algorithm.correction``'s, e.g. ``tis``: verl's ``rollout_is_weights``; no gradient), for sources
-                  that read them (the optimal token baseline's ``rollout_is``). ``rlzoo train`` does not hand them to
-                  the advantage yet, so such a source refuses that option before a run; from a loop of your own,
-                  pass them here. Else None.
+                  that read them (the optimal token baseline's ``rollout_is``); ``rlzoo train`` passes the step's
+                  correction weights. Else None.
     """
 
     rewards: torch.Tensor
@@ -59,7 +61,7 @@ class RewardBatch:
     old_logprobs: torch.Tensor | None = None
     reward_parts: dict[str, torch.Tensor] | None = None
     reward_baselines: torch.Tensor | None = None
-    sum_pi_squared: torch.Tensor | None = None
+    token_stats: Mapping[str, torch.Tensor] = field(default_factory=dict)
     rollout_is_weights: torch.Tensor | None = None
 
     def require(self, source: str, what: str, *fields: str) -> None:
@@ -69,6 +71,15 @@ class RewardBatch:
         if missing:
             raise ValueError(
                 f"advantage {source!r} needs RewardBatch.{' and RewardBatch.'.join(missing)} ({what}); none was given"
+            )
+
+    def require_token_stats(self, source: str, *names: str) -> None:
+        """Raise a clear error naming the token statistics advantage ``source`` reads that this batch lacks."""
+        missing = [name for name in names if name not in self.token_stats]
+        if missing:
+            raise ValueError(
+                f"advantage {source!r} needs RewardBatch.token_stats[{']['.join(map(repr, missing))}] (declare them in "
+                "needs_token_stats; from a loop of your own, pass them); none was given"
             )
 
 class AdvantageSource(Component):
@@ -88,9 +99,10 @@ class AdvantageSource(Component):
       (checked before the run when the verifier declares its parts, :meth:`Verifier.reward_parts`);
     - ``needs_greedy_baseline``: the source reads ``RewardBatch.reward_baselines``, so each step also samples and
       scores one greedy response per prompt (ReMax);
-    - ``needs_sum_pi_squared``: the source reads ``RewardBatch.sum_pi_squared`` (and ``old_logprobs``), so each step
-      runs one more no-grad pass of the training engine, which must declare ``computes_sum_pi_squared``; a router
-      policy that replays experts is refused with it (that pass routes afresh);
+    - ``needs_token_stats``: the names of the per-token statistics the source reads in ``RewardBatch.token_stats``
+      (and ``old_logprobs``), each registered in :mod:`rlzoo.interfaces.token_stats`: each step runs one more no-grad
+      pass of the training engine per name, which must declare ``computes_token_stats``; a router policy that
+      replays experts is refused with them (those passes route afresh).
     - ``needs_groups``: the source compares each response with the others sampled from its prompt (a group baseline
       or normalisation), so a lone response gets advantage 0: ``rollout.group_size: 1`` is refused rather than run
       with zero advantages.
@@ -104,7 +116,7 @@ class AdvantageSource(Component):
     needs_teacher: ClassVar[bool] = False
     needs_reward_parts: ClassVar[bool] = False
     needs_greedy_baseline: ClassVar[bool] = False
-    needs_sum_pi_squared: ClassVar[bool] = False
+    needs_token_stats: ClassVar[frozenset[str]] = frozenset()
     needs_groups: ClassVar[bool] = False
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
@@ -144,8 +156,8 @@ class AdvantageSource(Component):
                 "on its own: use a verifier that returns named parts (weighted: one part per verifier it combines), "
                 f"or an advantage that reads the reward alone ({', '.join(usable)})",
             ))
-        if self.needs_sum_pi_squared:
-            problems += self._sum_pi_squared_problems(run, at)
+        if self.needs_token_stats:
+            problems += self._token_stats_problems(run, at)
         if self.needs_groups and run.config.rollout.group_size < 2:
             usable = run.names("advantage", lambda cls: not cls.needs_groups)
             problems.append((
@@ -157,22 +169,32 @@ class AdvantageSource(Component):
             ))
         return problems
 
-    def _sum_pi_squared_problems(self, run: RunFacts, at: str) -> list[Problem]:
-        usable = ", ".join(run.names("advantage", lambda cls: not cls.needs_sum_pi_squared))
+    def _token_stats_problems(self, run: RunFacts, at: str) -> list[Problem]:
+        usable = ", ".join(run.names("advantage", lambda cls: not cls.needs_token_stats))
+        names = ", ".join(sorted(self.needs_token_stats))
+        unknown = sorted(set(self.needs_token_stats) - set(token_statistic_names()))
+        if unknown:
+            return [(
+                "algorithm.advantage",
+                f"advantage {self.name!r} ({at}) reads the token statistic {unknown[0]!r}, which no provider computes "
+                f"(registered: {', '.join(token_statistic_names())}); install the plugin that registers it",
+            )]
         engine = run.training_engine
-        if engine is not None and not type(engine).computes_sum_pi_squared:
-            able = ", ".join(run.names("training_engine", lambda cls: cls.computes_sum_pi_squared))
+        if engine is not None and not type(engine).computes_token_stats:
+            able = ", ".join(run.names("training_engine", lambda cls: cls.computes_token_stats))
             return [(
                 "trainer.engine.name",
-                f"{engine.name!r} does not compute sum_v pi(v)^2, which advantage {self.name!r} ({at}) reads at every "
-                f"response position; use a training engine that does ({able}), or another advantage ({usable})",
+                f"{engine.name!r} does not compute token statistics ({names}), which advantage {self.name!r} ({at}) "
+                f"reads at every response position; use a training engine that does ({able}), or another advantage "
+                f"({usable})",
             )]
         router = run.components.get("algorithm.router")
         if router is not None and router.replays_routing():
             return [(
                 "algorithm.router",
-                f"{router.name!r} replays expert routing, but the pass that computes sum_v pi(v)^2 for advantage "
-                f"{self.name!r} ({at}) routes afresh; use algorithm.router: null, or another advantage ({usable})",
+                f"{router.name!r} replays expert routing, but the pass that computes the token statistics ({names}) "
+                f"for advantage {self.name!r} ({at}) routes afresh; use algorithm.router: null, or another advantage "
+                f"({usable})",
             )]
         return []
 

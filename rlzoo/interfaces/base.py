@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from rlzoo.util.strict_numbers import StrictNumbers
+
 if TYPE_CHECKING:
     from rlzoo.interfaces.run_facts import Problem, RunFacts
 
 
-class Params(BaseModel):
+class Params(StrictNumbers, BaseModel):
     """Parameters of a component. Extra keys are rejected so a typo is an error, not a silent default; numbers must
-    be finite (``inf`` / ``nan`` are refused, as in every config section: use ``None`` for "no limit")."""
+    be finite (``inf`` / ``nan`` are refused, as in every config section: use ``None`` for "no limit"), an integer
+    is an integer (not a boolean) and a float fits in float32 (:mod:`rlzoo.util.strict_numbers`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

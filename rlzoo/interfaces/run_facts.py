@@ -23,11 +23,14 @@ Problem = tuple[str, str]
 
 
 class RegisteredComponent(Protocol):
-    """One registration in a :class:`ComponentCatalogue`: the component's name and class (a
-    :class:`rlzoo.interfaces.Component` subclass)."""
+    """One registration in a :class:`ComponentCatalogue`: the component's name, class (a
+    :class:`rlzoo.interfaces.Component` subclass) and distribution (``script my_loss.py`` for a script's)."""
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def distribution(self) -> str: ...
 
     @property
     def cls(self) -> type: ...

@@ -3,8 +3,10 @@
 The policy's folder (``model.path``), a critic's (``algorithm.critic.model``), a teacher's (``teacher.model``) and a
 reward model's (the ``reward-model`` verifier's ``path``) are all read by :class:`ModelFolder`: the folder and its
 ``config.json`` (readable, a JSON object), the weight files (present, and whole as far as their safetensors headers
-show: nothing is loaded), the tokenizer files, the token ids of its ``tokenizer.json`` against ``config.json``'s
-``vocab_size``, and the chat template. Each caller words what a missing
+show: nothing is loaded), ``config.json`` against the weights (an architecture transformers builds as the role's
+model, and every tensor it implies present in the headers with its shape:
+:mod:`rlzoo.models.folder_tensors`), the tokenizer files, the token ids of its ``tokenizer.json`` against
+``config.json``'s ``vocab_size``, and the chat template. Each caller words what a missing
 folder means for it (the field it reports at, what to use instead); what is wrong inside a folder reads the same for
 every model. :class:`ModelFacts` are what the start-up check keeps of the policy (:class:`rlzoo.interfaces.RunFacts`).
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlzoo.models.folder_tensors import Head, tensor_problems
 from rlzoo.models.memory import MOE_KEYS, ModelShape
 from rlzoo.util.safetensors_header import header_problem
 
@@ -134,14 +137,20 @@ class ModelFolder:
         facts.chat_template_tools = "tools" in template if template else None
         return facts
 
-    def problems(self, tokenizer: str | None = None, ids: bool = False) -> list[str]:
+    def problems(self, tokenizer: str | None = None, ids: bool = False, head: Head = "lm") -> list[str]:
         """What is wrong inside a folder with a readable ``config``: no weights, or damaged ones
-        (:meth:`weight_problems`); with ``tokenizer`` (what to do about it, appended to the message), no tokenizer
-        files; with ``ids`` too, token ids beyond ``vocab_size``."""
+        (:meth:`weight_problems`), or a ``config.json`` that does not describe them as the model the role builds
+        (``head``: ``lm`` the policy and a teacher, ``value`` a critic, ``score`` a reward model;
+        :func:`rlzoo.models.folder_tensors.tensor_problems`: an architecture transformers cannot build so, missing,
+        unexpected or mis-shaped tensors); with ``tokenizer`` (what to do about it, appended to the message), no
+        tokenizer files; with ``ids`` too, token ids beyond ``vocab_size``."""
         problems = []
         if not any(any(self.path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
             problems.append(f"{self.path} holds no weights (expected {' or '.join(WEIGHT_PATTERNS)})")
-        problems += self.weight_problems()
+        damaged = self.weight_problems()
+        problems += damaged
+        if not damaged:  # a damaged header says nothing reliable about the tensors
+            problems += tensor_problems(self.path, self.config or {}, head)
         if tokenizer is None:
             return problems
         if not any((self.path / name).is_file() for name in TOKENIZER_FILES):

@@ -7,23 +7,34 @@ quantization config). :func:`import_gguf` therefore builds the architecture afre
 (safetensors), its config and its tokenizer (``tokenizer.json``, with the chat template the file carries) into a
 new folder. Tied embeddings stay tied: ``save_pretrained`` writes ``embed_tokens`` once.
 
-Checked before anything is loaded, each as one line: the file is a readable GGUF; transformers can read its
-architecture (:data:`transformers.modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES`); the architecture is
-a decoder-only causal LM (``AutoModelForCausalLM``); and, where vLLM is installed, vLLM runs it (else use the
-``hf`` rollout engine, ``--hf-only``). The folder is written beside the output and renamed into place, so a crash
-leaves no half-written model.
+Checked before anything is loaded, each as one line: the output can be written (a new or empty folder whose
+parent this user may write: :func:`rlzoo.util.folders.folder_problem`); the file is a readable GGUF; transformers
+can read its architecture (:data:`transformers.modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES`); its
+header holds the model's sizes and a tokenizer (:func:`missing_metadata`: without them transformers would fill in
+its config class's defaults, a 4096-wide model, and then fail to build the tokenizer); the architecture is a
+decoder-only causal LM (``AutoModelForCausalLM``); and, where vLLM is installed, vLLM runs it (else use the ``hf``
+rollout engine, ``--hf-only``). What transformers still refuses while it reads the file is one line too. The folder
+is written beside the output and renamed into place, so a crash leaves no half-written model.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rlzoo.errors import RlzooError
+from rlzoo.util.folders import folder_problem
 
+T = TypeVar("T")
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
+#: the header keys (after ``<architecture>.``) that give the model's sizes, where transformers maps the architecture's
+SIZES = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length", "context_length")
+#: the tokenizer's keys every GGUF tokenizer needs: its kind and its vocabulary
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,15 @@ class ImportedModel:
 
 def gguf_architecture(file: Path) -> str:
     """``general.architecture`` of a GGUF file (e.g. ``llama``), read from its header with the ``gguf`` package."""
+    return _header(file)[0]
+
+
+def gguf_keys(file: Path) -> frozenset[str]:
+    """The metadata keys of a GGUF file's header."""
+    return _header(file)[1]
+
+
+def _header(file: Path) -> tuple[str, frozenset[str]]:
     try:
         with file.open("rb") as handle:
             magic = handle.read(4)
@@ -54,11 +74,46 @@ def gguf_architecture(file: Path) -> str:
     except ImportError:
         raise RlzooError("model import needs the gguf package: pip install -e '.[real]' (or pip install gguf)") from None
     try:
-        field = gguf.GGUFReader(file).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
+        fields = gguf.GGUFReader(file).fields
     except (KeyError, IndexError, ValueError, OSError, UnicodeDecodeError) as err:
         raise RlzooError(f"model import: {file} is not a readable GGUF file ({type(err).__name__}: {err}); it may be "
                          "truncated: copy it again") from None
+    if "general.architecture" not in fields:
+        raise RlzooError(f"model import: {file} lacks general.architecture, the model's kind: it is no model file "
+                         "llama.cpp or transformers can read")
+    field = fields["general.architecture"]
+    try:
+        return bytes(field.parts[field.data[0]]).decode(), frozenset(fields)
+    except (IndexError, UnicodeDecodeError) as err:
+        raise RlzooError(f"model import: {file} is not a readable GGUF file ({type(err).__name__}: {err}); it may be "
+                         "truncated: copy it again") from None
+
+
+def missing_metadata(arch: str, keys: frozenset[str]) -> list[str]:
+    """The header keys a GGUF model of ``arch`` lacks among those its import needs: the model's sizes (:data:`SIZES`,
+    those transformers maps to a config field for ``arch``) and the tokenizer (:data:`TOKENIZER_KEYS`); each as
+    ``key (what it gives)``."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
+
+    mapping = GGUF_TO_TRANSFORMERS_MAPPING["config"].get(arch, {})
+    needed = {f"{arch}.{key}": mapping[key] for key in SIZES if mapping.get(key)}
+    missing = [f"{key} ({field})" for key, field in needed.items() if key not in keys]
+    return missing + [f"{key} (the tokenizer)" for key in TOKENIZER_KEYS if key not in keys]
+
+
+def _check_output(output: Path) -> None:
+    """The output can be written, checked before anything is loaded: a new or empty folder, whose parent this user
+    may write (the model is written beside it and renamed into place)."""
+    if output.exists() and output.is_dir():
+        try:
+            empty = not any(output.iterdir())
+        except OSError as err:
+            raise RlzooError(f"model import: {output} cannot be read ({err.strerror}); choose another folder") from None
+        if not empty:
+            raise RlzooError(f"model import: {output} exists and is not an empty folder; choose another")
+    problem = folder_problem(output, "output folder") or folder_problem(output.absolute().parent, "output folder")
+    if problem:
+        raise RlzooError(f"model import: {problem}")
 
 
 def _check_architecture(file: Path, arch: str) -> None:
@@ -68,6 +123,14 @@ def _check_architecture(file: Path, arch: str) -> None:
     if arch not in readable:
         raise RlzooError(f"model import: {file} holds a {arch!r} model, an architecture transformers cannot read from "
                          f"GGUF; it reads {', '.join(readable)}")
+
+
+def _reading(file: Path, read: Callable[[], T]) -> T:
+    """``read()``, transformers reading ``file``: what it refuses there is one line naming the file."""
+    try:
+        return read()
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise RlzooError(f"model import: transformers cannot read {file}: {type(err).__name__}: {err}") from None
 
 
 def _vllm_problem(architecture: str) -> str | None:
@@ -112,10 +175,13 @@ def import_gguf(file: Path | str, output: Path | str, dtype: str = "float32", hf
         raise RlzooError(f"model import: --dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if not file.is_file():
         raise RlzooError(f"model import: {file} {'is a folder' if file.exists() else 'does not exist'}; name a .gguf file")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise RlzooError(f"model import: {output} exists and is not an empty folder; choose another")
+    _check_output(output)
     arch = gguf_architecture(file)
     _check_architecture(file, arch)
+    missing = missing_metadata(arch, gguf_keys(file))
+    if missing:
+        raise RlzooError(f"model import: {file} lacks the metadata a {arch!r} model is built from: {', '.join(missing)}; "
+                         "convert the model again with llama.cpp's convert_hf_to_gguf.py, which writes them")
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -123,7 +189,7 @@ def import_gguf(file: Path | str, output: Path | str, dtype: str = "float32", hf
     from transformers.utils import logging as hf_logging
 
     folder, name = str(file.parent), file.name
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config = _reading(file, lambda: AutoConfig.from_pretrained(folder, gguf_file=name))
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise RlzooError(f"model import: {file} holds a {config.model_type!r} model, which is not a decoder-only causal "
                          "LM (AutoModelForCausalLM): rlzoo trains causal LMs only")
@@ -136,8 +202,8 @@ def import_gguf(file: Path | str, output: Path | str, dtype: str = "float32", hf
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = _reading(file, lambda: AutoTokenizer.from_pretrained(folder, gguf_file=name))
+        loaded = _reading(file, lambda: AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32))
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
@@ -151,15 +217,17 @@ def import_gguf(file: Path | str, output: Path | str, dtype: str = "float32", hf
     model = model.to(getattr(torch, dtype))
     model.config.dtype = dtype
 
-    output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.parent / f".{output.name}.importing"
-    shutil.rmtree(partial, ignore_errors=True)
     try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
         if output.exists():
             output.rmdir()  # empty, checked above
         partial.rename(output)
+    except OSError as err:  # checked writable before loading; a full disk (or a folder changed since) remains
+        raise RlzooError(f"model import: could not write {output}: {err}; nothing was left there") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return ImportedModel(output, architecture, sum(p.numel() for p in model.parameters()), dtype,

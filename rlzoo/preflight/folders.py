@@ -7,11 +7,11 @@ its digests when the run starts.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.runtime.checkpoint.files import checkpoint_candidates, latest_checkpoint
+from rlzoo.util.folders import exists, folder_problem
 
 
 def run_folder_rule(run: RunFacts) -> list[Problem]:
@@ -47,37 +47,6 @@ def _run_problems(run: RunFacts) -> list[Problem]:
     return []
 
 
-def _exists(path: Path) -> bool | None:
-    """Whether ``path`` exists; ``None`` when a folder on the way cannot be searched (no x permission)."""
-    try:
-        return path.exists()
-    except OSError:
-        return None
-
-
-def folder_problem(folder: Path, field: str) -> str | None:
-    """Why a run cannot write into ``folder`` (made if missing), or ``None``: it is a file, or a folder this user
-    cannot write to, or it is missing and cannot be made (an ancestor is a file, or the nearest existing one is not
-    writable). Permissions by :func:`os.access`, so root passes them (a read-only file system still fails)."""
-    folder = Path(folder)
-    if _exists(folder):
-        if not folder.is_dir():
-            return f"{folder} is a file, not a folder: choose another {field}, or move the file away"
-        if not os.access(folder, os.W_OK | os.X_OK):
-            return (f"{folder} is a folder this user cannot write to: make it writable (chmod u+rwx {folder}) or "
-                    f"choose another {field}")
-        return None
-    ancestor = folder.absolute().parent
-    while not _exists(ancestor) and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{folder} cannot be made: {ancestor} is a file, not a folder; choose another {field}"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return (f"{folder} cannot be made: its parent folder {ancestor} is not writable by this user; choose another "
-                f"{field}, or make the folder yourself with write permission")
-    return None
-
-
 def _output_dir_problems(run: RunFacts) -> list[Problem]:
     """``output_dir`` (a new run's folder; with ``--resume`` the run folder named there is used instead) can be
     written, and so can ``cold_start.output_dir`` when the cold start builds a model there."""
@@ -87,7 +56,7 @@ def _output_dir_problems(run: RunFacts) -> list[Problem]:
     cold = config.cold_start
     if config.model.path is None and cold.enabled and cold.output_dir:
         folder = Path(cold.output_dir)
-        reused = bool(_exists(folder / "cold_start.json"))
+        reused = bool(exists(folder / "cold_start.json"))
         if not reused and (problem := folder_problem(folder, "cold_start.output_dir")):
             problems.append(("cold_start.output_dir", problem))
     return problems

@@ -14,6 +14,7 @@ from pathlib import Path
 from rlzoo.config.schema import RunConfig
 from rlzoo.interfaces import ModelFacts, Problem, RunFacts
 from rlzoo.models.folder import NO_CONFIG, NOT_A_MODEL_FOLDER, ModelFolder, config_facts, read_config
+from rlzoo.models.folder_tensors import hf_config
 from rlzoo.models.memory import ModelShape
 
 
@@ -69,10 +70,14 @@ def _folder(path: Path) -> ModelFacts:
 
 
 def _config_file(file: Path) -> ModelFacts:
-    """Facts from a stand-in ``config.json`` (``--model-config``); weights and tokenizer are not looked for."""
+    """Facts from a stand-in ``config.json`` (``--model-config``), and whether transformers builds it as a causal LM;
+    weights and tokenizer are not looked for."""
     if not file.is_file():
         return _unknown([("--model-config", f"{file} is not a file; name a model's config.json")])
     hf, unreadable = read_config(file)
     if hf is None:
         return _unknown([("--model-config", str(unreadable))])
-    return config_facts(hf)
+    facts = config_facts(hf)
+    if (problem := hf_config(hf)[1]) is not None:  # the architecture; no weights to compare with
+        facts.problems = [("--model-config", f"{file}: {problem}")]
+    return facts

@@ -10,6 +10,7 @@ batches, evaluation, the run folder, what a resume may change) live in this pack
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from rlzoo.engines.lora import lora_rule
@@ -31,16 +32,25 @@ from rlzoo.preflight.resume_changes import resume_change_rule
 from rlzoo.rl.async_rules import async_rule
 from rlzoo.rl.critic import critic_rule
 from rlzoo.rl.overlap_rules import overlap_rule
+from rlzoo.component_errors import component_raised
 from rlzoo.rl.teacher import teacher_rule
 
 Rule = Callable[[RunFacts], list[Problem]]
+log = logging.getLogger(__name__)
 
 
 def component_rule(run: RunFacts) -> list[Problem]:
-    """Each constructed component's own rules (:meth:`rlzoo.interfaces.Component.preflight`), by its field."""
+    """Each constructed component's own rules (:meth:`rlzoo.interfaces.Component.preflight`), by its field. One
+    whose ``preflight`` raises is a problem at its field naming it, its file and the exception (the traceback is
+    logged: ``--verbose`` shows it)."""
     problems: list[Problem] = []
     for loc, component in run.components.items():
-        problems += component.preflight(run, loc)
+        try:
+            problems += component.preflight(run, loc)
+        except Exception as exc:  # a plugin's bug: reported where the config names it, the others still checked
+            log.info("the traceback of %s's preflight:", loc, exc_info=exc)
+            distribution = run.registry.get(component.kind, component.name).distribution
+            problems.append((loc, component_raised(component, exc, distribution)))
     return problems
 
 

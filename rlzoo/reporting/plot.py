@@ -38,7 +38,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl", need_rows=True)
     if not rows:
         raise RlzooError(f"{run_dir} has no metrics.jsonl (or it is empty): nothing to plot")
     panels = PANELS + (EPISODE_PANELS if any("episode/turns_mean" in r for r in rows) else [])

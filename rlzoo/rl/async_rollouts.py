@@ -51,7 +51,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from rlzoo.config.schema import RunConfig
 from rlzoo.engines import RolloutEngine
 from rlzoo.interfaces import Sample
 from rlzoo.interfaces.base import take_reports
@@ -91,15 +90,13 @@ class AsyncRollouts(RolloutSchedule):
         self.rollout: RolloutEngine | None = None
         self._load_reports: dict[str, float] = {}  # the rollout engine's reports of its last weight load
 
-    def collect(
-        self, step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
-    ) -> RolloutBatch:
+    def collect(self, step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Timer) -> RolloutBatch:
         if self.queue is None:  # the first step of this (possibly resumed) run: start the producer
             self.rollout = parts.engine
             # the producer's gathers of the ranks' shares meet in a group of their own, beside the training loop's
             producing = replace(parts, dist=self.side) if parts.per_rank else parts
             self.queue = StalenessQueue(
-                lambda index, version: self._generate(index, producing, config),
+                lambda index, version: self._generate(index, producing),
                 self._load,
                 first=step,
                 end=self.steps,
@@ -119,7 +116,8 @@ class AsyncRollouts(RolloutSchedule):
             batch.metrics.update(token_versions(step, batch))
         return batch
 
-    def publish(self, step: int, learner: Learner, rollout: RolloutEngine, every_rank: bool, updated: bool) -> None:
+    def publish(self, step: int, learner: Learner, parts: RolloutParts, updated: bool) -> None:
+        every_rank = parts.per_rank
         update = learner.capture_weights(every_rank) if updated else None  # None also on a rank that samples nothing
         if self.queue is not None:
             self.queue.publish(step + 1, update)
@@ -140,9 +138,9 @@ class AsyncRollouts(RolloutSchedule):
             if self.partial != "off":
                 self.rollout.follow_updates(None)
 
-    def _generate(self, step: int, parts: RolloutParts, config: RunConfig) -> _Produced:
+    def _generate(self, step: int, parts: RolloutParts) -> _Produced:
         timer = Timer()
-        batch = collect(step, self.prompts_for(step), parts, config, timer)
+        batch = collect(step, self.prompts_for(step), parts, timer)
         batch.metrics.update(self._load_reports)
         self._load_reports = {}
         return _Produced(batch, timer)

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlzoo.engines import TokenBatch
+from rlzoo.engines.device import to_device
 from rlzoo.episodes.rules import policy_vocab
 from rlzoo.interfaces import LossAggregation, Problem, RunFacts, ValueLoss
 from rlzoo.interfaces.base import take_reports
@@ -53,18 +55,19 @@ class Critic:
         self, batch: TokenBatch, rows: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
     ) -> dict[str, float]:
         """One optimizer step of the critic on ``batch[rows]`` towards ``returns``."""
-        mask = batch.response_mask[rows]
-        old, targets = old_values[rows], returns[rows]
+        here = batch.response_mask[rows], old_values[rows], returns[rows]
 
-        def loss_fn(values: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        def loss_fn(values: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            # on the values' device; the metrics stay there until the step reads them all at once
+            mask, old, targets = (to_device(t, values.device).to(values.dtype) for t in here)
             keep = mask > 0
-            result = self.value_loss.loss(values, old.to(values.dtype), targets.to(values.dtype), mask.to(values.dtype))
+            result = self.value_loss.loss(values, old, targets, mask)
             per_token = torch.where(keep, result.per_token, torch.zeros_like(result.per_token))
-            loss = self.aggregation.aggregate(per_token, mask.to(values.dtype))
+            loss = self.aggregation.aggregate(per_token, mask)
             clipped = (result.clipped & keep).to(values.dtype)
             metrics = {
-                "critic/vf_loss": loss.item(),
-                "critic/vf_clipfrac": masked_mean(clipped, mask).item(),
+                "critic/vf_loss": loss.detach(),
+                "critic/vf_clipfrac": masked_mean(clipped, mask),
                 **take_reports(self.value_loss),
             }
             return loss, metrics
@@ -133,7 +136,7 @@ def _critic_folder_problems(run: RunFacts, path: Path) -> list[Problem]:
         return [(loc, f"{path} {what}; name a model folder, or null for a copy of the policy")]
     if folder.config is None:
         return [(loc, str(folder.unreadable))]
-    problems = [(loc, message) for message in folder.problems()]
+    problems = [(loc, message) for message in folder.problems(head="value")]
     moe = config_facts(folder.config).moe
     if run.model.moe is not None and moe != run.model.moe:
         kinds = {True: "a mixture-of-experts", False: "a dense"}

@@ -27,7 +27,9 @@ takes the rollout engine's (its weight sync); the last two reach the step throug
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -35,6 +37,8 @@ from rlzoo.engines import Adapter, LossFn, RolloutEngine, TokenBatch, TrainingEn
 from rlzoo.engines.tokens import select_rows
 from rlzoo.interfaces.base import take_reports
 from rlzoo.runtime.distributed import SINGLE, Dist
+
+Outputs = TypeVar("Outputs", torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor])
 
 
 @dataclass
@@ -78,27 +82,31 @@ class Learner:
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` log-probs of every row of ``batch`` under the current weights, without gradient."""
-        count = batch.input_ids.shape[0]
-        mine = self.dist.share(torch.arange(count))
-        return self.dist.gather_rows(self.engine.logprobs(select_rows(batch, mine)), count)
+        return self._whole_batch(batch, self.engine.logprobs)
 
-    def sum_pi_squared(self, batch: TokenBatch) -> torch.Tensor:
-        """``[B, T]`` ``sum_v pi(v)^2`` at every response position of ``batch`` under the current weights."""
-        count = batch.input_ids.shape[0]
-        mine = self.dist.share(torch.arange(count))
-        return self.dist.gather_rows(self.engine.sum_pi_squared(select_rows(batch, mine)), count)
+    def token_stats(self, batch: TokenBatch, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``[B, T]`` each named token statistic (:mod:`rlzoo.engines.token_stats`) at every response position of
+        ``batch`` under the current weights, without gradient."""
+        return self._whole_batch(batch, lambda rows: self.engine.token_stats(rows, names))
 
     def values(self, batch: TokenBatch) -> torch.Tensor:
         """``[B, T]`` values of every row of ``batch`` (a critic's engine, head ``"value"``), without gradient."""
-        count = batch.input_ids.shape[0]
-        mine = self.dist.share(torch.arange(count))
-        return self.dist.gather_rows(self.engine.values(select_rows(batch, mine)), count)
+        return self._whole_batch(batch, self.engine.values)
 
     def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, T]`` log-probs and entropies of every row of ``batch``, without gradient."""
+        return self._whole_batch(batch, self.engine.logprobs_and_entropy)
+
+    def _whole_batch(self, batch: TokenBatch, local_pass: Callable[[TokenBatch], Outputs]) -> Outputs:
+        """``local_pass`` on this rank's share of ``batch``'s rows (``Dist.share``), each of its ``[rows, T]``
+        outputs (one tensor, a tuple or a dict of them) gathered, so every rank holds the same full tensors."""
         count = batch.input_ids.shape[0]
-        logp, entropy = self.engine.logprobs_and_entropy(select_rows(batch, self.dist.share(torch.arange(count))))
-        return self.dist.gather_rows(logp, count), self.dist.gather_rows(entropy, count)
+        local = local_pass(select_rows(batch, self.dist.share(torch.arange(count))))
+        if isinstance(local, torch.Tensor):
+            return self.dist.gather_rows(local, count)
+        if isinstance(local, dict):
+            return {name: self.dist.gather_rows(t, count) for name, t in local.items()}
+        return tuple(self.dist.gather_rows(t, count) for t in local)
 
     def update(
         self, batch: TokenBatch, rows: torch.Tensor, loss_fn: LossFn, with_entropy: bool = False

@@ -9,14 +9,15 @@
             rewards  <- verifier scores every response (+ reward shapers' terms)     (time/verify)
             keep the groups the batch filter keeps; stop once `prompts_per_step` are kept
         (no group kept: skip the update)
-        old_logprobs:                                                               (time/old_logprobs)
+        old_pass:                                                                   (time/old_logprobs)
             old logp   <- training engine on the rollout batch (+ entropy), or the rollout engine's
                           (old_logprobs: rollout-only skips the training engine's pass)
+            token stats <- the statistics the advantage source names (needs_token_stats), same weights
             ref logp   <- the KL reference on the rollout batch, if there is one
             weights    <- train-inference correction from both engines' old log-probs (e.g. TIS)
         teacher logp <- the teacher on the rollout batch, if there is one             (time/teacher)
         values     <- the critic on the rollout batch, if there is one                (time/critic)
-        advantages (rlzoo.rl.rollouts.advantages):                                  (time/advantage)
+        advantages (rlzoo.rl.advantages):                                           (time/advantage)
             token rewards -= kl_in_reward's beta * KL(old || reference), if configured
             advantages <- advantage source, per token (+ the critic's returns)
         minibatch_updates:                                                          (time/train)
@@ -28,8 +29,10 @@
         rollout engine(s) <- the new weights                                        (time/sync)
         step_metrics: the updates', the batch's, the advantages', mismatch, entropy, critic, teacher (+ the times)
 
-:func:`rl_step` reads as this chart, one line or block per phase. The rollouts get only what they use
-(:attr:`Components.rollout_parts`, a :class:`~rlzoo.rl.rollouts.RolloutParts`), not the step's whole components.
+:func:`rl_step` reads as this chart, one line or block per phase; each phase fills its part of the step's
+:class:`~rlzoo.rl.step_record.StepRecord` and reads what the phases before it put there. The rollouts get only what
+they use (:meth:`Components.rollout_parts`, a :class:`~rlzoo.rl.rollouts.RolloutParts`), not the step's whole
+components.
 
 Every piece is injected by :mod:`rlzoo.runtime.run`; this module knows no concrete component. With several processes
 each rank samples and scores its contiguous share of the prompts with its own engine and the shares are gathered
@@ -56,28 +59,27 @@ import torch
 from torch import Tensor
 
 from rlzoo.config.schema import RunConfig
-from rlzoo.engines import LossFn, RolloutEngine, SamplingSettings, TokenBatch
+from rlzoo.engines import LossFn, RolloutEngine, SamplingSettings
 from rlzoo.engines.device import device_memory_metrics
 from rlzoo.episodes.environments import SingleTurn
 from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
 from rlzoo.interfaces.base import take_reports
+from rlzoo.rl.advantages import advantages
 from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.rl.learner import Learner
+from rlzoo.rl.loss_inputs import LossInputs
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
-from rlzoo.rl.rollouts import RolloutBatch, RolloutParts
-from rlzoo.rl.rollouts import advantages as compute_advantages
+from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, score_last_turns
 from rlzoo.rl.schedule import RolloutSchedule
-from rlzoo.rl.scoring import score
+from rlzoo.rl.step_record import OldLogprobs, StepRecord
 from rlzoo.rl.teacher import Teacher, distill_metrics
 from rlzoo.runtime.distributed import SINGLE, Dist
-from rlzoo.util.decode import response_text
 from rlzoo.util.passk import mean_pass_at_k
 from rlzoo.util.reductions import reduce_minibatches
-from rlzoo.util.seeds import step_seed
+from rlzoo.util.seeds import Stream, step_seed
 from rlzoo.util.tensors import masked_mean
-from rlzoo.util.timer import Timer
 
 
 @dataclass
@@ -107,8 +109,7 @@ class Components:
         if self.episodes is None:
             self.episodes = EpisodeRunner(SingleTurn(), self.tokenizer)
 
-    @property
-    def rollout_parts(self) -> RolloutParts:
+    def rollout_parts(self, config: RunConfig) -> RolloutParts:
         """What sampling, scoring and assembling the rollout batch use, all that :mod:`rlzoo.rl.rollouts` is given
         (built at each call, so it sees the fields as they are now)."""
         return RolloutParts(
@@ -122,65 +123,50 @@ class Components:
             dist=self.dist,
             per_rank=self.rollout_per_rank,
             step_rewards=self.advantage.needs_step_rewards,
+            config=config,
             greedy_baseline=self.advantage.needs_greedy_baseline,
         )
 
 
 def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig) -> dict[str, float]:
     """One RL step; with several processes every rank calls it (each samples its share, or rank 0 samples all)."""
-    timer = Timer()
-    rollout = rollout_batch(step, prompts, c, config, timer)
-    if rollout.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
+    record, parts = StepRecord(step), c.rollout_parts(config)
+    timer = record.timer
+    record.rollout = rollout_batch(record, prompts, c, parts)
+    if record.batch is None:  # the batch filter kept no group: nothing to learn from, the weights stay
         c.schedule.settle(timer)
-        c.schedule.publish(step, c.learner, c.rollout, c.rollout_per_rank, updated=False)
-        return c.dist.reduce_metrics({**rollout.metrics, **timer.metrics()})
-    batch = rollout.batch
+        c.schedule.publish(step, c.learner, parts, updated=False)
+        return c.dist.reduce_metrics({**record.rollout.metrics, **timer.metrics()})
     with timer("old_logprobs"):
-        old = old_logprobs(rollout, c, config.algorithm.old_logprobs)
+        old_pass(record, c, config.algorithm.old_logprobs)
     with timer("teacher"):
-        teacher_logp = c.teacher.logprobs(batch) if c.teacher is not None else None
+        record.teacher_logp = c.teacher.logprobs(record.batch) if c.teacher is not None else None
     with timer("critic"):
-        values = c.critic.values(batch) if c.critic is not None else None
+        record.values = c.critic.values(record.batch) if c.critic is not None else None
     with timer("advantage"):
-        advantages, returns, advantage_metrics = compute_advantages(
-            rollout.rewards, c.advantage, c.kl_in_reward, old.logp, old.reference, values, teacher_logp,
-            old.sum_pi_squared,
-        )
+        advantages(record, c.advantage, c.kl_in_reward)
     with timer("train"):
-        updates, critic_updates = minibatch_updates(step, batch, old, advantages, values, returns, c, config)
+        minibatch_updates(record, c, config)
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
-        c.schedule.publish(step, c.learner, c.rollout, c.rollout_per_rank, updated=True)
-    metrics = step_metrics(rollout, old, advantage_metrics, updates, values, returns, critic_updates, teacher_logp)
-    metrics = {**metrics, **c.learner.step_metrics(), **timer.metrics(), **device_memory_metrics()}
+        c.schedule.publish(step, c.learner, parts, updated=True)
+    metrics = {**step_metrics(record), **c.learner.step_metrics(), **timer.metrics(), **device_memory_metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
 
 
-def rollout_batch(step: int, prompts: Sequence[Sample], c: Components, config: RunConfig, timer: Timer) -> RolloutBatch:
+def rollout_batch(record: StepRecord, prompts: Sequence[Sample], c: Components, parts: RolloutParts) -> RolloutBatch:
     """The step's rollout batch, from the schedule, on every rank in the same order."""
     # every rank samples and scores its share of the prompts (collect gathers the shares), or rank 0 samples all
     # and sends the batch to the others
     samples_here = c.rollout_per_rank or c.dist.is_main
-    rollout = c.schedule.collect(step, prompts, c.rollout_parts, config, timer) if samples_here else None
+    rollout = c.schedule.collect(record.step, prompts, parts, record.timer) if samples_here else None
     return rollout if c.rollout_per_rank else c.dist.broadcast(rollout)
 
 
-@dataclass
-class OldLogprobs:
-    """The rollout batch's log-probs before the step's updates, and the train-inference correction from them."""
-
-    logp: Tensor  # the ratio's denominator (algorithm.old_logprobs): the training engine's or the rollout engine's
-    train: Tensor | None  # the training engine's pass; None: rollout-only skips it
-    entropy: Tensor | None  # the policy's entropy from that pass
-    rollout: Tensor  # the rollout engine's
-    reference: Tensor | None  # the KL reference's, if there is one
-    correction: Tensor  # the mismatch correction's weights (e.g. TIS)
-    reports: dict[str, float]  # what the correction reported
-    sum_pi_squared: Tensor | None = None  # sum_v pi_old(v)^2 per position, for an advantage that reads it
-
-
-def old_logprobs(rollout: RolloutBatch, c: Components, source: str) -> OldLogprobs:
-    """The old log-probs (``source``: ``algorithm.old_logprobs``), the reference's, and the correction weights."""
+def old_pass(record: StepRecord, c: Components, source: str) -> None:
+    """Fill the record's old log-probs (``source``: ``algorithm.old_logprobs``), the reference's, the correction
+    weights, and the token statistics the advantage source declares (``needs_token_stats``)."""
+    rollout = record.rollout
     batch, rollout_logp, mask = rollout.batch, rollout.rollout_logp, rollout.batch.response_mask
     routings = [g.routing for g in rollout.generations]
     if source == "rollout-only":  # the rollout engine's log-probs are the old ones: no pass
@@ -189,91 +175,75 @@ def old_logprobs(rollout: RolloutBatch, c: Components, source: str) -> OldLogpro
     else:
         with c.schedule.behaviour_weights():  # the weights that sampled the batch (overlap: the previous step's)
             train_logp, entropy = c.learner.old_logprobs(batch, rollout_logp, routings)
-    sum_pi_squared = None
-    if c.advantage.needs_sum_pi_squared:  # one more pass, under the same weights as the old one
+    if c.advantage.needs_token_stats:  # more passes, under the same weights as the old one
         with c.schedule.behaviour_weights():
-            sum_pi_squared = c.learner.sum_pi_squared(batch)
+            record.token_stats = c.learner.token_stats(batch, sorted(c.advantage.needs_token_stats))
     old_logp = train_logp if source == "train" else rollout_logp
     ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
     # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
     correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
-    return OldLogprobs(
-        old_logp, train_logp, entropy, rollout_logp, ref_logp, correction, take_reports(c.correction), sum_pi_squared
-    )
+    record.old = OldLogprobs(old_logp, train_logp, entropy, rollout_logp, ref_logp, correction)
+    record.reports.update(take_reports(c.correction))
 
 
-def minibatch_updates(
-    step: int,
-    batch: TokenBatch,
-    old: OldLogprobs,
-    advantages: Tensor,
-    values: Tensor | None,
-    returns: Tensor | None,
-    c: Components,
-    config: RunConfig,
-) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> None:
     """``algorithm.minibatches_per_rollout`` minibatches of shuffled rows: on each one optimizer step of the policy
     (not during the critic's warm-up), then of the critic; the policy's and the critic's metrics per minibatch."""
-    critic, mask = c.critic, batch.response_mask
+    critic, batch, step = c.critic, record.batch, record.step
+    mask = batch.response_mask
     policy_learns = critic is None or step >= critic.warmup_steps
-    loss_mask = mask * kept_tokens(c.correction, old, advantages, mask)
-    updates, critic_updates = [], []
-    shuffle = step_seed(config.seed, step, 2)
+    record.loss_mask = mask * kept_tokens(c.correction, record, mask)
+    old = record.old
+    # to the loss's device once a step
+    inputs = LossInputs(old.logp, record.advantages, record.loss_mask, old.reference, old.correction)
+    shuffle = step_seed(config.seed, step, Stream.SHUFFLE)
     for index, rows in enumerate(minibatches(len(mask), config.algorithm.minibatches_per_rollout, shuffle)):
-        seed = step_seed(config.seed, step, 100 + index)  # components that draw at random (e.g. clip-cov)
+        seed = step_seed(config.seed, step, Stream.MINIBATCH_LOSS + index)  # components that draw at random
         if policy_learns:
-            loss_fn = minibatch_loss(c.objective, old, advantages, loss_mask, rows, seed)
-            updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
+            loss_fn = minibatch_loss(c.objective, inputs, rows, seed)
+            record.updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
         if critic is not None:
-            critic_updates.append(critic.update(batch, rows, values, returns))
-    return updates, critic_updates
+            record.critic_updates.append(critic.update(batch, rows, record.values, record.returns))
 
 
-def kept_tokens(correction: MismatchCorrection, old: OldLogprobs, advantages: Tensor, mask: Tensor) -> Tensor:
+def kept_tokens(correction: MismatchCorrection, record: StepRecord, mask: Tensor) -> Tensor:
     """The tokens the correction keeps in the policy loss (a rejected one counts as padding there); what it reported
     joins the step's metrics with its weights' reports."""
+    old = record.old
     train = old.rollout if old.train is None else old.train  # rollout-only: the correction reads no old_train
-    keep = correction.keep(train, old.rollout, mask, advantages)
-    old.reports.update(take_reports(correction))
+    keep = correction.keep(train, old.rollout, mask, record.advantages)
+    record.reports.update(take_reports(correction))
     return keep
 
 
-def minibatch_loss(
-    objective: Objective, old: OldLogprobs, advantages: Tensor, mask: Tensor, rows: Tensor, seed: int
-) -> LossFn:
-    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``."""
+def minibatch_loss(objective: Objective, inputs: LossInputs, rows: Tensor, seed: int) -> LossFn:
+    """The objective on the minibatch ``rows``, as :meth:`Learner.update` calls it: ``loss_fn(logp [, entropy])``,
+    computed on the device of ``logp``, its metrics left there (the step reads them all at once)."""
 
-    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
-        reference = old.reference[rows] if old.reference is not None else None
-        return objective(
-            logp, old.logp[rows], advantages[rows], mask[rows], reference, old.correction[rows], seed, entropy
-        )
+    def loss_fn(logp: Tensor, entropy: Tensor | None = None) -> tuple[Tensor, dict[str, Any]]:
+        old_logp, advantages, mask, reference, weights = inputs.rows(rows, logp.device)
+        return objective.on_device(logp, old_logp, advantages, mask, reference, weights, seed, entropy)
 
     return loss_fn
 
 
-def step_metrics(
-    rollout: RolloutBatch,
-    old: OldLogprobs,
-    advantage_metrics: dict[str, float],
-    updates: list[dict[str, float]],
-    values: Tensor | None,
-    returns: Tensor | None,
-    critic_updates: list[dict[str, float]],
-    teacher_logp: Tensor | None,
-) -> dict[str, float]:
+def step_metrics(record: StepRecord) -> dict[str, float]:
     """The step's metrics (this rank's; the training engine's step metrics and the times aside): the updates', the
     rollout batch's, the advantages', the mismatch and the policy's entropy, the critic's and the teacher's."""
-    mask = rollout.batch.response_mask
+    old, mask = record.old, record.batch.response_mask
     mismatch, policy = {}, {}
     if old.train is not None:  # the training engine's own pass ran
         mismatch = mismatch_metrics(old.train, old.rollout, old.correction, mask)
         policy = {"policy/entropy": masked_mean(old.entropy, mask).item()}
-    if values is not None:  # there is a critic
-        policy = {**policy, **value_metrics(values, returns, mask), **reduce_minibatches(critic_updates)}
-    if teacher_logp is not None:
-        policy = {**policy, **distill_metrics(old.logp, teacher_logp, mask)}
-    return {**reduce_minibatches(updates), **rollout.metrics, **advantage_metrics, **mismatch, **policy, **old.reports}
+    if record.values is not None:  # there is a critic
+        critic = {**value_metrics(record.values, record.returns, mask), **reduce_minibatches(record.critic_updates)}
+        policy = {**policy, **critic}
+    if record.teacher_logp is not None:
+        policy = {**policy, **distill_metrics(old.logp, record.teacher_logp, mask)}
+    return {
+        **reduce_minibatches(record.updates), **record.rollout.metrics, **record.advantage_metrics, **mismatch,
+        **policy, **record.reports,
+    }
 
 
 def evaluate(
@@ -293,15 +263,15 @@ def evaluate(
         max_new_tokens=config.rollout.max_new_tokens,
         temperature=config.train.eval_temperature,
         top_p=1.0,
-        seed=step_seed(config.seed, 0, 3),
+        seed=step_seed(config.seed, 0, Stream.EVAL),
     )
-    episodes = episodes or EpisodeRunner(SingleTurn(), tokenizer)
-    ran = episodes.run(rollout, samples, sampling, config.prompt)
+    parts = RolloutParts(rollout, episodes or EpisodeRunner(SingleTurn(), tokenizer), verifier, [], BatchFilter(), (),
+                         tokenizer, SINGLE, per_rank=False, step_rewards=False, config=config)
+    ran = parts.episodes.run(rollout, samples, sampling, config.prompt)
     groups = ran.groups
-    responses = [response_text(tokenizer, g.last_turn_ids) for group in groups for g in group]
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
-    scores = score(verifier, repeated, responses, config.train.verifier_timeout_s)
-    verdicts = ran.scored(scores.verdicts)  # an episode whose environment failed scores 0
+    scores = score_last_turns(ran, repeated, parts)
+    verdicts = scores.verdicts  # an episode whose environment failed scores 0
     rewards = torch.tensor([v.reward for v in verdicts])
     verdict_correct = torch.tensor([bool(v.correct) for v in verdicts])
     correct = [int(part.sum()) for part in torch.split(verdict_correct, [len(g) for g in groups])]  # per prompt
@@ -337,5 +307,5 @@ def minibatches(count: int, number: int, seed: int) -> list[torch.Tensor]:
 
 
 def sample_prompts(train_set: Sequence[Sample], step: int, config: RunConfig) -> list[Sample]:
-    rng = random.Random(step_seed(config.seed, step, 0))
+    rng = random.Random(step_seed(config.seed, step, Stream.PROMPTS))
     return rng.sample(list(train_set), k=min(config.rollout.prompts_per_step, len(train_set)))

@@ -37,7 +37,7 @@ from rlzoo.interfaces import (
 )
 from rlzoo.interfaces.base import take_reports
 from rlzoo.registry import Registry, default_registry, format_validation_error
-from rlzoo.util.reductions import Max, Min
+from rlzoo.util.reductions import Deferred, Max, Min, read_metrics
 from rlzoo.util.tensors import masked_mean
 
 
@@ -75,7 +75,25 @@ class Objective:
         seed: int | None = None,
         entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``; ``mask`` is 1 on response tokens.
+        """:meth:`on_device` with the metrics read as floats (one host transfer): for a loop of one's own."""
+        loss, metrics = self.on_device(logp, old_logp, advantages, mask, ref_logp, weights, seed, entropy)
+        return loss, read_metrics([metrics])[0]
+
+    def on_device(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        seed: int | None = None,
+        entropy: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Loss to minimise and its metrics. All tensors are ``[batch, tokens]``, on the device of ``logp``;
+        ``mask`` is 1 on response tokens. The built-in metrics stay on that device, 0-dim tensors (declared ones as
+        :class:`~rlzoo.util.reductions.Deferred`): nothing here waits for the device, and a step reads every
+        minibatch's metrics at once (:func:`~rlzoo.util.reductions.reduce_minibatches`).
 
         The metrics include what the ratio estimator, clipper, aggregation, KL estimator and regularisers
         reported during the call (``Component.report``, keyed ``<namespace>/<name>/<metric>``) and the clipper's
@@ -98,19 +116,19 @@ class Objective:
         )
         per_token = clipped.loss if weights is None else clipped.loss * weights.detach()
         policy_loss = loss = b.aggregate(per_token, self.aggregation)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, Any] = {}
         if b.ref_logp is not None:
             kl = self.kl.estimate(b.logp, b.ref_logp)
-            metrics["kl/ref"] = masked_mean(kl.detach(), b.mask).item()
+            metrics["kl/ref"] = masked_mean(kl.detach(), b.mask)
             if self.kl_coef:
                 # the k3 KL is unbiased at samples of the current policy; the batch was sampled by the old one, so
                 # weighting each token by w (not detached) makes the term's gradient the KL's (DeepSeek-V3.2)
                 kl_loss = b.aggregate(kl * torch.exp(log_w) if self.kl_bias_correction else kl, self.aggregation)
-                metrics["loss/kl"] = kl_loss.item()
+                metrics["loss/kl"] = kl_loss.detach()
                 loss = loss + self.kl_coef * kl_loss
         for regulariser in self.regularisers:
             term = regulariser.loss(b.logp, b.entropy, b.mask, self.aggregation)
-            metrics[f"loss/{regulariser.name}"] = term.item()
+            metrics[f"loss/{regulariser.name}"] = term.detach()
             loss = loss + term
         metrics.update(_policy_metrics(policy_loss, loss, torch.exp(log_w), clipped, b))
         for component in (self.ratio, self.clipper, self.aggregation, self.kl, *self.regularisers):
@@ -173,20 +191,23 @@ class _Masked:
 @torch.no_grad()
 def _policy_metrics(
     policy_loss: torch.Tensor, loss: torch.Tensor, ratio: torch.Tensor, clipped: ClipResult, b: _Masked
-) -> dict[str, float]:
+) -> dict[str, Any]:
     low = (clipped.clipped_low & b.keep).to(b.logp.dtype)
     high = (clipped.clipped_high & b.keep).to(b.logp.dtype)
+    # the kept ratios' own mean (a masked sum would add its zeros in another order and change the float32 value);
+    # on a GPU their count is the one wait on the device here
     r = ratio.detach()[b.keep]
+    one = torch.ones((), dtype=r.dtype, device=r.device)
     return {
-        "loss/policy": policy_loss.item(),
-        "loss/total": loss.item(),
-        "clip/low_fraction": masked_mean(low, b.mask).item(),
-        "clip/high_fraction": masked_mean(high, b.mask).item(),
-        "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), b.mask).item(),
-        "ratio/mean": r.mean().item() if r.numel() else 1.0,
-        "ratio/min": Min(r.min().item() if r.numel() else 1.0),
-        "ratio/max": Max(r.max().item() if r.numel() else 1.0),
-        "kl/old_approx": masked_mean(k3_from_samples_of_old(b.logp.detach(), b.old_logp), b.mask).item(),
+        "loss/policy": policy_loss.detach(),
+        "loss/total": loss.detach(),
+        "clip/low_fraction": masked_mean(low, b.mask),
+        "clip/high_fraction": masked_mean(high, b.mask),
+        "clip/fraction": masked_mean(torch.clamp(low + high, max=1.0), b.mask),
+        "ratio/mean": r.mean() if r.numel() else one,
+        "ratio/min": Deferred(r.min() if r.numel() else one, Min),
+        "ratio/max": Deferred(r.max() if r.numel() else one, Max),
+        "kl/old_approx": masked_mean(k3_from_samples_of_old(b.logp.detach(), b.old_logp), b.mask),
         **clipped.metrics,
     }
 

@@ -50,7 +50,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlzoo.config.schema import RunConfig
 from rlzoo.engines import TrainingEngine
 from rlzoo.interfaces import Sample
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, collect
@@ -92,9 +91,7 @@ class OverlappedRollouts(RolloutSchedule):
 
     # -- the batches ----------------------------------------------------------------------------------------------
 
-    def collect(
-        self, step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
-    ) -> RolloutBatch:
+    def collect(self, step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Timer) -> RolloutBatch:
         if self.pending is not None and self.pending.step == step:
             prefetch, self.pending = self.pending, None
             self._join(prefetch)  # done already: settle() waited for it at the end of the previous step
@@ -102,20 +99,20 @@ class OverlappedRollouts(RolloutSchedule):
             for name, seconds in prefetch.timer.seconds.items():  # the background phases, as if sampled now
                 timer.seconds[name] += seconds
         else:  # the run's (or the resumed run's) first batch; nothing in flight (settle() ran after every step)
-            batch, version = collect(step, prompts, parts, config, timer), self.version
+            batch, version = collect(step, prompts, parts, timer), self.version
         self.versions[step] = self.batch_version = version
         batch.metrics["rollout/staleness"] = float(self.version - version)
         if step + 1 < self.steps:
-            self._launch(step + 1, parts, config)
+            self._launch(step + 1, parts)
         return batch
 
-    def _launch(self, step: int, parts: RolloutParts, config: RunConfig) -> None:
+    def _launch(self, step: int, parts: RolloutParts) -> None:
         prefetch = _Prefetch(step, self.version)
         prompts = self.prompts_for(step)
 
         def sample() -> None:
             try:
-                prefetch.batch = collect(step, prompts, parts, config, prefetch.timer)
+                prefetch.batch = collect(step, prompts, parts, prefetch.timer)
             except BaseException as error:  # re-raised in the main thread by settle()
                 prefetch.error = error
 

@@ -8,7 +8,6 @@ batch filter keeps (:mod:`rlzoo.rl.schedule` says when that happens).
                                 baseline <- one greedy response per prompt, scored alike (needs_greedy_baseline)
             keep the groups the batch filter keeps; stop once `len(prompts)` are kept
         assemble: the kept groups as one padded TokenBatch, rewards per response and per token
-    advantages (in the step, after the old log-probs and values): the KL-in-reward penalty, the advantage source
 
 :func:`rlzoo.rl.loop.rl_step` asks its schedule for the step's batch; the base
 :class:`rlzoo.rl.schedule.RolloutSchedule` calls :func:`collect` at the
@@ -32,15 +31,13 @@ from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TokenBatc
 from rlzoo.engines.tokens import make_token_batch
 from rlzoo.errors import RlzooError
 from rlzoo.episodes.runner import EpisodeBatch, EpisodeRunner
-from rlzoo.interfaces import AdvantageSource, BatchFilter, RewardBatch, RewardShaper, Sample, Verdict, Verifier
+from rlzoo.interfaces import BatchFilter, RewardBatch, RewardShaper, Sample, Verdict, Verifier
 from rlzoo.interfaces.base import take_reports
-from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.scoring import Scores, score, step_token_ends
 from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.decode import response_text, token_char_ends
 from rlzoo.util.reductions import reduce_minibatches
-from rlzoo.util.seeds import rank_seed, step_seed
-from rlzoo.util.tensors import masked_mean
+from rlzoo.util.seeds import Stream, generation_seed, rank_seed, step_seed
 from rlzoo.util.timer import Timer
 
 _log = logging.getLogger("rlzoo.rl.loop")
@@ -61,7 +58,13 @@ class RolloutParts:
     dist: Dist
     per_rank: bool  # every rank samples its share of the prompts with its own started engine
     step_rewards: bool  # the advantage source reads per-step rewards (needs_step_rewards): assemble places them
+    config: RunConfig  # the run's: sampling, prompts, seeds, the verifier's timeout, the response budget
     greedy_baseline: bool = False  # the advantage source reads a greedy response's reward (needs_greedy_baseline)
+
+    @property
+    def ranks(self) -> Dist:
+        """The processes that share a generation batch's prompts: the run's with per-rank rollouts, else one."""
+        return self.dist if self.per_rank else SINGLE
 
 
 @dataclass
@@ -88,19 +91,21 @@ class ScoredGroup:
     baseline: float | None = None  # the reward of one greedy response to the prompt (greedy_baseline), all terms
 
 
-def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer) -> RolloutBatch:
+def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Timer) -> RolloutBatch:
     """Sample ``group_size`` responses per prompt, score and shape them, keep the groups the batch filter keeps.
 
     While fewer than ``len(prompts)`` groups are kept, further generation batches of as many fresh prompts (not
     yet drawn this step) are sampled, up to the filter's ``max_gen_batches``; each batch has its own reproducible
     seeds. The first ``len(prompts)`` kept groups are trained on; fewer is an under-filled batch (a warning and
     ``filter/underfilled``), none a skipped step (``filter/skipped``)."""
-    target, limit = len(prompts), parts.batch_filter.max_gen_batches()
+    config, target, limit = parts.config, len(prompts), parts.batch_filter.max_gen_batches()
     scored: list[ScoredGroup] = []
     kept: list[ScoredGroup] = []
     per_batch, gen_batch, batch_prompts = [], 0, list(prompts)  # each generation batch's faults and reports
     while batch_prompts:
-        groups, batch_metrics = generate_and_score(step, gen_batch, batch_prompts, parts, config, timer)
+        _log_shares(step, gen_batch, batch_prompts, parts)
+        seed = generation_seed(config.seed, step, gen_batch)
+        groups, batch_metrics = generate_and_score(batch_prompts, seed, parts, timer)
         rewards = torch.cat([g.rewards + g.shaping for g in groups])
         group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.generations])
         keep = parts.batch_filter.keep(rewards, group_index)
@@ -110,7 +115,8 @@ def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, config: R
         if len(kept) >= target or gen_batch >= limit:
             break
         drawn = {g.sample.prompt for g in scored}
-        batch_prompts = fresh_prompts(parts.train_set, drawn, step, gen_batch, target, config)
+        seed = step_seed(config.seed, step, Stream.FRESH_PROMPTS + gen_batch)
+        batch_prompts = fresh_prompts(parts.train_set, drawn, seed, target)
     informative, kept = len(kept), kept[:target]
     if len(kept) < target:
         _log.warning(
@@ -125,11 +131,19 @@ def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, config: R
         "filter/underfilled": float(0 < len(kept) < target),
         "filter/skipped": float(not kept),
     }
-    return assemble(kept, parts, config, metrics)
+    return assemble(kept, parts, metrics)
+
+
+def _log_shares(step: int, gen_batch: int, prompts: Sequence[Sample], parts: RolloutParts) -> None:
+    """In every rank's log file, with per-rank rollouts in several processes: which ranks sample what."""
+    ranks = parts.ranks
+    if ranks.active:
+        mine = ranks.share_items(prompts)
+        _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
 
 
 def generate_and_score(
-    step: int, gen_batch: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
+    prompts: Sequence[Sample], seed: int, parts: RolloutParts, timer: Timer
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """One generation batch: ``group_size`` responses per prompt, the verifier's rewards and the shapers' terms;
     also the verifier's fault counts (``verifier/errors``, ``/timeouts``, ``/nonfinite_rewards``, summed over the
@@ -139,8 +153,7 @@ def generate_and_score(
     With ``parts.per_rank`` rank ``r`` samples and scores ``Dist.share_items(prompts)`` (whole groups, so
     group-relative advantages are unchanged) with seed ``rank_seed(seed, r)``; the shares are all-gathered in rank
     order, so every rank returns the groups in the order of ``prompts``, as one engine would."""
-    ranks = parts.dist if parts.per_rank else SINGLE
-    seed = step_seed(config.seed, step, 1) if gen_batch == 0 else step_seed(config.seed, step, 30_000 + gen_batch)
+    ranks, config = parts.ranks, parts.config
     sampling = SamplingSettings(
         n=config.rollout.group_size,
         max_new_tokens=config.rollout.max_new_tokens,
@@ -149,8 +162,6 @@ def generate_and_score(
         seed=rank_seed(seed, ranks.rank),
     )
     mine = ranks.share_items(prompts)
-    if ranks.active:  # in every rank's log file: which ranks sampled what
-        _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
     take_reports(parts.engine)  # what it reported since (an evaluation's generate, start) is not this batch's
     with timer("rollout"):  # includes waiting for the slowest rank's share (episodes: tools and all turns)
         ran = parts.episodes.run(parts.engine, mine, sampling, config.prompt) if mine else EpisodeBatch([])
@@ -158,25 +169,18 @@ def generate_and_score(
         shares = ranks.all_gather_object((local, {**ran.metrics, **take_reports(parts.engine)}))
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
-        responses = [response_text(parts.tokenizer, g.last_turn_ids) for group in local for g in group]
-        scores = score(parts.verifier, samples, responses, config.train.verifier_timeout_s)
-        # an episode whose environment failed scores 0 (its verdict replaced; the verifier's faults stay counted)
-        all_scores = ranks.all_gather_object(replace(scores, verdicts=ran.scored(scores.verdicts)))
+        all_scores = ranks.all_gather_object(score_last_turns(ran, samples, parts))
     baselines, greedy_scores = [], []
     if parts.greedy_baseline:
-        baselines, greedy_scores = greedy_baselines(mine, sampling, parts, config, ranks, timer)
+        baselines, greedy_scores = greedy_baselines(mine, sampling, parts, timer)
     groups = [group for share, _ in shares for group in share]
     generations = [g for group in groups for g in group]
     verdicts = [v for scores in all_scores for v in scores.verdicts]
     # fault and tool counts: the shares' sum
     metrics = reduce_minibatches([s.metrics() for s in [*all_scores, *greedy_scores]] + [m for _, m in shares if m])
-    # the verifier's reward plus the environment's turn rewards
-    rewards = torch.tensor([v.reward + sum(g.turn_rewards or ()) for v, g in zip(verdicts, generations, strict=True)])
-    lengths = torch.tensor([g.policy_tokens for g in generations])
-    shaping = torch.zeros_like(rewards)
-    for shaper in parts.shapers:
-        shaping = shaping + shaper.shape(rewards, lengths, config.response_budget())  # policy tokens of all turns
-        metrics.update(take_reports(shaper))
+    rewards = episode_rewards(verdicts, generations)
+    shaping, reports = shaping_terms(rewards, generations, parts)
+    metrics.update(reports)
     out, start = [], 0
     for sample, group in zip(prompts, groups, strict=True):
         rows = slice(start, start + len(group))
@@ -187,32 +191,54 @@ def generate_and_score(
 
 
 def greedy_baselines(
-    mine: Sequence[Sample], sampling: SamplingSettings, parts: RolloutParts, config: RunConfig, ranks: Dist, timer: Timer
+    mine: Sequence[Sample], sampling: SamplingSettings, parts: RolloutParts, timer: Timer
 ) -> tuple[list[float], list[Scores]]:
     """ReMax's baselines (verl: one ``do_sample=False`` generation per prompt): the reward of one greedy response
     to each prompt, counted as the sampled ones are (verifier, turn rewards, shapers' terms), in the order of all
     ranks' prompts; and each rank's scores (their faults count as the step's). Timed as ``time/baseline``."""
     with timer("baseline"):
         greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0)
-        ran = parts.episodes.run(parts.engine, mine, greedy, config.prompt) if mine else EpisodeBatch([])
+        ran = parts.episodes.run(parts.engine, mine, greedy, parts.config.prompt) if mine else EpisodeBatch([])
         generations = [group[0] for group in ran.groups]
-        responses = [response_text(parts.tokenizer, g.last_turn_ids) for g in generations]
-        scores = score(parts.verifier, list(mine), responses, config.train.verifier_timeout_s)
-        turns = [sum(g.turn_rewards or ()) for g in generations]
-        rewards = torch.tensor([v.reward + t for v, t in zip(scores.verdicts, turns, strict=True)], dtype=torch.float32)
-        lengths = torch.tensor([g.policy_tokens for g in generations], dtype=torch.long)
-        shaped = rewards.clone()
-        for shaper in parts.shapers:
-            shaped = shaped + shaper.shape(rewards, lengths, config.response_budget())
-            take_reports(shaper)  # the step reports the shapers' view of the sampled responses, not of these
-        gathered = ranks.all_gather_object((shaped.tolist(), scores))
+        scores = score_last_turns(ran, list(mine), parts)
+        rewards = episode_rewards(scores.verdicts, generations)
+        # the step reports the shapers' view of the sampled responses, not of these
+        shaped = rewards + shaping_terms(rewards, generations, parts)[0]
+        gathered = parts.ranks.all_gather_object((shaped.tolist(), scores))
     return [b for share, _ in gathered for b in share], [s for _, s in gathered]
 
 
-def assemble(groups: list[ScoredGroup], parts: RolloutParts, config: RunConfig, metrics: dict[str, float]) -> RolloutBatch:
+def score_last_turns(ran: EpisodeBatch, samples: Sequence[Sample], parts: RolloutParts) -> Scores:
+    """The verifier's scores of each episode's last turn (decoded), ``samples`` one per episode in order; an episode
+    whose environment failed scores 0 (its verdict replaced; the verifier's faults stay counted). Training, the
+    greedy baselines and evaluation score this way."""
+    responses = [response_text(parts.tokenizer, g.last_turn_ids) for group in ran.groups for g in group]
+    scores = score(parts.verifier, samples, responses, parts.config.train.verifier_timeout_s)
+    return replace(scores, verdicts=ran.scored(scores.verdicts))
+
+
+def episode_rewards(verdicts: Sequence[Verdict], generations: Sequence[Generation]) -> torch.Tensor:
+    """``[n]`` each episode's reward: the verifier's plus the environment's turn rewards."""
+    return torch.tensor([v.reward + sum(g.turn_rewards or ()) for v, g in zip(verdicts, generations, strict=True)])
+
+
+def shaping_terms(
+    rewards: torch.Tensor, generations: Sequence[Generation], parts: RolloutParts
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``[n]`` the sum of the reward shapers' terms (each reads the rewards and the policy tokens of all turns), and
+    what the shapers reported."""
+    lengths = torch.tensor([g.policy_tokens for g in generations])
+    shaping, reports = torch.zeros_like(rewards), {}
+    for shaper in parts.shapers:
+        shaping = shaping + shaper.shape(rewards, lengths, parts.config.response_budget())
+        reports.update(take_reports(shaper))
+    return shaping, reports
+
+
+def assemble(groups: list[ScoredGroup], parts: RolloutParts, metrics: dict[str, float]) -> RolloutBatch:
     """The kept groups as one padded batch with their rewards per response and per token (an empty batch when none
     was kept); advantages come later, once the old log-probs and values are known (:func:`advantages`)."""
-    generations = [g for group in groups for g in group.generations]
+    config, generations = parts.config, [g for group in groups for g in group.generations]
     verdicts = [v for group in groups for v in group.verdicts]
     if not groups:
         empty = torch.zeros(0, config.rollout.max_new_tokens)
@@ -244,33 +270,6 @@ def assemble(groups: list[ScoredGroup], parts: RolloutParts, config: RunConfig, 
         reward_parts=reward_parts(groups, parts), reward_baselines=_baselines(groups) if parts.greedy_baseline else None,
     )
     return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), reward_batch, metrics)
-
-
-def advantages(
-    rewards: RewardBatch,
-    source: AdvantageSource,
-    kl_in_reward: KLInReward | None,
-    old_logp: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    values: torch.Tensor | None,
-    teacher_logp: torch.Tensor | None,
-    sum_pi_squared: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-    """The batch's ``[B, T]`` advantages, the critic's returns (``None`` without a critic) and their metrics: the
-    KL-in-reward penalty first (on the old log-probs, ``kl_in_reward``), then the advantage ``source`` (which sees
-    the teacher's and the old log-probs when it declares ``needs_teacher``, the old log-probs and
-    ``sum_pi_squared`` when it declares ``needs_sum_pi_squared``)."""
-    metrics: dict[str, float] = {}
-    if kl_in_reward is not None:
-        penalised, metrics = kl_in_reward.penalise(rewards.token_rewards, old_logp, ref_logp, rewards.mask)
-        rewards = replace(rewards, token_rewards=penalised)
-    if source.needs_teacher:
-        rewards = replace(rewards, teacher_logprobs=teacher_logp, old_logprobs=old_logp)
-    if source.needs_sum_pi_squared:
-        rewards = replace(rewards, old_logprobs=old_logp, sum_pi_squared=sum_pi_squared)
-    advantage, returns = source.advantages_and_returns(replace(rewards, values=values))
-    metrics = {**metrics, "advantage/abs_mean": masked_mean(advantage.abs(), rewards.mask).item()}
-    return advantage, returns, {**metrics, **take_reports(source)}
 
 
 def verdict_parts(verdicts: Sequence[Verdict]) -> dict[str, torch.Tensor] | None:
@@ -356,11 +355,9 @@ def rollout_metrics(groups: list[ScoredGroup], batch_metrics: dict[str, float]) 
     }
 
 
-def fresh_prompts(
-    train_set: Sequence[Sample], drawn: set[str], step: int, gen_batch: int, count: int, config: RunConfig
-) -> list[Sample]:
-    """Up to ``count`` prompts of ``train_set`` not yet ``drawn`` this step, for generation batch ``gen_batch``."""
-    rng = random.Random(step_seed(config.seed, step, 20_000 + gen_batch))
+def fresh_prompts(train_set: Sequence[Sample], drawn: set[str], seed: int, count: int) -> list[Sample]:
+    """Up to ``count`` prompts of ``train_set`` not yet ``drawn`` this step, drawn with ``seed``."""
+    rng = random.Random(seed)
     unseen = [s for s in train_set if s.prompt not in drawn]
     return rng.sample(unseen, k=min(count, len(unseen)))
 

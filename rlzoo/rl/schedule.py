@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 
-from rlzoo.config.schema import RunConfig
-from rlzoo.engines import RolloutEngine
 from rlzoo.interfaces import Sample
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, collect
@@ -23,11 +21,9 @@ class RolloutSchedule:
     from, so nothing is in flight across steps. :class:`rlzoo.rl.overlap.OverlappedRollouts` (``rollout.overlap: 1``)
     samples step t+1's batch while step t trains."""
 
-    def collect(
-        self, step: int, prompts: Sequence[Sample], parts: RolloutParts, config: RunConfig, timer: Timer
-    ) -> RolloutBatch:
+    def collect(self, step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Timer) -> RolloutBatch:
         """Step ``step``'s rollout batch (on rank 0, or on every rank with per-rank rollouts)."""
-        return collect(step, prompts, parts, config, timer)
+        return collect(step, prompts, parts, timer)
 
     def behaviour_weights(self) -> AbstractContextManager[None]:
         """Around the old-log-prob pass of the batch :meth:`collect` returned last: the training engine holds the
@@ -38,11 +34,12 @@ class RolloutSchedule:
         """Before a step returns: no generation is in flight; ``new_weights``: the rollout engine is about to
         receive the step's updated weights."""
 
-    def publish(self, step: int, learner: Learner, rollout: RolloutEngine, every_rank: bool, updated: bool) -> None:
-        """After step ``step`` (``updated``: its updates changed the weights): the rollout engine(s) get the new
-        weights, here at once (:meth:`Learner.push_weights`)."""
+    def publish(self, step: int, learner: Learner, parts: RolloutParts, updated: bool) -> None:
+        """After step ``step`` (``updated``: its updates changed the weights): the rollout engine(s) of ``parts``
+        (rank 0's, or with ``parts.per_rank`` every rank's) get the new weights, here at once
+        (:meth:`Learner.push_weights`)."""
         if updated:
-            learner.push_weights(rollout, every_rank=every_rank)
+            learner.push_weights(parts.engine, every_rank=parts.per_rank)
 
     def paused(self) -> AbstractContextManager[None]:
         """Around an evaluation on the rollout engine: no batch is generated meanwhile, and the engine holds the

@@ -13,7 +13,7 @@ from rlzoo.config.base import DEFAULT_ROLLOUT_ENGINE, ComponentSpec
 from rlzoo.config.schema import LoraConfig, RunConfig
 from rlzoo.engines import EngineContext, RolloutEngine
 from rlzoo.engines.device import resolve_device
-from rlzoo.episodes.prompts import fit_prompts, prompt_budget
+from rlzoo.episodes.prompts import context_limit, context_name, fit_prompts, prompt_budget
 from rlzoo.episodes.runner import build_episode_runner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task, Verifier
@@ -56,8 +56,7 @@ def initial_model_dir(config: RunConfig, task: Task, registry: Registry, progres
         rollout = registry.create("rollout_engine", DEFAULT_ROLLOUT_ENGINE)  # in process, cheap to start
         tokenizer = load_tokenizer(model_dir)
         rollout.start(engine_context(config, model_dir, tokenizer))
-        budget = prompt_budget(episode_context(rollout, model_dir), config.rollout.max_new_tokens)
-        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval", budget)
+        samples = fit_prompts(eval_set, tokenizer, config.prompt, "eval", *prompt_room(config, rollout, model_dir))
         episodes = build_episode_runner(config, registry, tokenizer, episode_context(rollout, model_dir))
         return loop.evaluate(samples, rollout, verifier, tokenizer, config, episodes)
 
@@ -75,9 +74,17 @@ def teacher_model_dir(config: RunConfig, task: Task, registry: Registry, progres
 
 
 def episode_context(rollout: RolloutEngine, model_dir: Path) -> int | None:
-    """The most tokens an episode may hold: the rollout engine's limit, else the model's positions."""
-    limit = rollout.context_tokens()
-    return limit if limit is not None else model_positions(model_dir)
+    """The most tokens an episode may hold: the smaller of the rollout engine's limit and the model's positions."""
+    return context_limit(rollout.context_tokens(), model_positions(model_dir))
+
+
+def prompt_room(config: RunConfig, rollout: RolloutEngine, model_dir: Path) -> tuple[int | None, str]:
+    """The most prompt tokens the context leaves beside ``rollout.max_new_tokens`` (:func:`prompt_budget`; the
+    context: :func:`episode_context`), and the context as a message names it (:func:`context_name`)."""
+    engine, positions = rollout.context_tokens(), model_positions(model_dir)
+    budget = prompt_budget(context_limit(engine, positions), config.rollout.max_new_tokens)
+    return budget, context_name(engine, positions, rollout.context_option,
+                                f"max_position_embeddings of {model_dir}")
 
 
 def model_positions(model_dir: Path) -> int | None:
@@ -98,8 +105,11 @@ def load_tokenizer(model_dir: Path) -> Any:
     return tokenizer
 
 
-def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None) -> EngineContext:
-    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic)."""
+def engine_context(
+    config: RunConfig, model_dir: Path, tokenizer: Any, lora: LoraConfig | None = None, sends_adapters: bool = False
+) -> EngineContext:
+    """What an engine is started with; ``lora`` for the policy's engines only (not a reference, teacher or critic),
+    ``sends_adapters`` for the rollout engine (:func:`rlzoo.engines.lora.sends_adapters`, decided once by the run)."""
     return EngineContext(
         model_dir=Path(model_dir),
         dtype=config.model.dtype,
@@ -107,5 +117,6 @@ def engine_context(config: RunConfig, model_dir: Path, tokenizer: Any, lora: Lor
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         lora=lora,
+        sends_adapters=sends_adapters,
         device=resolve_device(config.device),
     )

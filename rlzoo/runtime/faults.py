@@ -18,6 +18,11 @@ driver asks :meth:`FaultPolicy.check` once per step, after logging its metrics a
 checkpoint is the one written before the streak went bad. With several processes every rank sees the same
 (rank-averaged) metrics and stops at the same step. The streak is not checkpointed: a resumed run starts with none.
 
+A component whose method raises in the middle of a run (a loss, an advantage, a script's clipper; not a verifier or
+an environment, whose faults are contained as above) ends it: :func:`component_failure` turns the exception into
+one line naming the component as the registry does, its file and line, the exception and the step, the traceback
+logged into the run's ``log.txt``; the run stops before that step's checkpoint, so the last one is intact.
+
 Nothing non-finite is saved: before each checkpoint the driver asks :meth:`FaultPolicy.check_weights`, which asks
 every engine the checkpoint would hold (the policy's, a critic's) whether its weights are all finite
 (:meth:`rlzoo.engines.TrainingEngine.weights_finite`, combined over the ranks); if not, the run stops at once with
@@ -32,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.errors import RlzooError
+from rlzoo.interfaces import Component
+from rlzoo.component_errors import component_raised, raising_component
+from rlzoo.registry import ComponentInfo, Registry
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.util.reductions import Declared, FailedEpisodes, SkippedUpdates, UnscoredResponses
 
@@ -44,6 +52,37 @@ class StepFailure(RlzooError):
 
 class NonFiniteWeights(StepFailure):
     """The weights became non-finite: the run stopped before writing them into a checkpoint."""
+
+
+class ComponentFailure(RlzooError):
+    """A component raised in the middle of a run: the run stopped, its last checkpoint intact."""
+
+
+def component_failure(exc: Exception, registry: Registry, run_dir: Path, step: int | None) -> ComponentFailure | None:
+    """``exc`` as one line naming the component in whose method it was raised (:func:`rlzoo.component_errors.raising_component`),
+    with its traceback logged (the run's log file); ``None`` when no component raised it, or it is a user-facing
+    error already (an :class:`RlzooError` says what is wrong itself)."""
+    if isinstance(exc, RlzooError):
+        return None
+    # only a registered component's (a base class's default instance, say, is rlzoo's own)
+    component = raising_component(exc, lambda c: _registration(registry, c) is not None)
+    if component is None:
+        return None
+    log.info("the traceback of that failure:", exc_info=exc)
+    distribution = _registration(registry, component).distribution
+    when = f"at step {step}" if step is not None else "while the run was set up"
+    failure = ComponentFailure(
+        f"stopped {when}: {component_raised(component, exc, distribution)}; its traceback is in the run's log.txt; "
+        f"{checkpoint_kept(run_dir)}"
+    )
+    failure.__cause__ = exc  # as `raise failure from exc`: --verbose shows the component's traceback first
+    return failure
+
+
+def _registration(registry: Registry, component: Component) -> ComponentInfo | None:
+    """How ``registry`` registers ``component`` (its name, and a class it is an instance of); ``None``: it does not."""
+    found = [i for i in registry.components(component.kind) if i.name == component.name and isinstance(component, i.cls)]
+    return found[0] if found else None
 
 
 class FaultPolicy:
@@ -86,7 +125,7 @@ class FaultPolicy:
             return
         raise StepFailure(
             f"stopped at step {step} after {self.streak} failed steps in a row (train.max_consecutive_failures: "
-            f"{self.max_consecutive}): {cause}; {self._kept()}"
+            f"{self.max_consecutive}): {cause}; {checkpoint_kept(self.run_dir)}"
         )
 
     def check_weights(self, step: int, engines: Mapping[str, Any]) -> None:
@@ -99,17 +138,19 @@ class FaultPolicy:
             raise NonFiniteWeights(
                 f"stopped at step {step}: the {whose} weights are not finite (NaN or infinite) after this step's "
                 f"updates, so its checkpoint was not written (a learning rate too high, e.g. trainer.lr, can do "
-                f"this); {self._kept()}"
+                f"this); {checkpoint_kept(self.run_dir)}"
             )
 
-    def _kept(self) -> str:
-        checkpoint = latest_checkpoint(self.run_dir)
-        if checkpoint is None:
-            return "no checkpoint had been written yet"
-        return (
-            f"the last checkpoint, {checkpoint}, is intact: fix the cause, then continue with "
-            f"`rlzoo train CONFIG --resume {self.run_dir}`"
-        )
+
+def checkpoint_kept(run_dir: Path) -> str:
+    """What a stopped run leaves to continue from: its last checkpoint, intact, and how to resume it."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return "no checkpoint had been written yet"
+    return (
+        f"the last checkpoint, {checkpoint}, is intact: fix the cause, then continue with "
+        f"`rlzoo train CONFIG --resume {run_dir}`"
+    )
 
 
 def declared_as(metrics: dict[str, float], fault: type[Declared]) -> dict[str, float]:

@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 
 from rlzoo.config.loading import dump_config
 from rlzoo.config.schema import RunConfig
-from rlzoo.engines import RolloutEngine
-from rlzoo.episodes.prompts import fit_prompts, prompt_budget
+from rlzoo.engines.lora import sends_adapters
+from rlzoo.episodes.prompts import fit_prompts
 from rlzoo.episodes.runner import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Tool, Verifier
@@ -61,13 +61,13 @@ from rlzoo.runtime.assembly import (
     episode_context,
     initial_model_dir,
     load_tokenizer,
-    model_positions,
+    prompt_room,
     teacher_model_dir,
     verifier_for,
 )
 from rlzoo.runtime.checkpoint.resume import resume_checkpoint
 from rlzoo.runtime.checkpoint.store import load_checkpoint, save_checkpoint
-from rlzoo.runtime.faults import FaultPolicy
+from rlzoo.runtime.faults import FaultPolicy, component_failure
 from rlzoo.util.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -110,10 +110,12 @@ class TrainingRun:
         self.resume = resume
         self.progress = progress
         self.folder_lock: runlock.FileLock | None = None
+        self.step: int | None = None  # the step under way (None: still setting up)
 
     def setup(self) -> None:
         """The run's set-up steps, in order; each uses only what the steps above it built."""
         self.trainer = create(self.registry, "training_engine", self.config.trainer.engine)  # started by _setup_trainer
+        self.rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)  # by _setup_rollout
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
@@ -122,7 +124,7 @@ class TrainingRun:
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()
         self._setup_trainer()
-        self.rollout = self._setup_rollout()
+        self._setup_rollout()
         self.episodes = self._setup_episodes()
         self.components = self._setup_components()
         self.completed_steps = self._restore()
@@ -165,14 +167,15 @@ class TrainingRun:
         return tools, with_tool_descriptions(self.config, tools)
 
     def _setup_data(self) -> tuple[list[Sample], list[Sample]]:
-        """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens``."""
+        """The task's train and held-out prompts, without those too long for ``prompt.max_prompt_tokens`` or for
+        the context beside ``rollout.max_new_tokens`` (the rollout engine's, not yet started, or the model's)."""
         config = self.config
-        budget = prompt_budget(model_positions(self.start.model_dir), config.rollout.max_new_tokens)
+        room = prompt_room(config, self.rollout, self.start.model_dir)
         train_set = fit_prompts(self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train",
-                                budget)
+                                *room)
         check_data_parallel(config, self.dist.world, min(config.rollout.prompts_per_step, len(train_set)))
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
-        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval", budget)
+        return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval", *room)
 
     def _setup_trainer(self) -> None:
         trainer = self.trainer
@@ -186,12 +189,14 @@ class TrainingRun:
                 f"{' or '.join('{name: %s}' % name for name in usable) or 'none is installed'})"
             )
 
-    def _setup_rollout(self) -> RolloutEngine:
-        rollout = create(self.registry, "rollout_engine", self.config.rollout.engine)
+    def _setup_rollout(self) -> None:
+        rollout = self.rollout
         self.rollout_per_rank = self.dist.active and self.config.rollout.per_rank and rollout.runs_per_rank
+        # under LoRA the adapters or the merged weights: decided here once, for the learner and the engine alike
+        lora = self.config.model.lora
+        self.sends_adapters = sends_adapters(rollout, lora, self.trainer.moe_layout() is not None)
         if self.dist.is_main or self.rollout_per_rank:  # otherwise this rank holds an engine that is never started
-            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora=self.config.model.lora))
-        return rollout
+            rollout.start(engine_context(self.config, self.start.model_dir, self.tokenizer, lora, self.sends_adapters))
 
     def _setup_episodes(self) -> EpisodeRunner:
         """The environment (with its tools) and the limits of an episode; one turn unless the config says more."""
@@ -249,12 +254,9 @@ class TrainingRun:
         return self._with_adapter_sync(RoutingLearner(self.trainer, policy, self.dist))
 
     def _with_adapter_sync(self, learner: Learner) -> Learner:
-        """Under LoRA, whether the rollout engine receives the adapters or the merged weights (``model.lora.sync``;
-        preflight refused ``adapter`` where the engine cannot)."""
-        lora = self.config.model.lora
-        if lora is not None and lora.sync != "merged":
-            moe = self.trainer.moe_layout() is not None
-            learner.sends_adapters = self.rollout.adapter_targets_supported(lora.target_modules, moe) is None
+        """Under LoRA, whether the rollout engine receives the adapters or the merged weights, as it was started
+        (``_setup_rollout``; preflight refused ``sync: adapter`` where the engine cannot)."""
+        learner.sends_adapters = self.sends_adapters
         return learner
 
     def _setup_reference(self) -> Learner:
@@ -323,6 +325,8 @@ class TrainingRun:
         try:
             self.setup()
             return self._train()
+        except Exception as exc:  # a component's bug: one line naming it, the traceback in the log (else as it is)
+            raise component_failure(exc, self.registry, Path(self.config.output_dir), self.step) or exc
         finally:
             if self.folder_lock is not None:
                 self.folder_lock.release()
@@ -341,7 +345,7 @@ class TrainingRun:
         )
         try:
             for step in bar:
-                metrics = {}
+                self.step, metrics = step, {}
                 if step % config.train.eval_every == 0 and dist.is_main:  # the others go on and wait for the batch
                     metrics.update(self.evaluate())
                     trackers.log_evaluation(step, dict(metrics))  # metrics grows below

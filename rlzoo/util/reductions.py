@@ -6,13 +6,22 @@
 
 :class:`SkippedUpdates`, :class:`UnscoredResponses` and :class:`FailedEpisodes` are sums that also declare a fault,
 which :class:`rlzoo.runtime.faults.FaultPolicy` reads by class, whatever the key.
+
+A value may still be on its device: a 0-dim tensor (a plain float once read) or a :class:`Deferred` (a tensor and
+its declared class). :func:`read_metrics` reads every such value of a step's parts with one host transfer per
+device, so the hot path (the objective, per minibatch) never waits on the device for a metric; the values read are
+the tensors' own (float32 widened exactly to a float, as ``.item()`` would).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -101,16 +110,59 @@ def declared(value: float) -> type[Declared]:
     return type(value) if isinstance(value, Declared) else Mean
 
 
+class Deferred:
+    """A metric not read from its device yet: a 0-dim ``value`` and the class that declares how it combines
+    (``Min(t)`` would read the tensor at once; ``Deferred(t, Min)`` waits for :func:`read_metrics`)."""
+
+    __slots__ = ("value", "kind")
+
+    def __init__(self, value: torch.Tensor, kind: type[Declared]) -> None:
+        self.value = value
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"Deferred({self.value!r}, {self.kind.__name__})"
+
+
+def read_metrics(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """``parts`` with every tensor and :class:`Deferred` value read as a float (a Deferred's as its declared class):
+    the values of each device stacked and copied to the host at once, one transfer per device for all the parts."""
+    torch = sys.modules.get("torch")  # not imported: no value can be a tensor (the CLI's plots read metrics without it)
+    if torch is None:
+        return [dict(part) for part in parts]
+    pending: dict[torch.device, list[tuple[int, str]]] = {}
+    for index, part in enumerate(parts):
+        for key, value in part.items():
+            tensor = _tensor(value)
+            if isinstance(tensor, torch.Tensor):
+                pending.setdefault(tensor.device, []).append((index, key))
+    out = [dict(part) for part in parts]
+    for places in pending.values():
+        values = [_tensor(parts[index][key]) for index, key in places]
+        # float64 holds every float32 / bfloat16 value exactly: what .item() of each would have given
+        read = torch.stack([v.detach().reshape(()).to(torch.float64) for v in values]).tolist()
+        for (index, key), number in zip(places, read, strict=True):
+            value = parts[index][key]
+            out[index][key] = value.kind(number) if isinstance(value, Deferred) else number
+    return out
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    return value.value if isinstance(value, Deferred) else value
+
+
 def _reduce(values: Sequence[float], over: str) -> float:
     kind = declared(values[0])  # the first producer's declaration
     value = REDUCERS[getattr(kind, over)](values)
     return kind(value) if isinstance(values[0], Declared) else value
 
 
-def reduce_minibatches(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+def reduce_minibatches(parts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Combine the metrics of the parts of one step, per key by the value's declared reduction over minibatches
     (``over_minibatches``), keeping its class: the step's minibatch updates, and also its generation batches and
-    the ranks' shares of scoring. A plain float is a :class:`Mean` (the mean of its finite values)."""
+    the ranks' shares of scoring. A plain float is a :class:`Mean` (the mean of its finite values); values still
+    on a device (tensors, :class:`Deferred`) are read first, all at once (:func:`read_metrics`)."""
+    parts = read_metrics(parts)
     keys = dict.fromkeys(k for part in parts for k in part)  # first-seen order
     return {key: _reduce([part[key] for part in parts if key in part], "over_minibatches") for key in keys}
 

@@ -249,7 +249,8 @@ def folder_problems(params: RewardModelVerifier.Params) -> list[tuple[str, str]]
             f"{path} has {count} labels (config.json id2label); the reward-model verifier reads one score: use a "
             "model saved with num_labels=1"
         )))
-    problems += [("path", message) for message in folder.problems(tokenizer=": save the reward model's tokenizer into it")]
+    problems += [("path", message) for message in folder.problems(tokenizer=": save the reward model's tokenizer into it",
+                                                                    head="score")]
     context = config.get("max_position_embeddings")
     if params.max_tokens is not None and isinstance(context, int) and params.max_tokens > context:
         problems.append(("max_tokens", f"{params.max_tokens} exceeds the reward model's context ({context} positions, "

@@ -63,11 +63,13 @@ class GDPOAdvantage(AdvantageSource):
         verifier = run.components.get("verifier")
         declared = verifier.reward_parts() if verifier is not None else None
         if declared:  # (): the base class's problem; None: checked when scored
-            for index, part in enumerate(self.params.parts or []):
+            named = [(f"{at}.parts.{index}", part) for index, part in enumerate(self.params.parts or [])]
+            # with parts set, weights may name only those (Params); without, the verifier's parts are all there is
+            named += [(f"{at}.weights.{part}", part) for part in self.params.weights or {}]
+            for loc, part in named:
                 if part not in declared and part not in RUN_PARTS:  # the run's own parts are checked when scored
                     problems.append((
-                        f"{at}.parts.{index}",
-                        f"{part!r} is not a reward part of verifier {verifier.name!r}; its parts: {', '.join(declared)}",
+                        loc, f"{part!r} is not a reward part of verifier {verifier.name!r}; its parts: {', '.join(declared)}",
                     ))
         return problems
 
@@ -86,6 +88,12 @@ class GDPOAdvantage(AdvantageSource):
                 f"({', '.join(sorted(batch.reward_parts))})"
             )
         weights = self.params.weights or {}
+        unused = sorted(set(weights) - set(batch.reward_parts))
+        if unused:  # a weight that would weigh nothing: a misspelt part (a declaring verifier's is refused earlier)
+            raise RlzooError(
+                f"algorithm.advantage.weights: {unused[0]!r} is not among the verdicts' reward parts "
+                f"({', '.join(sorted(batch.reward_parts))})"
+            )
         total = torch.zeros(batch.mask.shape[0], dtype=torch.float64, device=batch.mask.device)
         for name in names:
             normalised = group_normalise(

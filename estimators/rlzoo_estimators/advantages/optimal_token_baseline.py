@@ -16,13 +16,13 @@ the batch (use ``tir-optimal-token-baseline`` when responses have holes, multi-t
 ``rho`` is 1 unless ``rollout_is``: then it is the train-inference correction's weight of each token
 (``RewardBatch.rollout_is_weights``, the weights of ``algorithm.correction`` such as ``tis``), as verl scales each
 step's term by ``rollout_is_weights ** 2`` before the cumulative sum, so that the baseline minimises the variance of
-the importance-weighted gradient. ``rlzoo train`` does not hand those weights to an advantage yet, so it refuses
-``rollout_is: true`` before the run (naming the field); from a loop of your own, set
-``RewardBatch.rollout_is_weights``.
+the importance-weighted gradient. ``rlzoo train`` passes the step's correction weights (all ones without a
+correction, where ``rollout_is`` changes nothing); from a loop of your own, set ``RewardBatch.rollout_is_weights``.
 
-``sum_v pi(v)^2`` (``RewardBatch.sum_pi_squared``) is a statistic of the whole next-token distribution of the old
-policy: ``rlzoo train`` has the training engine compute it in one more no-grad pass (engines that declare
-``computes_sum_pi_squared``); from a loop of your own, pass it with ``old_logprobs`` and ``token_rewards``.
+``sum_v pi(v)^2`` (``RewardBatch.token_stats["sum_pi_squared"]``) is a statistic of the whole next-token distribution
+of the old policy, declared in ``needs_token_stats``: ``rlzoo train`` has the training engine compute it in one more
+no-grad pass (engines that declare ``computes_token_stats``; its provider is in ``rlzoo.engines.token_stats``); from
+a loop of your own, pass it in ``token_stats`` with ``old_logprobs`` and ``token_rewards``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from pydantic import Field
 
 import rlzoo
-from rlzoo.interfaces import AdvantageSource, Params, Problem, RewardBatch, RunFacts
+from rlzoo.interfaces import AdvantageSource, Params, RewardBatch
 from rlzoo_estimators._util import float_dtype, masked
 from rlzoo_estimators.advantages.remax import reward_to_go
 
@@ -78,11 +78,12 @@ def energy_of(source: OptimalTokenBaselineAdvantage, batch: RewardBatch) -> torc
     """The batch's ``W`` for ``source`` (its ``rollout_is`` option decides whether the correction weights enter)."""
     weighted = source.params.rollout_is
     what = "token rewards, the old log-probs and sum_v pi(v)^2 per position"
-    batch.require(source.name, what, "token_rewards", "old_logprobs", "sum_pi_squared")
+    batch.require(source.name, what, "token_rewards", "old_logprobs")
+    batch.require_token_stats(source.name, "sum_pi_squared")
     if weighted:
         batch.require(source.name, "the train-inference correction's weights, for rollout_is", "rollout_is_weights")
     weights = batch.rollout_is_weights if weighted else None
-    return path_energy(batch.old_logprobs, batch.sum_pi_squared, batch.mask, weights)
+    return path_energy(batch.old_logprobs, batch.token_stats["sum_pi_squared"], batch.mask, weights)
 
 
 @rlzoo.register("advantage", "optimal-token-baseline")
@@ -96,7 +97,7 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
     reference = "optimal token baseline (verl, core_algos.compute_optimal_token_baseline_advantage)"
     verl_name = "adv_estimator=optimal_token_baseline"
     reads_token_rewards = True
-    needs_sum_pi_squared = True
+    needs_token_stats = frozenset({"sum_pi_squared"})
 
     class Params(Params):
         zero_tail: bool = Field(
@@ -106,19 +107,8 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
         rollout_is: bool = Field(
             False,
             description="scale each position's energy by the squared train-inference correction weight "
-            "(RewardBatch.rollout_is_weights; verl: rollout_is_weights); not yet handed over by rlzoo train",
+            "(RewardBatch.rollout_is_weights, algorithm.correction's; verl: rollout_is_weights)",
         )
-
-    def preflight(self, run: RunFacts, at: str) -> list[Problem]:
-        problems = super().preflight(run, at)
-        if self.params.rollout_is:
-            problems.append((
-                f"{at}.rollout_is",
-                f"true, but rlzoo train does not hand the correction's weights (RewardBatch.rollout_is_weights) to "
-                f"advantage {self.name!r} yet: use rollout_is: false, or the source from a loop of your own that "
-                "passes them",
-            ))
-        return problems
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
         returns = reward_to_go(batch.token_rewards, batch.mask)

@@ -10,8 +10,8 @@ token is position ``n`` for every response of the group, so the baseline compare
 advantages are put back in their columns. Empty responses belong to no group; a group of one gets ``B = 0``.
 ``zero_tail`` as there, in policy-token positions. On responses without holes it equals ``optimal-token-baseline``
 (but for empty responses in a group). As verl's ``compute_multi_turn_optimal_token_baseline_advantage``, its
-``rollout_is_weights`` the ``rollout_is`` option of ``optimal-token-baseline``. Needs ``sum_pi_squared`` (the
-training engine's, as ``optimal-token-baseline``).
+``rollout_is_weights`` the ``rollout_is`` option of ``optimal-token-baseline``. Needs the token statistic
+``sum_pi_squared`` (the training engine's, as ``optimal-token-baseline``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ the experts vLLM used at every position it ran through the model (the last sampl
 (``routing_capture``: ``worker`` hooks in vLLM's worker, the default on CPU; or vLLM's own ``routed_experts``
 output, the default with CUDA, untested) is chosen once in :meth:`start`; both are in :mod:`rlzoo.engines.vllm.routing`.
 
-LoRA (``model.lora``): when the run sends adapters (``sync`` not ``merged`` and :meth:`adapter_targets_supported`),
+LoRA (``model.lora``): when the run sends adapters (``EngineContext.sends_adapters``: ``sync`` not ``merged`` and
+:meth:`adapter_targets_supported`, decided once by the run, :func:`rlzoo.engines.lora.sends_adapters`),
 :meth:`start` builds vLLM with LoRA on the adapters' targets only, and every generate (evaluation included) samples
 with the latest adapter :meth:`sync_adapter` loaded; otherwise vLLM is built without LoRA and receives the merged
 weights. What vLLM serves, on CPU and elsewhere, is in :mod:`rlzoo.engines.vllm.lora`.
@@ -90,6 +91,7 @@ class VLLMRolloutEngine(RolloutEngine):
     runs_under_launcher = False
     runs_per_rank = True
     updates_in_flight = True  # generate() steps vLLM's engine and stops for newer weights (in_flight.py)
+    context_option = "max_model_len"
 
     Params = options.Params
 
@@ -177,7 +179,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _adapter_arguments(self, context: EngineContext) -> dict[str, Any]:
         """The LLM's LoRA arguments when it receives adapters (their folders are opened here), else none."""
-        if not self._receives_adapters(context):
+        if not context.sends_adapters:  # the run's one rule (rlzoo.engines.lora.sends_adapters)
             return {}
         arguments = build_kwargs(context.lora)
         self._adapters = AdapterFolders()
@@ -225,14 +227,6 @@ class VLLMRolloutEngine(RolloutEngine):
             torch.set_num_threads = self._set_num_threads
         self._close_adapters()
         gc.collect()
-
-    def _receives_adapters(self, context: EngineContext) -> bool:
-        """The run's rule (``rlzoo.runtime.run``): adapters unless ``sync: merged`` or this engine refuses the targets."""
-        lora = context.lora
-        if lora is None or lora.sync == "merged":
-            return False
-        shape = ModelShape.from_hf(json.loads((context.model_dir / "config.json").read_text()))
-        return self.adapter_targets_supported(lora.target_modules, bool(shape and shape.moe_layers)) is None
 
     def _close_adapters(self) -> None:
         if self._adapters is not None:
@@ -295,6 +289,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings) -> list[list[Generation]]:
         if self.llm is None:
             raise RuntimeError("VLLMRolloutEngine.generate() before start()")
+        self._check_room(prompts, sampling)
         from vllm.inputs import TokensPrompt
 
         capture = self._capture if self.records_routing else None
@@ -323,6 +318,20 @@ class VLLMRolloutEngine(RolloutEngine):
                 group.append(generation)
             result.append(group)
         return result
+
+    def _check_room(self, prompts: list[list[int]], sampling: SamplingSettings) -> None:
+        """vLLM stops a response where the context ends (finish reason ``length``, as if ``max_new_tokens`` were
+        reached), and refuses a prompt longer than the context: a prompt that leaves its response less than
+        ``max_new_tokens`` is refused here instead (the run's data set-up drops such prompts before they come)."""
+        context = self.llm.llm_engine.model_config.max_model_len  # what vLLM resolved, the model's when null
+        longest = max((len(prompt) for prompt in prompts), default=0)
+        if longest + sampling.max_new_tokens > context:
+            raise RlzooError(
+                f"a prompt of {longest} tokens leaves {max(context - longest, 0)} tokens of vLLM's {context}-token "
+                f"context (rollout.engine.max_model_len) for a response of up to {sampling.max_new_tokens} "
+                "(rollout.max_new_tokens): the response would be cut short; raise max_model_len, lower "
+                "max_new_tokens, or set prompt.max_prompt_tokens"
+            )
 
     def _lora_request(self) -> Any:
         return self._adapters.request if self._adapters is not None else None
