@@ -93,7 +93,6 @@ def test_the_code_sandbox_served_in_process(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # ~20 s on 2 loaded cores: a fresh interpreter imports rlzoo and its plugins
 def test_the_command_serves_the_code_sandbox(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("verifier: {name: code, timeout_s: 5.0, memory_mb: 128}\n")

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import yaml
 from service_testlib import faulty_app, serving
 
 from rlzoo.cli import main
 
 
-@pytest.mark.slow  # ~27 s on 2 loaded cores: a cold start and two steps; tests/test_services_remote.py has it fast
 def test_a_service_failing_every_scoring_stops_the_run_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with serving(faulty_app()) as url:
