@@ -16,6 +16,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def main() -> None:
         parser.error("give one of --model-dir or --base-url")
     proc = None
     if args.model_dir is not None:
-        proc, args.base_url = start_vllm(args.model_dir, args.out.with_suffix(".vllm.log"))
+        proc, args.base_url = start_vllm(args.model_dir, Path(tempfile.gettempdir()) / "judge_throughput.vllm.log")
     try:
         rows = [measure(args.base_url, args.model, c, args.requests) for c in args.concurrency]
     finally:
