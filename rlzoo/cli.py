@@ -211,6 +211,18 @@ def cmd_model_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_verifier(args: argparse.Namespace) -> int:
+    from rlzoo.runtime.assembly import make_task, verifier_for
+    from rlzoo.services.server import app_for, serve
+
+    config = _load(args)
+    verifier = verifier_for(config, make_task(config, _registry()), _registry())
+    app = app_for(verifier, args.concurrency)  # says which extra to install if fastapi is missing
+    print(f"serving verifier {verifier.name} on http://{args.host}:{args.port} (GET /health, POST /verify_batch)", flush=True)
+    serve(app, args.host, args.port)
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from rlzoo.reporting.plot import plot_run
 
@@ -343,6 +355,12 @@ def parser() -> argparse.ArgumentParser:
     gguf.add_argument("--hf-only", action="store_true",
                       help="import an architecture vLLM cannot run (use it with rollout.engine {name: hf})")
     gguf.set_defaults(func=cmd_model_import)
+
+    served = with_config(sub.add_parser("serve-verifier", help="serve the config's verifier over HTTP (needs the serve extra)"))
+    served.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    served.add_argument("--port", type=int, default=8000, help="default 8000")
+    served.add_argument("--concurrency", type=_positive, default=4, metavar="N", help="batches scored at once (default 4)")
+    served.set_defaults(func=cmd_serve_verifier)
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")

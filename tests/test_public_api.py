@@ -41,6 +41,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "rlzoo.engines.deepspeed.trainer": ("DeepSpeedTrainingEngine",),
     "rlzoo.engines.vllm.rollout": ("VLLMRolloutEngine",),
     "rlzoo.moe": ("Routing", "find_routers", "record_routing", "replay_routing", "routing_for_batch", "flip_rate"),
+    "rlzoo.services": ("ResponseCache", "ServiceClient", "ServiceError", "ServiceParams", "ServiceStats",
+                       "ServiceVerifier", "cache_key", "endpoint_problem", "percentile", "retry_after_s"),
     "rlzoo.cli": ("main",),
 }
 

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlzoo.moe",),
     ("rlzoo.models",),
     ("rlzoo.interfaces", "rlzoo.tools"),  # the component contract, and the tool-call runner environments use
+    ("rlzoo.services",),  # calling services robustly, which service-backed verifiers build on
     ("rlzoo.component_errors",),  # how errors name a component (the registry, preflight, episodes and run say it)
     ("rlzoo.registry", "rlzoo.local_plugins"),  # local plugins are loaded into a registry as entry points are
     ("rlzoo.config.resolution",),  # component specs validated against the registry

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlzoo.interfaces.base import Component
 from rlzoo.interfaces.task import Sample
@@ -63,8 +64,15 @@ class Verifier(Component):
     def verify(self, sample: Sample, response: str) -> Verdict:
         raise NotImplementedError
 
-    def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict]:
+    def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict | Exception]:
+        """One verdict per response, in order. An exception *in place of* a verdict says that response could not be
+        scored (a service that failed for it): :func:`rlzoo.rl.scoring.score` counts it in ``verifier/errors`` and
+        gives it 0, as if ``verify`` had raised, without scoring the others again."""
         return [self.verify(s, r) for s, r in zip(samples, responses, strict=True)]
+
+    def use_run_folder(self, run_dir: Path) -> None:
+        """Called by ``rlzoo train`` with the run's folder (the same folder on a resume) before the first scoring,
+        for state a verifier keeps across a resume (a service verifier's reply cache). Default: nothing."""
 
     def reward_parts(self) -> tuple[str, ...] | None:
         """The names of the parts every verdict of this verifier carries (:attr:`Verdict.parts`), so that a run

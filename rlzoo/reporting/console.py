@@ -255,7 +255,7 @@ def final_summary(run_dir: Path, config_file: str, console: Console) -> list[str
             f"held-out accuracy: {first['eval/accuracy']:.3f} (step {first['step']}) -> "
             f"{last['eval/accuracy']:.3f} (step {last['step']})"
         )
-    lines += fault_summary(rows)
+    lines += fault_summary(rows) + scoring_summary(rows)
     lines.append(f"results in {run_dir}:")
     lines.append(f"  metrics      {metrics}")
     pointer = run_dir / "checkpoints" / "latest"
@@ -290,4 +290,25 @@ def fault_summary(rows: list[dict[str, float]]) -> list[str]:
             f"abandoned tool calls: {abandoned:g} in training ran past their time budget and were left running "
             f"(tool/abandoned), {running} thread(s) still running now; a tool that may hang should bound itself"
         )
+    return lines
+
+
+SCORING_COUNTS = ("requests", "cache_hits", "retries", "failures", "prompt_tokens", "completion_tokens")
+
+
+def scoring_summary(rows: list[dict[str, float]]) -> list[str]:
+    """What scoring by a service cost over the training steps, a line per service verifier: the sums of its
+    ``<prefix>/requests``, ``cache_hits``, ``retries``, ``failures`` and, for a judge, tokens
+    (:class:`rlzoo.services.ServiceStats`; held-out evaluations' calls are not in the step metrics). None: no line."""
+    keys = {key for row in rows for key in row}
+    prefixes = sorted(key.removesuffix("/requests") for key in keys
+                      if key.endswith("/requests") and key.replace("/requests", "/cache_hits") in keys)
+    lines = []
+    for prefix in prefixes:
+        total = {name: sum(row.get(f"{prefix}/{name}", 0.0) for row in rows) for name in SCORING_COUNTS}
+        text = (f"scoring ({prefix}, training steps): {total['requests']:g} requests, {total['cache_hits']:g} cache "
+                f"hits, {total['retries']:g} retries, {total['failures']:g} failed")
+        if total["prompt_tokens"] or total["completion_tokens"]:
+            text += f"; {total['prompt_tokens']:g} prompt + {total['completion_tokens']:g} completion tokens"
+        lines.append(text)
     return lines

@@ -64,7 +64,15 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
             verdicts = verifier.verify_batch(samples, responses)
             if len(verdicts) != len(responses):
                 raise ValueError(f"verify_batch returned {len(verdicts)} verdicts for {len(responses)} responses")
-            slots[:] = verdicts
+            unscored = [v for v in verdicts if isinstance(v, Exception)]
+            if unscored:  # one line per scoring: a service that is down fails every response alike
+                log.warning("verifier %s could not score %d of %d responses (the first: %s)", verifier.name,
+                            len(unscored), len(verdicts), unscored[0])
+            for index, verdict in enumerate(verdicts):
+                if isinstance(verdict, Exception):  # that response could not be scored (Verifier.verify_batch)
+                    raised.add(index)
+                    verdict = Verdict(0.0, reason=f"verifier error: {type(verdict).__name__}: {verdict}")
+                slots[index] = verdict
             return
         except Exception:
             pass  # fall back to one call per response to isolate the failing ones

@@ -119,6 +119,7 @@ class TrainingRun:
         self.dist = self._setup_processes()
         self.task, self.verifier = self._setup_task()
         self.start = self._setup_start()
+        self.verifier.use_run_folder(self.start.run_dir)  # state it keeps across a resume (a reply cache)
         self.tools, self.config = self._setup_tools()
         self.tokenizer = load_tokenizer(self.start.model_dir)
         self.train_set, self.eval_set = self._setup_data()

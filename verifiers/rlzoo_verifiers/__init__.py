@@ -1,4 +1,5 @@
-"""First-party rlzoo verifiers: ``exact``, ``math``, ``regex``, ``process`` and ``code``.
+"""First-party rlzoo verifiers: ``exact``, ``math``, ``regex``, ``process``, ``code``, ``reward-model``,
+``weighted``, ``remote`` (a reward service) and ``judge`` (an LLM judge).
 
 Each registers where it is defined (``@rlzoo.register``), found through the ``rlzoo`` entry-point group (see
 :mod:`rlzoo_verifiers.plugin`); this package imports only rlzoo's public API. Importing it stays cheap: ``math-verify`` (sympy) loads on the first ``math`` check.

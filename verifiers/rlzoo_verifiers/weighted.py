@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -41,7 +42,9 @@ class WeightedVerifier(Verifier):
     each part is validated and built through the registry, so an unknown name or parameter is reported at its
     field (``verifier.verifiers.1.name``), and each part's own preflight rules are checked at
     ``verifier.verifiers.<i>``. A batch is scored by each part's ``verify_batch`` in turn (if one raises, the
-    scoring falls back to one response at a time, and a response a part cannot score gets 0 as a whole).
+    scoring falls back to one response at a time, and a response a part cannot score gets 0 as a whole; so does
+    one whose place in a part's ``verify_batch`` holds an error, a service part's failure, without re-scoring).
+    The run folder is handed to every part (a service part keeps its reply cache there).
 
     Each part's unweighted reward is also a named reward part of the verdict (:attr:`Verdict.parts`), named by the
     part's ``label`` (default: its verifier's name, or ``<name>_<index>`` when two parts share it), for an advantage
@@ -163,7 +166,7 @@ class WeightedVerifier(Verifier):
     def verify(self, sample: Sample, response: str) -> Verdict:
         return self._combine([[part.verify(sample, response)] for part in self.parts])[0]
 
-    def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict]:
+    def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict | Exception]:
         per_part = []
         for part in self.parts:
             verdicts = part.verify_batch(samples, responses)
@@ -172,9 +175,17 @@ class WeightedVerifier(Verifier):
             per_part.append(verdicts)
         return self._combine(per_part)
 
-    def _combine(self, per_part: list[list[Verdict]]) -> list[Verdict]:
-        out = []
+    def use_run_folder(self, run_dir: Path) -> None:
+        for part in self.parts:  # a service part keeps its reply cache there
+            part.use_run_folder(run_dir)
+
+    def _combine(self, per_part: list[list[Verdict | Exception]]) -> list[Verdict | Exception]:
+        out: list[Verdict | Exception] = []
         for verdicts in zip(*per_part, strict=True):
+            failed = next((v for v in verdicts if isinstance(v, Exception)), None)
+            if failed is not None:  # a part could not score it (a service): the response is unscored as a whole
+                out.append(failed)
+                continue
             reward = sum(w * float(v.reward) for w, v in zip(self.weights, verdicts, strict=True))
             reasons = [f"{part.name}: {v.reason}" for part, v in zip(self.parts, verdicts, strict=True) if v.reason]
             correct = bool(self.deciders) and all(bool(verdicts[i].correct) for i in self.deciders)

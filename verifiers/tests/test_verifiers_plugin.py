@@ -10,7 +10,7 @@ from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Sample
 from rlzoo.registry import Registry
 
-NAMES = {"exact", "math", "regex", "process", "code", "reward-model", "weighted"}
+NAMES = {"exact", "math", "regex", "process", "code", "reward-model", "weighted", "remote", "judge"}
 
 
 @pytest.fixture(scope="module")
