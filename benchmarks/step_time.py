@@ -4,11 +4,10 @@ synchronisations per step, by phase.
 
     python benchmarks/step_time.py MODEL_DIR [--steps 6] [--out RUN_DIR] [--set key=value ...]
 
-Host synchronisations: on a GPU, ``torch.cuda.set_sync_debug_mode("warn")`` makes every call that waits for the
-device (``.item()``, ``.cpu()``, a blocking copy, a boolean-mask selection, ...) warn, and the script counts the
-warnings. A CPU has nothing to wait for; there the script counts the calls that would wait on a GPU
+Host synchronisations: the script counts the calls that wait for the device when their tensor lives on a GPU
 (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``bool()``, ``float()``, ``int()`` of any tensor, host-side
-ones included: an upper bound). Each is attributed to the step phase (``time/<phase>``) running at the time.
+ones included: an upper bound; a boolean-mask selection or a blocking copy is not counted). Each is attributed to
+the step phase (``time/<phase>``) running at the time.
 
 It uses only the CLI, ``rlzoo.rl.loop.rl_step`` and the step's timer, so one copy of it measures two commits side
 by side: run it with each checkout's packages first on ``PYTHONPATH``.
@@ -22,7 +21,6 @@ import json
 import statistics
 import tempfile
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,31 +28,18 @@ READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
 
 class SyncCounter:
-    """Host synchronisations by phase: CUDA's sync warnings on a GPU, else the calls in :data:`READS`."""
+    """Host synchronisations by phase: the calls in :data:`READS` on any tensor (on a GPU each waits for the device
+    when the tensor lives there; host-side ones are counted too, so it is an upper bound). CUDA's own sync debug
+    mode is not used: its warnings go through :mod:`warnings`, which the CLI routes to the run's log."""
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self) -> None:
+        import torch
+
         self.counts: collections.Counter[str] = collections.Counter()
         self.phase = ["other"]
         self.active = False
-        if cuda:
-            import torch
-
-            torch.cuda.set_sync_debug_mode("warn")
-            warnings.filterwarnings("always", message=".*synchroniz.*")
-            shown = warnings.showwarning
-
-            def show(message, category, *args, **kwargs):
-                if "synchroniz" in str(message):
-                    self.add()
-                else:
-                    shown(message, category, *args, **kwargs)
-
-            warnings.showwarning = show
-        else:
-            import torch
-
-            for name in READS:
-                setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
+        for name in READS:
+            setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
 
     def add(self) -> None:
         if self.active:
@@ -89,7 +74,7 @@ def main() -> int:
     from rlzoo.rl import loop
     from rlzoo.util.timer import Timer
 
-    counter = SyncCounter(torch.cuda.is_available())
+    counter = SyncCounter()
     per_step: list[collections.Counter[str]] = []
     step, timed, phases = loop.rl_step, Timer.__call__, set()
 
@@ -115,7 +100,7 @@ def main() -> int:
         "train.steps": str(args.steps), "train.eval_every": str(args.steps + 1),
         "train.checkpoint_every": str(args.steps + 1),
     }
-    argv = ["train", str(Path(loop.__file__).parents[2] / "examples" / "smollm2_arithmetic.yaml")]
+    argv = ["train", str(Path(__file__).resolve().parents[1] / "examples" / "smollm2_arithmetic.yaml")]
     for item in [f"{k}={v}" for k, v in sets.items()] + args.set:
         argv += ["--set", item]
     start = time.perf_counter()
