@@ -92,7 +92,7 @@ def train_once(args: argparse.Namespace, setting: str, cold_start: Path) -> dict
 
 def summarise(result: dict[str, Any]) -> dict[str, Any]:
     runs = result["runs"]
-    for setting, run in runs.items():
+    for run in runs.values():
         if run["status"] != "ok" or not run["step_seconds"]:
             continue
         seconds = sum(run["step_seconds"])

@@ -67,7 +67,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ENGINES, ROOT, describe_model_folder, log_tail, run_measured  # benchmarks/ is the script's directory, first on sys.path
+from _common import (  # benchmarks/ is the script's directory, first on sys.path
+    ENGINES,
+    ROOT,
+    describe_model_folder,
+    log_tail,
+    run_measured,
+)
 
 DEFAULT_CONFIG = ROOT / "examples" / "bench" / "long.yaml"
 BEFORE_LABEL = "before (one forward per minibatch)"

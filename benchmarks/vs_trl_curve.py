@@ -35,9 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 from _common import ROOT
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from vs_trl import DEFAULT_STEPS, SCALES, fmt
 
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,6 @@ of the whole batch), and rank 0 writes ``OUT_DIR/NAME.json`` (per-step global lo
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

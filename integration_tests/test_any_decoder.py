@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_finite_metrics
 
+from conftest import assert_finite_metrics
 from rlzoo.config.loading import read_yaml
 from rlzoo.config.resolution import build_config
 from rlzoo.models import build_char_tokenizer, load_model, save_model
@@ -33,8 +33,7 @@ ALPHABET = "0123456789+-*="
 
 def tiny_folder(root: Path, architecture: str, head: str = "causal") -> Path:
     """A random-init model of ``architecture`` (llama: tied embeddings) over the arithmetic task's characters."""
-    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig,
-                              Qwen3Config)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, Qwen3Config
 
     tokenizer = build_char_tokenizer(ALPHABET)
     sizes = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,

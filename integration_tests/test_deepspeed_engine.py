@@ -37,7 +37,7 @@ pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install
 import ds_two_process as helper  # noqa: E402  (integration_tests/ is on sys.path: pytest's rootdir-relative import)
 from safetensors.torch import load_file  # noqa: E402
 
-from rlzoo.config.schema import TinyModelConfig, TrainerConfig
+from rlzoo.config.schema import TinyModelConfig
 from rlzoo.engines import EngineContext  # noqa: E402
 from rlzoo.engines.deepspeed.env import shutdown_distributed
 from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
@@ -251,7 +251,7 @@ def test_torch_and_deepspeed_engines_add_the_same_aux_loss(moe, model_dir, token
     reference.start(_context(model_dir, tokenizer), helper.trainer_config(GRAD_CLIP))
     engine = _deepspeed(model_dir, tokenizer, moe=moe, aux_loss_coef=0.5)
     before = _weights(reference)
-    aux_only = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731: the gradient is the aux term's alone
+    aux_only = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731 - the gradient is the aux term's alone
     expected, got = reference.train_step(batch, aux_only), engine.train_step(batch, aux_only)
     assert float(got["train/aux_loss"]) == pytest.approx(float(expected["train/aux_loss"]), abs=1e-6)
     assert got["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=NORM_RTOL)

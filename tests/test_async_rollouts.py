@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from schedule_testlib import same, start_rig, state
 
 from rlzoo.config.resolution import build_config
 from rlzoo.errors import ConfigError
@@ -23,7 +24,6 @@ from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.staleness_queue import StalenessQueue
-from schedule_testlib import same, start_rig, state
 
 
 class WatchedLearner(Learner):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import pytest
 import yaml
 
 from rlzoo.cli import main

@@ -14,12 +14,12 @@ import torch
 
 import rlzoo
 from rlzoo.config.resolution import build_config
+from rlzoo.engines.device import device_memory_metrics, resolve_device
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.interfaces import Verifier
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry
 from rlzoo.runtime.assembly import load_tokenizer
-from rlzoo.engines.device import device_memory_metrics, resolve_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 

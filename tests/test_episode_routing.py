@@ -309,7 +309,7 @@ def replay_episodes(context: EngineContext, tokenizer, episodes: list[Generation
     )
     with trainer.routing_pass(replay=replay) as replayed:
         logp = trainer.logprobs(batch)
-    with trainer.routing_pass() as fresh:
+    with trainer.routing_pass():
         fresh_logp = trainer.logprobs(batch)
     used = replayed.routing
     assert used.shape == replay.shape

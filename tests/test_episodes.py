@@ -37,8 +37,8 @@ from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components
 from rlzoo.rl.objective import build_objective
 from rlzoo.rl.rollouts import collect, generate_and_score, turn_steps
-from rlzoo.util.seeds import generation_seed
 from rlzoo.tools import ToolOutcome
+from rlzoo.util.seeds import generation_seed
 from rlzoo.util.timer import Timer
 
 EOS = "$"

@@ -232,7 +232,7 @@ def test_replay_is_correct_under_gradient_checkpointing():
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         calls = []
-        handle = model.model.layers[1].mlp.gate.register_forward_hook(lambda *_: calls.append(1))
+        handle = model.model.layers[1].mlp.gate.register_forward_hook(lambda *_, calls=calls: calls.append(1))
         with replay_routing(model, old), record_routing(model) as used:
             next_token_loss(model, x).backward()
         handle.remove()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from schedule_testlib import same, start_rig, state
 
 from rlzoo.config.resolution import build_config
 from rlzoo.engines import ModuleTrainingEngine
@@ -16,7 +17,6 @@ from rlzoo.rl.learner import Learner
 from rlzoo.rl.overlap import OverlappedRollouts
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.util.timer import Timer
-from schedule_testlib import same, start_rig, state
 
 
 class WatchedLearner(Learner):

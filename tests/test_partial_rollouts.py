@@ -23,7 +23,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from schedule_testlib import start_rig
+from test_episode_routing import ALPHABET, MAX_TOKENS, MAX_TURNS, OBSERVATION, NumberedEngine, ScriptedEnvironment
 
+import rlzoo
 from rlzoo.config.resolution import build_config
 from rlzoo.config.schema import TinyModelConfig
 from rlzoo.engines import EngineContext, SamplingSettings
@@ -32,12 +35,9 @@ from rlzoo.errors import ConfigError
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
 from rlzoo.moe import find_routers, record_routing
 from rlzoo.preflight.checks import preflight
-import rlzoo
 from rlzoo.registry import Registry, default_registry
 from rlzoo.rl.async_rollouts import AsyncRollouts, token_versions
 from rlzoo.rl.learner import Learner
-from schedule_testlib import start_rig
-from test_episode_routing import ALPHABET, MAX_TOKENS, MAX_TURNS, OBSERVATION, NumberedEngine, ScriptedEnvironment
 
 MAX_NEW = 8
 AFTER = 3  # the update is published once this many tokens are sampled

@@ -15,7 +15,6 @@ from rlzoo.errors import ConfigError, DuplicateComponentError, RegistryError, Un
 from rlzoo.interfaces import Clipper, ClipResult, Params, RatioEstimator
 from rlzoo.registry import PluginLoadError, Registry, default_registry
 
-
 # -- helpers ---------------------------------------------------------------------------------------------------
 
 

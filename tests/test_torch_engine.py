@@ -86,7 +86,7 @@ def test_aux_loss_is_reported_and_added_with_its_coefficient(tmp_path):
     with torch.no_grad():
         expected = plain.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                output_router_logits=True).aux_loss
-    no_policy_loss = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731: only the aux term can move weights
+    no_policy_loss = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731 - only the aux term can move weights
     router = "model.layers.0.mlp.gate.weight"
     before = _weights(plain)[router]
     plain_metrics, weighted_metrics = plain.train_step(batch, no_policy_loss), weighted.train_step(batch, no_policy_loss)

@@ -12,7 +12,7 @@ from torch import nn
 
 from rlzoo.engines.vllm.direct_sync import DirectSyncUnsupported, copy_weights
 
-H, I, E, V, PADDED_V = 4, 6, 3, 5, 8
+H, I, E, V, PADDED_V = 4, 6, 3, 5, 8  # noqa: E741 - I: the experts' intermediate size, as the kernels name it
 
 
 class PackedLinear(nn.Module):

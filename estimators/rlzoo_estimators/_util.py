@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-
 #: the largest |log weight| a train-inference correction exponentiates: exp(20) ~ 4.9e8 lies beyond every
 #: threshold such a weight is compared with, and exp stays finite in float32 (it overflows past ~88)
 MAX_LOG_WEIGHT = 20.0

@@ -50,7 +50,7 @@ def test_weights_carry_no_gradient_and_none_is_ones():
 
 
 def test_threshold_must_be_positive():
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         TruncatedIS.Params(threshold=0.0)
 
 

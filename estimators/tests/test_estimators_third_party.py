@@ -8,10 +8,9 @@ import torch
 from estimators_testlib import t
 
 import rlzoo
+import rlzoo_estimators.plugin
 from rlzoo.interfaces import Clipper, ClipResult, Params, PolicyBatch
 from rlzoo.registry import Registry
-
-import rlzoo_estimators.plugin
 
 
 class OldStyleClipper(Clipper):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
+
 from rlzoo.engines.adapter import Adapter
 from rlzoo.interfaces.base import Component
 from rlzoo.models.memory import RolloutMemory, TrainingLayout, policy_bytes

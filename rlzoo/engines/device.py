@@ -11,7 +11,6 @@ import torch
 
 from rlzoo.errors import RlzooError
 
-
 NO_GPU = "cuda, but torch sees no GPU here (allowed: auto, cpu, cuda; auto runs on the CPU)"
 
 

@@ -104,7 +104,7 @@ class HFRolloutEngine(RolloutEngine):
                 torch.manual_seed(sampling.seed)
             for chunk_start in range(0, len(rows), self.params.batch_size):
                 chunk = rows[chunk_start : chunk_start + self.params.batch_size]
-                for (index, prompt), generation in zip(chunk, self._generate_chunk([p for _, p in chunk], sampling, greedy)):
+                for (index, _prompt), generation in zip(chunk, self._generate_chunk([p for _, p in chunk], sampling, greedy)):
                     out[index].append(generation)
         return out
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from rlzoo.engines.base import TokenBatch
-from rlzoo.engines.tokens import response_positions
 
 #: attention implementations whose masks honour packed position ids (transformers' masking_utils)
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"})

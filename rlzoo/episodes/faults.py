@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlzoo.component_errors import named
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation
-from rlzoo.component_errors import named
 from rlzoo.tools import ToolOutcome, failing_tools
 
 log = logging.getLogger("rlzoo.episodes.faults")

@@ -34,9 +34,16 @@ import torch
 
 from rlzoo.config.schema import PromptConfig, RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
+from rlzoo.episodes.faults import (
+    DEMONSTRATION_LEFT_OUT,
+    EPISODE_ENDS,
+    EnvironmentFailure,
+    FaultNotices,
+    Raised,
+    error_key,
+    observation_problem,
+)
 from rlzoo.episodes.prompts import chat_messages, prompt_ids
-from rlzoo.episodes.faults import DEMONSTRATION_LEFT_OUT, EPISODE_ENDS, EnvironmentFailure, FaultNotices, Raised
-from rlzoo.episodes.faults import error_key, observation_problem
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation, Sample, Tool, Verdict
 from rlzoo.moe import stitch_routing

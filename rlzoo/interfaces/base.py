@@ -24,6 +24,10 @@ class Params(StrictNumbers, BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: the module's Params model under another name: inside Component, ``Params`` is the class attribute
+_ParamsModel = Params
+
+
 class Component:
     """A named, configurable building block.
 
@@ -51,7 +55,7 @@ class Component:
     #: (empty: the ``kind``)
     metric_namespace: ClassVar[str] = ""
 
-    def __init__(self, params: Params | None = None) -> None:
+    def __init__(self, params: _ParamsModel | None = None) -> None:
         self.params = params if params is not None else self.Params()
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:

@@ -89,7 +89,9 @@ class Environment(Component):
         """A demonstrated policy turn as the model writes it (the cold start's episodes): an assistant message
         ``{"content": ..., "tool_calls": [{"name": ..., "arguments": {...}}]}``, the calls through the parser."""
         calls = turn.get("tool_calls") or []
-        if calls and self.parser is None:
+        if not calls:
+            return str(turn.get("content", ""))
+        if self.parser is None:
             raise ValueError(f"environment {self.name!r} has no tool-call parser to write a demonstrated call with")
         from rlzoo.interfaces.tool import ToolCall
 

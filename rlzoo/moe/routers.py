@@ -64,9 +64,8 @@ def find_routers(model: nn.Module) -> list[RouterInfo]:
     for position, (name, module) in enumerate(model.named_modules()):
         if not _is_router(name, module):
             continue
-        match = None
-        for match in _LAYER_RE.finditer(name):
-            pass  # the innermost "layers.<i>" wins
+        matches = list(_LAYER_RE.finditer(name))
+        match = matches[-1] if matches else None  # the innermost "layers.<i>" wins
         found.append((int(match.group(1)) if match else position, name, module))
     layers = [layer for layer, _, _ in found]
     if len(set(layers)) != len(layers):

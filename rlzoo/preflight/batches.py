@@ -59,7 +59,7 @@ def batch_rule(run: RunFacts) -> list[Problem]:
         problems.append((
             "rollout.engine.name",
             f"{rollout.name!r} cannot run inside rank 0 alone of a multi-process run (building it is collective "
-            f"over the run's process group); use {' or '.join('{name: %s}' % name for name in usable)}{hint} for "
+            f"over the run's process group); use {' or '.join(f'{{name: {name}}}' for name in usable)}{hint} for "
             "multi-process runs",
         ))
     return problems

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from rlzoo.component_errors import component_raised
 from rlzoo.engines.lora import lora_rule
 from rlzoo.episodes.rules import (
     chat_template_rule,
@@ -32,7 +33,6 @@ from rlzoo.preflight.resume_changes import resume_change_rule
 from rlzoo.rl.async_rules import async_rule
 from rlzoo.rl.critic import critic_rule
 from rlzoo.rl.overlap_rules import overlap_rule
-from rlzoo.component_errors import component_raised
 from rlzoo.rl.teacher import teacher_rule
 
 Rule = Callable[[RunFacts], list[Problem]]

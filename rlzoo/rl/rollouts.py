@@ -29,8 +29,8 @@ import torch
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings, TokenBatch
 from rlzoo.engines.tokens import make_token_batch
-from rlzoo.errors import RlzooError
 from rlzoo.episodes.runner import EpisodeBatch, EpisodeRunner
+from rlzoo.errors import RlzooError
 from rlzoo.interfaces import BatchFilter, RewardBatch, RewardShaper, Sample, Verdict, Verifier
 from rlzoo.interfaces.base import take_reports
 from rlzoo.rl.scoring import Scores, score, step_token_ends

@@ -156,7 +156,7 @@ class StalenessQueue(Generic[Item, Update]):
         try:
             for index in range(self._entered, self.end):
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stop or self._may_start(index))
+                    self._cond.wait_for(lambda index=index: self._stop or self._may_start(index))
                     if self._stop:
                         return
                 with self.generator_lock:

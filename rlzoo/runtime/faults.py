@@ -36,9 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlzoo.component_errors import component_raised, raising_component
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Component
-from rlzoo.component_errors import component_raised, raising_component
 from rlzoo.registry import ComponentInfo, Registry
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.util.reductions import Declared, FailedEpisodes, SkippedUpdates, UnscoredResponses

@@ -186,7 +186,7 @@ class TrainingRun:
             raise RlzooError(
                 f"trainer.engine {trainer.name!r} trains in {trainer.world_size} process(es) but the run was started "
                 f"with {self.dist.world}: multi-process runs need a data-parallel training engine (trainer.engine: "
-                f"{' or '.join('{name: %s}' % name for name in usable) or 'none is installed'})"
+                f"{' or '.join(f'{{name: {name}}}' for name in usable) or 'none is installed'})"
             )
 
     def _setup_rollout(self) -> None:
@@ -326,7 +326,7 @@ class TrainingRun:
             self.setup()
             return self._train()
         except Exception as exc:  # a component's bug: one line naming it, the traceback in the log (else as it is)
-            raise component_failure(exc, self.registry, Path(self.config.output_dir), self.step) or exc
+            raise component_failure(exc, self.registry, Path(self.config.output_dir), self.step) or exc  # noqa: B904 - its own cause
         finally:
             if self.folder_lock is not None:
                 self.folder_lock.release()

@@ -21,8 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
-from tenacity import wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from rlzoo.errors import RlzooError
 from rlzoo.services.params import ServiceParams

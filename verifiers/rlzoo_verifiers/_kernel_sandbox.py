@@ -37,7 +37,6 @@ import tempfile
 from pathlib import Path
 
 from rlzoo.errors import RlzooError
-
 from rlzoo_verifiers._pids_cgroup import pids_root
 from rlzoo_verifiers._seccomp import deny_filter
 

@@ -25,7 +25,6 @@ from pydantic import Field
 import rlzoo
 from rlzoo.errors import DataError, RlzooError
 from rlzoo.interfaces import Params, Sample, Verdict, Verifier
-
 from rlzoo_verifiers._kernel_sandbox import SRC, WORK, KernelSandbox
 from rlzoo_verifiers._pids_cgroup import PidsGroup
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+import rlzoo_verifiers.code
 from rlzoo.interfaces import Sample
 from rlzoo_verifiers._pids_cgroup import pids_root
-import rlzoo_verifiers.code
 from rlzoo_verifiers.code import CodeVerifier
 
 ADD = Sample("Write add(a, b).", "", meta={"tests": "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"})

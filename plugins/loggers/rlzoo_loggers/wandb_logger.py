@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-import shutil
 import secrets
+import shutil
 import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path

@@ -9,9 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from loggers_testlib import (
+    TAGS,
+    artifacts,  # noqa: F401 (a fixture)
+    log_steps,
+    step_metrics,
+    tracked_run,
+    whole_run,
+)
 
-from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import TAGS, log_steps, step_metrics, tracked_run, whole_run
 from rlzoo_loggers.common import flatten, read_state
 from rlzoo_loggers.mlflow_logger import MlflowLogger
 

@@ -6,9 +6,15 @@ import math
 from pathlib import Path
 
 import pytest
+from loggers_testlib import (
+    TAGS,
+    artifacts,  # noqa: F401 (a fixture)
+    log_steps,
+    step_metrics,
+    tracked_run,
+    whole_run,
+)
 
-from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import TAGS, log_steps, step_metrics, tracked_run, whole_run
 from rlzoo_loggers.tensorboard_logger import TensorBoardLogger
 
 pytest.importorskip("tensorboard")

@@ -6,9 +6,16 @@ import math
 import os
 
 import pytest
+from loggers_testlib import (
+    TAGS,
+    artifacts,  # noqa: F401 (a fixture)
+    log_steps,
+    read_wandb,
+    step_metrics,
+    tracked_run,
+    whole_run,
+)
 
-from loggers_testlib import artifacts  # noqa: F401 (a fixture)
-from loggers_testlib import TAGS, log_steps, read_wandb, step_metrics, tracked_run, whole_run
 from rlzoo_loggers.common import read_state
 from rlzoo_loggers.wandb_logger import WandbLogger
 

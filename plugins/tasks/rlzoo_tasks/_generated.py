@@ -15,7 +15,6 @@ import functools
 import random
 
 from rlzoo.interfaces import Sample, Task
-
 from rlzoo_tasks._common import check_count, check_split, fresh, rng_for, take
 
 

@@ -10,7 +10,6 @@ from pydantic import Field
 
 import rlzoo
 from rlzoo.interfaces import Params, Sample
-
 from rlzoo_tasks._generated import GeneratedTask
 
 Operation = Literal["+", "-", "*"]

@@ -11,7 +11,6 @@ from pydantic import Field
 
 import rlzoo
 from rlzoo.interfaces import Sample
-
 from rlzoo_tasks.arithmetic import ArithmeticTask, Operation
 
 #: every printable character but the control whitespace: tool calls, tool results and error messages encode

@@ -14,7 +14,6 @@ from pydantic import Field
 import rlzoo
 from rlzoo.errors import DataError
 from rlzoo.interfaces import Params, Sample, Task
-
 from rlzoo_tasks._common import (
     MEASURE_BYTES,
     char_budget,

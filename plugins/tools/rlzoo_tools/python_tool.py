@@ -11,7 +11,6 @@ from pydantic import Field
 
 import rlzoo
 from rlzoo.interfaces import Params, Tool, ToolError, ToolTimeout
-
 from rlzoo_verifiers.code import RUNNER, CodeVerifier, _rmtree, strip_code_fences
 
 # the code runs in the verifier's "tests" slot; this "solution" runs first, binds no name, and makes prints reach

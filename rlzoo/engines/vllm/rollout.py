@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import time
