@@ -289,7 +289,6 @@ def _episode_batch(seed: int, rows: int = 7, width: int = 12):
 
 
 def _gae_cases():
-    import torch
     from verl.trainer.ppo import core_algos
 
     cases = []
@@ -614,7 +613,6 @@ def _policy_cases_2026():
 def _vespo_cases():
     """TRL's own VESPO weights (GRPOTrainer.get_gamma_weights, a static method on plain tensors); the loss is TRL's
     formula around them, -phi * A * logp summed over valid tokens / their count (loss_type="vespo", one process)."""
-    import torch
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     cases = []
