@@ -158,12 +158,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from rlzoo.reporting.console import log_path, run_console, start_summary
     from rlzoo.runtime.assembly import initial_model_dir, make_task
     from rlzoo.runtime.cold_start import cold_start_dir
+    from rlzoo.runtime.faults import naming_components
 
     config, registry = _load(args), _registry()
     hold = runlock.hold_run_folder(Path(config.output_dir), f"rlzoo sft {args.config}")  # its log.txt is there
     with hold, run_console(log_path(Path(config.output_dir)), args.verbose) as console:
         console.print("\n".join(start_summary("sft", args.config, config, cold_start_dir(config), console)))
-        directory = initial_model_dir(config, make_task(config, registry), registry)
+        with naming_components(registry, Path(config.output_dir)):  # a component's bug: one line naming it
+            directory = initial_model_dir(config, make_task(config, registry), registry)
         report = directory / "cold_start.json"
         console.print(report.read_text() if report.is_file() else f"model: {directory}")
     return 0

@@ -8,8 +8,11 @@ component rule and by :func:`rlzoo.runtime.faults.component_failure`. In-process
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rlzoo.cli import main
@@ -44,6 +47,24 @@ class Boom(Clipper):
         never = torch.zeros_like(ratio, dtype=torch.bool)
         return ClipResult(loss=-ratio * advantages, clipped_low=never, clipped_high=never)
 '''
+
+
+@pytest.fixture(autouse=True)
+def _scripts_forgotten_afterwards(tmp_path):
+    """The script components a test loads leave the process's registry after it, as in a new process (the CLI
+    tables that run later list the installed components only)."""
+    from rlzoo import local_plugins
+    from rlzoo.registry import default_registry, forget_marks
+
+    modules, scripts = set(sys.modules), dict(local_plugins._LOADED)
+    yield
+    default_registry.cache_clear()
+    local_plugins._LOADED.clear()
+    local_plugins._LOADED.update(scripts)
+    for name in set(sys.modules) - modules:
+        if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path) + os.sep):
+            del sys.modules[name]
+            forget_marks(name)
 
 
 def script(folder: Path, name: str, preflight: bool) -> str:
@@ -156,3 +177,38 @@ def test_only_a_registered_components_exception_is_named(tmp_path):
     assert str(failure).startswith("stopped while the run was set up: advantage 'gdpo' (rlzoo-estimators) raised "
                                    "AttributeError: 'NoneType' object has no attribute 'reward_parts' in compute (")
     assert str(failure).endswith("no checkpoint had been written yet")
+
+
+TASK = '''\
+"""A task whose training samples break: rlzoo sft reads them to build the cold start."""
+import rlzoo
+from rlzoo.interfaces import Sample, Task
+
+
+@rlzoo.register("task", "NAME")
+class Broken(Task):
+    default_verifier = "exact"
+
+    def samples(self, split, count, seed):
+        if split == "train":
+            raise ValueError("the data file is gone")  # line 12
+        return [Sample(prompt="1+1=", answer="2", demonstration="2")] * (count or 4)
+
+    def alphabet(self):
+        return "0123456789+="
+'''
+
+
+def test_a_component_raising_in_sft_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """``rlzoo sft`` runs components outside a training run (the task's samples, for the cold start): the same
+    one line naming the component, its file and line, and the exception; the traceback in the log."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken_task.py").write_text(TASK.replace("NAME", "broken-task-sft"))
+    config = {**BASE, "task": {"name": "broken-task-sft"}, "cold_start": {**BASE["cold_start"],
+                                                                         "output_dir": str(tmp_path / "cold")}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    assert main(["sft", "run.yaml", "--plugin", "broken_task.py"]) == 1
+    err = one_error(capsys)
+    assert ("task 'broken-task-sft' (script broken_task.py) raised ValueError: the data file is gone in samples "
+            "(broken_task.py, line 12)") in err, err
+    assert "Traceback" in (tmp_path / "out" / "log.txt").read_text()

@@ -32,7 +32,8 @@ every engine the checkpoint would hold (the policy's, a critic's) whether its we
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,16 @@ def component_failure(exc: Exception, registry: Registry, run_dir: Path, step: i
     )
     failure.__cause__ = exc  # as `raise failure from exc`: --verbose shows the component's traceback first
     return failure
+
+
+@contextmanager
+def naming_components(registry: Registry, run_dir: Path) -> Iterator[None]:
+    """A registered component's exception in the block as one line naming it (:func:`component_failure`), for
+    commands that run components outside :meth:`TrainingRun.run` (``rlzoo sft``)."""
+    try:
+        yield
+    except Exception as exc:
+        raise component_failure(exc, registry, run_dir, None) or exc  # noqa: B904 - its own cause
 
 
 def _registration(registry: Registry, component: Component) -> ComponentInfo | None:
