@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlzoo.engines import SamplingSettings
-    from rlzoo.episodes.runner import build_episode_runner, create_tools, with_tool_descriptions
+    from rlzoo.episodes.assembly import build_episode_runner, create_tools, with_tool_descriptions
     from rlzoo.registry import default_registry
     from rlzoo.runtime.assembly import (
         engine_context,

@@ -21,14 +21,9 @@ from rlzoo.config.resolution import build_config
 from rlzoo.config.schema import PromptConfig, RunConfig, TinyModelConfig, TrainerConfig
 from rlzoo.engines import EngineContext, Generation, RolloutEngine, SamplingSettings
 from rlzoo.engines.tokens import make_token_batch
+from rlzoo.episodes.assembly import build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.episodes.prompts import prompt_ids
-from rlzoo.episodes.runner import (
-    EpisodeRunner,
-    build_episode_runner,
-    chat_observation_text,
-    create_tools,
-    with_tool_descriptions,
-)
+from rlzoo.episodes.runner import EpisodeRunner, chat_observation_text
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Environment, Observation, Sample, Verdict, Verifier
 from rlzoo.preflight.checks import preflight

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.config.schema import PromptConfig, RunConfig
+from rlzoo.config.schema import PromptConfig
 from rlzoo.engines import Generation, RolloutEngine, SamplingSettings
 from rlzoo.episodes.faults import (
     DEMONSTRATION_LEFT_OUT,
@@ -45,7 +45,7 @@ from rlzoo.episodes.faults import (
 )
 from rlzoo.episodes.prompts import chat_messages, prompt_ids
 from rlzoo.errors import RlzooError
-from rlzoo.interfaces import Environment, Observation, Sample, Tool, Verdict
+from rlzoo.interfaces import Environment, Observation, Sample, Verdict
 from rlzoo.moe import stitch_routing
 from rlzoo.util.decode import response_text
 from rlzoo.util.reductions import FailedEpisodes, Mean, Sum
@@ -356,38 +356,3 @@ def episode_metrics(episodes: Sequence[_Episode], environment: Environment) -> d
     if abandoned:
         metrics["tool/abandoned"] = Sum(float(abandoned))
     return metrics
-
-
-def with_tool_descriptions(config: RunConfig, tools: Mapping[str, Tool]) -> RunConfig:
-    """``config`` whose chat prompts describe ``tools`` to the model: their schemas go to the chat template as
-    ``tools=`` (plain-text prompts ignore them: their cold start demonstrates the calls)."""
-    if not tools:
-        return config
-    schemas = [tool.schema() for tool in tools.values()]
-    kwargs = {**config.prompt.chat_template_kwargs, "tools": schemas}
-    return config.model_copy(update={"prompt": config.prompt.model_copy(update={"chat_template_kwargs": kwargs})})
-
-
-def create_tools(config: RunConfig, registry: Any) -> dict[str, Tool]:
-    """``episode.tools`` constructed, by name (the ``python`` tool probes its sandbox here: once per run)."""
-    tools = (registry.create("tool", spec.name, spec.params) for spec in config.episode.tools)
-    return {tool.name: tool for tool in tools}
-
-
-def build_episode_runner(
-    config: RunConfig, registry: Any, tokenizer: Any, context: int | None, tools: Mapping[str, Tool] | None = None
-) -> EpisodeRunner:
-    """The run's episode runner: its environment (given ``tools``, else ``episode.tools`` constructed, and the
-    parser when it uses them), limits and the components' distributions (named in fault warnings); ``context`` is
-    the model's (or rollout engine's) token limit, the budget when ``episode.max_tokens`` is null."""
-    episode = config.episode
-    environment: Environment = registry.create("environment", episode.environment.name, episode.environment.params)
-    if environment.uses_tools:
-        parser = registry.create("tool_parser", episode.tool_parser.name, episode.tool_parser.params)
-        environment.use_tools(create_tools(config, registry) if tools is None else tools, parser)
-    budget = episode.max_tokens or context
-    if budget is None:
-        budget = (config.prompt.max_prompt_tokens or 0) + episode.max_turns * config.rollout.max_new_tokens
-    components = [("environment", episode.environment.name), *(("tool", spec.name) for spec in episode.tools)]
-    distributions = {(kind, name): registry.get(kind, name).distribution for kind, name in components}
-    return EpisodeRunner(environment, tokenizer, episode.max_turns, budget, distributions)

@@ -141,3 +141,15 @@ def start_trackers(config: RunConfig, registry: Registry, run_dir: Path, resumed
     trackers = Trackers(loggers)
     trackers.start(tracked_runs(config, run_dir, resumed_at, loggers))
     return trackers
+
+
+def run_artifacts(run_dir: Path) -> list[Path]:
+    """What a finished run hands its trackers: the config and the curves plot (when it can be drawn)."""
+    from rlzoo.reporting.plot import plot_run  # matplotlib, only when a run with trackers ends
+
+    files = [run_dir / "config.yaml"]
+    try:
+        files += plot_run(run_dir)
+    except Exception as exc:  # a plot is a courtesy to the trackers; the run is complete without it
+        log.warning("could not plot the run's curves for the loggers: %s: %s", type(exc).__name__, exc)
+    return [f for f in files if f.is_file()]

@@ -6,6 +6,7 @@ Used by :class:`rlzoo.runtime.run.TrainingRun`, by ``rlzoo sft`` (the cold start
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ from rlzoo.config.base import DEFAULT_ROLLOUT_ENGINE, ComponentSpec
 from rlzoo.config.schema import LoraConfig, RunConfig
 from rlzoo.engines import EngineContext, RolloutEngine
 from rlzoo.engines.device import resolve_device
+from rlzoo.episodes.assembly import build_episode_runner
 from rlzoo.episodes.prompts import context_limit, context_name, fit_prompts, prompt_budget
-from rlzoo.episodes.runner import build_episode_runner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task, Verifier
 from rlzoo.registry import Registry
@@ -120,3 +121,21 @@ def engine_context(
         sends_adapters=sends_adapters,
         device=resolve_device(config.device),
     )
+
+
+@dataclass
+class Start:
+    """Where the run starts from: its folder, the model to load, and the checkpoint to resume (if any)."""
+
+    run_dir: Path
+    initial_model: Path  # the cold-start (or user) model: the KL reference, and the weights of a fresh run
+    checkpoint: Path | None
+    teacher_model: Path | None = None  # the teacher's folder (teacher.model, or its cold start); frozen, never saved
+
+    @property
+    def model_dir(self) -> Path:
+        """The whole model the engines start from: the checkpoint's, or the initial model when there is none or it
+        holds LoRA adapters only (which the training engine then loads on top)."""
+        if self.checkpoint is not None and (self.checkpoint / "model" / "config.json").is_file():
+            return self.checkpoint / "model"
+        return self.initial_model

@@ -26,8 +26,9 @@ from tqdm.auto import tqdm
 
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines.tokens import make_token_batch, response_logprobs
+from rlzoo.episodes.assembly import build_episode_runner
 from rlzoo.episodes.prompts import fit_prompts, prompt_budget, prompt_ids
-from rlzoo.episodes.runner import EnvironmentFailure, build_episode_runner
+from rlzoo.episodes.runner import EnvironmentFailure
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Task
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model

@@ -24,7 +24,7 @@ own engine state into the same checkpoint folder.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,9 @@ from tqdm.auto import tqdm
 from rlzoo.config.loading import dump_config
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines.lora import sends_adapters
+from rlzoo.episodes.assembly import build_episode_runner, create_tools, with_tool_descriptions
 from rlzoo.episodes.prompts import fit_prompts
-from rlzoo.episodes.runner import EpisodeRunner, build_episode_runner, create_tools, with_tool_descriptions
+from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RouterPolicy, Sample, Task, Tool, Verifier
 from rlzoo.preflight.batches import check_data_parallel
@@ -43,8 +44,7 @@ from rlzoo.preflight.checks import preflight
 from rlzoo.preflight.resume_changes import config_changes, record_changes, record_plugins
 from rlzoo.registry import Registry, default_registry
 from rlzoo.reporting.metrics_log import MetricsLogger, NullMetricsLogger
-from rlzoo.reporting.plot import plot_run
-from rlzoo.reporting.trackers import Trackers, start_trackers
+from rlzoo.reporting.trackers import Trackers, run_artifacts, start_trackers
 from rlzoo.rl import loop
 from rlzoo.rl.async_rollouts import AsyncRollouts
 from rlzoo.rl.critic import Critic
@@ -56,6 +56,7 @@ from rlzoo.rl.routing_learner import RoutingLearner
 from rlzoo.rl.teacher import Teacher
 from rlzoo.runtime import distributed, runlock
 from rlzoo.runtime.assembly import (
+    Start,
     create,
     engine_context,
     episode_context,
@@ -78,24 +79,6 @@ def train(config: RunConfig, resume: Path | None = None, registry: Registry | No
     registry = registry or default_registry()
     preflight(config, registry, resume=resume, world=distributed.launched_world_size())
     return TrainingRun(config, registry, resume, progress).run()
-
-
-@dataclass
-class Start:
-    """Where the run starts from: its folder, the model to load, and the checkpoint to resume (if any)."""
-
-    run_dir: Path
-    initial_model: Path  # the cold-start (or user) model: the KL reference, and the weights of a fresh run
-    checkpoint: Path | None
-    teacher_model: Path | None = None  # the teacher's folder (teacher.model, or its cold start); frozen, never saved
-
-    @property
-    def model_dir(self) -> Path:
-        """The whole model the engines start from: the checkpoint's, or the initial model when there is none or it
-        holds LoRA adapters only (which the training engine then loads on top)."""
-        if self.checkpoint is not None and (self.checkpoint / "model" / "config.json").is_file():
-            return self.checkpoint / "model"
-        return self.initial_model
 
 
 PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "clip/fraction")  # shown beside the progress bar
@@ -368,7 +351,7 @@ class TrainingRun:
                 trackers.log_evaluation(steps, final)
                 trackers.log_metrics(steps, final)
                 if len(trackers):
-                    trackers.finish({**final, "steps": float(steps)}, self._artifacts())
+                    trackers.finish({**final, "steps": float(steps)}, run_artifacts(run_dir))
         finally:
             trackers.close()
             logger.close()
@@ -382,15 +365,6 @@ class TrainingRun:
         """The experiment trackers (``loggers``), told the step a resumed run starts from."""
         resumed_at = self.completed_steps if self.start.checkpoint is not None else None
         return start_trackers(self.config, self.registry, self.start.run_dir, resumed_at)
-
-    def _artifacts(self) -> list[Path]:
-        """What a finished run hands its trackers: the config and the curves plot (when it can be drawn)."""
-        files = [self.start.run_dir / "config.yaml"]
-        try:
-            files += plot_run(self.start.run_dir)
-        except Exception as exc:  # a plot is a courtesy to the trackers; the run is complete without it
-            log.warning("could not plot the run's curves for the loggers: %s: %s", type(exc).__name__, exc)
-        return [f for f in files if f.is_file()]
 
     def evaluate(self) -> dict[str, float]:
         with self.components.schedule.paused():  # a producer thread shares the rollout engine

