@@ -33,7 +33,7 @@ class RegisteredComponent(Protocol):
     def distribution(self) -> str: ...
 
     @property
-    def cls(self) -> type: ...
+    def cls(self) -> type[Any]: ...  # the kind's base class is unknown here: attributes by kind (trains_values, ...)
 
 
 class ComponentCatalogue(Protocol):

@@ -13,7 +13,7 @@ from dataclasses import replace
 from rlzoo.interfaces import AdvantageSource, RewardBatch
 from rlzoo.interfaces.base import take_reports
 from rlzoo.rl.reward_kl import KLInReward
-from rlzoo.rl.step_record import StepRecord
+from rlzoo.rl.step_record import StepRecord, filled
 from rlzoo.util.tensors import masked_mean
 
 
@@ -22,12 +22,13 @@ def reward_batch(record: StepRecord, source: AdvantageSource) -> RewardBatch:
     log-probs (``needs_teacher``), the old log-probs and each named statistic (``needs_token_stats``), and the
     critic's values (``None`` without a critic); the correction's weights always (no gradient; read by a source's
     rollout-IS option)."""
-    rewards = replace(record.rollout.rewards, values=record.values, rollout_is_weights=record.old.correction)
+    old = filled(record.old, "old")
+    rewards = replace(filled(record.rollout, "rollout").rewards, values=record.values, rollout_is_weights=old.correction)
     if source.needs_teacher:
-        rewards = replace(rewards, teacher_logprobs=record.teacher_logp, old_logprobs=record.old.logp)
+        rewards = replace(rewards, teacher_logprobs=record.teacher_logp, old_logprobs=old.logp)
     if source.needs_token_stats:
         stats = {name: record.token_stats[name] for name in sorted(source.needs_token_stats)}
-        rewards = replace(rewards, old_logprobs=record.old.logp, token_stats=stats)
+        rewards = replace(rewards, old_logprobs=old.logp, token_stats=stats)
     return rewards
 
 
@@ -37,8 +38,8 @@ def advantages(record: StepRecord, source: AdvantageSource, kl_in_reward: KLInRe
     metrics: dict[str, float] = {}
     rewards = reward_batch(record, source)
     if kl_in_reward is not None:
-        penalised, metrics = kl_in_reward.penalise(rewards.token_rewards, record.old.logp, record.old.reference,
-                                                   rewards.mask)
+        old, token_rewards = filled(record.old, "old"), filled(rewards.token_rewards, "rollout.rewards.token_rewards")
+        penalised, metrics = kl_in_reward.penalise(token_rewards, old.logp, old.reference, rewards.mask)
         rewards = replace(rewards, token_rewards=penalised)
     record.advantages, record.returns = source.advantages_and_returns(rewards)
     metrics = {**metrics, "advantage/abs_mean": masked_mean(record.advantages.abs(), rewards.mask).item()}

@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from rlzoo.engines import RolloutEngine
 from rlzoo.interfaces import Sample
@@ -80,7 +81,7 @@ class AsyncRollouts(RolloutSchedule):
         steps: int,
         max_staleness: int,
         capacity: int,
-        partial: str = "off",
+        partial: Literal["off", "continue", "restart"] = "off",
         side: Dist = SINGLE,
     ) -> None:
         self.prompts_for = prompts_for
@@ -92,12 +93,12 @@ class AsyncRollouts(RolloutSchedule):
 
     def collect(self, step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Timer) -> RolloutBatch:
         if self.queue is None:  # the first step of this (possibly resumed) run: start the producer
-            self.rollout = parts.engine
+            self.rollout = rollout = parts.engine
             # the producer's gathers of the ranks' shares meet in a group of their own, beside the training loop's
             producing = replace(parts, dist=self.side) if parts.per_rank else parts
             self.queue = StalenessQueue(
                 lambda index, version: self._generate(index, producing),
-                self._load,
+                lambda update: self._load(rollout, update),
                 first=step,
                 end=self.steps,
                 max_staleness=self.max_staleness,
@@ -135,7 +136,7 @@ class AsyncRollouts(RolloutSchedule):
     def close(self) -> None:
         if self.queue is not None:
             self.queue.close()
-            if self.partial != "off":
+            if self.partial != "off" and self.rollout is not None:  # set with the queue
                 self.rollout.follow_updates(None)
 
     def _generate(self, step: int, parts: RolloutParts) -> _Produced:
@@ -145,15 +146,15 @@ class AsyncRollouts(RolloutSchedule):
         self._load_reports = {}
         return _Produced(batch, timer)
 
-    def _load(self, update: WeightsUpdate) -> None:
-        update.load_into(self.rollout)
-        self._load_reports = take_reports(self.rollout)
+    def _load(self, rollout: RolloutEngine, update: WeightsUpdate) -> None:
+        update.load_into(rollout)
+        self._load_reports = take_reports(rollout)
 
 
 class _QueueUpdates:
     """The queue's weight updates as a rollout engine follows them in flight (rlzoo.engines.InFlightUpdates)."""
 
-    def __init__(self, queue: StalenessQueue, mode: str) -> None:
+    def __init__(self, queue: StalenessQueue, mode: Literal["continue", "restart"]) -> None:
         self.queue, self.mode = queue, mode
 
     def pending(self) -> bool:

@@ -137,31 +137,31 @@ def _critic_folder_problems(run: RunFacts, path: Path) -> list[Problem]:
     if folder.config is None:
         return [(loc, str(folder.unreadable))]
     problems = [(loc, message) for message in folder.problems(head="value")]
-    moe = config_facts(folder.config).moe
-    if run.model.moe is not None and moe != run.model.moe:
+    moe = config_facts(folder.config).moe  # a bool: a config.json says MoE or dense
+    if run.model.moe is not None and moe is not None and moe != run.model.moe:
         kinds = {True: "a mixture-of-experts", False: "a dense"}
         problems.append((
             loc,
             f"{path} is {kinds[moe]} model but the policy is {kinds[run.model.moe]} one: the critic trains on "
             "the policy's engine configuration; use a critic of the policy's kind, or null for a copy of the policy",
         ))
-    return problems + _critic_tokenizer_problems(run, path, folder)
+    return problems + _critic_tokenizer_problems(run, path, folder, folder.config.get("vocab_size"))
 
 
-def _critic_tokenizer_problems(run: RunFacts, path: Path, folder: ModelFolder) -> list[Problem]:
+def _critic_tokenizer_problems(run: RunFacts, path: Path, folder: ModelFolder, vocab_size: Any) -> list[Problem]:
     """The critic reads the policy's token ids, whatever the policy: its folder has the policy's ``vocab_size`` and,
     where both are known, the policy's tokenizer (a folder policy's ``tokenizer.json``, or the character tokenizer a
-    tiny policy is built on from the task's alphabet)."""
+    tiny policy is built on from the task's alphabet); ``vocab_size``: the folder's config.json's."""
     loc, problems = "algorithm.critic.model", []
     policy, source = policy_vocab(run)
     if run.model.tiny:  # model.tiny's vocab_size is a bound: the embedding has one row per token of the tokenizer
         size, whose = (len(policy) if policy is not None else None), source
     else:
         size, whose = (run.model.shape.vocab if run.model.shape is not None else None), "model.path"
-    if size is not None and folder.config.get("vocab_size") != size:
+    if size is not None and vocab_size != size:
         problems.append((
             loc,
-            f"{path} has vocab_size {folder.config.get('vocab_size')} but the policy {size} ({whose}): the critic "
+            f"{path} has vocab_size {vocab_size} but the policy {size} ({whose}): the critic "
             "reads the policy's token ids; use a critic built on the policy's tokenizer",
         ))
     critic = folder.vocab()[0] if folder.tokenizer_file.is_file() else None  # unreadable: nothing to compare

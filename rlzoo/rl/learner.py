@@ -51,8 +51,10 @@ class WeightsUpdate:
     def load_into(self, rollout: RolloutEngine) -> None:
         if self.adapter is not None:
             rollout.sync_adapter(self.adapter)
-        else:
+        elif self.weights is not None:
             rollout.sync_weights(self.weights)
+        else:  # capture_weights hands no update without one or the other
+            raise ValueError("a WeightsUpdate holds the adapters or the weights; this one holds neither")
 
 
 class Learner:
@@ -95,7 +97,8 @@ class Learner:
 
     def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, T]`` log-probs and entropies of every row of ``batch``, without gradient."""
-        return self._whole_batch(batch, self.engine.logprobs_and_entropy)
+        logp, entropy = self._whole_batch(batch, self.engine.logprobs_and_entropy)
+        return logp, entropy
 
     def _whole_batch(self, batch: TokenBatch, local_pass: Callable[[TokenBatch], Outputs]) -> Outputs:
         """``local_pass`` on this rank's share of ``batch``'s rows (``Dist.share``), each of its ``[rows, T]``

@@ -73,7 +73,7 @@ from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, score_last_turns
 from rlzoo.rl.schedule import RolloutSchedule
-from rlzoo.rl.step_record import OldLogprobs, StepRecord
+from rlzoo.rl.step_record import OldLogprobs, StepRecord, filled
 from rlzoo.rl.teacher import Teacher, distill_metrics
 from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.passk import mean_pass_at_k
@@ -112,6 +112,7 @@ class Components:
     def rollout_parts(self, config: RunConfig) -> RolloutParts:
         """What sampling, scoring and assembling the rollout batch use, all that :mod:`rlzoo.rl.rollouts` is given
         (built at each call, so it sees the fields as they are now)."""
+        assert self.episodes is not None  # __post_init__ fills it
         return RolloutParts(
             engine=self.rollout,
             episodes=self.episodes,
@@ -158,16 +159,18 @@ def rollout_batch(record: StepRecord, prompts: Sequence[Sample], c: Components, 
     """The step's rollout batch, from the schedule, on every rank in the same order."""
     # every rank samples and scores its share of the prompts (collect gathers the shares), or rank 0 samples all
     # and sends the batch to the others
-    samples_here = c.rollout_per_rank or c.dist.is_main
-    rollout = c.schedule.collect(record.step, prompts, parts, record.timer) if samples_here else None
-    return rollout if c.rollout_per_rank else c.dist.broadcast(rollout)
+    if c.rollout_per_rank:
+        return c.schedule.collect(record.step, prompts, parts, record.timer)
+    rollout = c.schedule.collect(record.step, prompts, parts, record.timer) if c.dist.is_main else None
+    return c.dist.broadcast(rollout)
 
 
 def old_pass(record: StepRecord, c: Components, source: str) -> None:
     """Fill the record's old log-probs (``source``: ``algorithm.old_logprobs``), the reference's, the correction
     weights, and the token statistics the advantage source declares (``needs_token_stats``)."""
-    rollout = record.rollout
-    batch, rollout_logp, mask = rollout.batch, rollout.rollout_logp, rollout.batch.response_mask
+    rollout = filled(record.rollout, "rollout")
+    batch = filled(rollout.batch, "rollout.batch")
+    rollout_logp, mask = rollout.rollout_logp, batch.response_mask
     routings = [g.routing for g in rollout.generations]
     if source == "rollout-only":  # the rollout engine's log-probs are the old ones: no pass
         c.learner.without_old_pass(batch, routings)
@@ -178,7 +181,7 @@ def old_pass(record: StepRecord, c: Components, source: str) -> None:
     if c.advantage.needs_token_stats:  # more passes, under the same weights as the old one
         with c.schedule.behaviour_weights():
             record.token_stats = c.learner.token_stats(batch, sorted(c.advantage.needs_token_stats))
-    old_logp = train_logp if source == "train" else rollout_logp
+    old_logp = filled(train_logp, "old.train") if source == "train" else rollout_logp
     ref_logp = c.reference.logprobs(batch) if c.reference is not None else None
     # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
     correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
@@ -189,13 +192,13 @@ def old_pass(record: StepRecord, c: Components, source: str) -> None:
 def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> None:
     """``algorithm.minibatches_per_rollout`` minibatches of shuffled rows: on each one optimizer step of the policy
     (not during the critic's warm-up), then of the critic; the policy's and the critic's metrics per minibatch."""
-    critic, batch, step = c.critic, record.batch, record.step
+    critic, batch, step = c.critic, filled(record.batch, "batch"), record.step
     mask = batch.response_mask
     policy_learns = critic is None or step >= critic.warmup_steps
-    record.loss_mask = mask * kept_tokens(c.correction, record, mask)
-    old = record.old
+    record.loss_mask = loss_mask = mask * kept_tokens(c.correction, record, mask)
+    old, advantages = filled(record.old, "old"), filled(record.advantages, "advantages")
     # to the loss's device once a step
-    inputs = LossInputs(old.logp, record.advantages, record.loss_mask, old.reference, old.correction)
+    inputs = LossInputs(old.logp, advantages, loss_mask, old.reference, old.correction)
     shuffle = step_seed(config.seed, step, Stream.SHUFFLE)
     for index, rows in enumerate(minibatches(len(mask), config.algorithm.minibatches_per_rollout, shuffle)):
         seed = step_seed(config.seed, step, Stream.MINIBATCH_LOSS + index)  # components that draw at random
@@ -203,15 +206,16 @@ def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> N
             loss_fn = minibatch_loss(c.objective, inputs, rows, seed)
             record.updates.append(c.learner.update(batch, rows, loss_fn, c.objective.needs_entropy))
         if critic is not None:
-            record.critic_updates.append(critic.update(batch, rows, record.values, record.returns))
+            values, returns = filled(record.values, "values"), filled(record.returns, "returns")
+            record.critic_updates.append(critic.update(batch, rows, values, returns))
 
 
 def kept_tokens(correction: MismatchCorrection, record: StepRecord, mask: Tensor) -> Tensor:
     """The tokens the correction keeps in the policy loss (a rejected one counts as padding there); what it reported
     joins the step's metrics with its weights' reports."""
-    old = record.old
+    old = filled(record.old, "old")
     train = old.rollout if old.train is None else old.train  # rollout-only: the correction reads no old_train
-    keep = correction.keep(train, old.rollout, mask, record.advantages)
+    keep = correction.keep(train, old.rollout, mask, filled(record.advantages, "advantages"))
     record.reports.update(take_reports(correction))
     return keep
 
@@ -230,18 +234,19 @@ def minibatch_loss(objective: Objective, inputs: LossInputs, rows: Tensor, seed:
 def step_metrics(record: StepRecord) -> dict[str, float]:
     """The step's metrics (this rank's; the training engine's step metrics and the times aside): the updates', the
     rollout batch's, the advantages', the mismatch and the policy's entropy, the critic's and the teacher's."""
-    old, mask = record.old, record.batch.response_mask
+    old, mask = filled(record.old, "old"), filled(record.batch, "batch").response_mask
     mismatch, policy = {}, {}
     if old.train is not None:  # the training engine's own pass ran
         mismatch = mismatch_metrics(old.train, old.rollout, old.correction, mask)
-        policy = {"policy/entropy": masked_mean(old.entropy, mask).item()}
+        policy = {"policy/entropy": masked_mean(filled(old.entropy, "old.entropy"), mask).item()}
     if record.values is not None:  # there is a critic
-        critic = {**value_metrics(record.values, record.returns, mask), **reduce_minibatches(record.critic_updates)}
+        returns = filled(record.returns, "returns")
+        critic = {**value_metrics(record.values, returns, mask), **reduce_minibatches(record.critic_updates)}
         policy = {**policy, **critic}
     if record.teacher_logp is not None:
         policy = {**policy, **distill_metrics(old.logp, record.teacher_logp, mask)}
     return {
-        **reduce_minibatches(record.updates), **record.rollout.metrics, **record.advantage_metrics, **mismatch,
+        **reduce_minibatches(record.updates), **filled(record.rollout, "rollout").metrics, **record.advantage_metrics, **mismatch,
         **policy, **record.reports,
     }
 

@@ -34,8 +34,10 @@ class LossInputs:
     def on(self, device: torch.device) -> LossInputs:
         """These inputs on ``device``: copied at the first call for it, the same tensors afterwards."""
         if device not in self._copies:
-            here = (self.old_logp, self.advantages, self.mask, self.reference, self.weights)
-            self._copies[device] = LossInputs(*(_moved(t, device) for t in here))
+            self._copies[device] = LossInputs(
+                to_device(self.old_logp, device), to_device(self.advantages, device), to_device(self.mask, device),
+                None if self.reference is None else to_device(self.reference, device), to_device(self.weights, device),
+            )
         return self._copies[device]
 
     def rows(self, rows: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
@@ -43,7 +45,3 @@ class LossInputs:
         on, index = self.on(device), to_device(rows, device)
         reference = None if on.reference is None else on.reference[index]
         return on.old_logp[index], on.advantages[index], on.mask[index], reference, on.weights[index]
-
-
-def _moved(values: Tensor | None, device: torch.device) -> Tensor | None:
-    return None if values is None else to_device(values, device)

@@ -174,14 +174,12 @@ class _Masked:
         keep = mask > 0
         zero = torch.zeros_like(logp)
 
-        def zeroed(values: torch.Tensor | None, detach: bool) -> torch.Tensor | None:
-            if values is None:
-                return None
+        def zeroed(values: torch.Tensor, detach: bool) -> torch.Tensor:
             return torch.where(keep, values.detach() if detach else values, zero)
 
         return cls(
             mask, keep, zeroed(logp, False), zeroed(old_logp, True), zeroed(advantages, True),
-            zeroed(ref_logp, True), zeroed(entropy, False),
+            None if ref_logp is None else zeroed(ref_logp, True), None if entropy is None else zeroed(entropy, False),
         )
 
     def aggregate(self, per_token: torch.Tensor, aggregation: LossAggregation) -> torch.Tensor:

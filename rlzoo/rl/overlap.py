@@ -94,8 +94,8 @@ class OverlappedRollouts(RolloutSchedule):
     def collect(self, step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Timer) -> RolloutBatch:
         if self.pending is not None and self.pending.step == step:
             prefetch, self.pending = self.pending, None
-            self._join(prefetch)  # done already: settle() waited for it at the end of the previous step
-            batch, version = prefetch.batch, prefetch.version
+            # done already: settle() waited for it at the end of the previous step
+            batch, version = self._join(prefetch), prefetch.version
             for name, seconds in prefetch.timer.seconds.items():  # the background phases, as if sampled now
                 timer.seconds[name] += seconds
         else:  # the run's (or the resumed run's) first batch; nothing in flight (settle() ran after every step)
@@ -133,10 +133,15 @@ class OverlappedRollouts(RolloutSchedule):
             self.pending = None
 
     @staticmethod
-    def _join(prefetch: _Prefetch) -> None:
-        prefetch.thread.join()
+    def _join(prefetch: _Prefetch) -> RolloutBatch:
+        """Wait for ``prefetch``'s thread; its batch, or what the thread raised, raised here."""
+        if prefetch.thread is not None:  # None only between _Prefetch() and its start in _launch
+            prefetch.thread.join()
         if prefetch.error is not None:
             raise prefetch.error
+        if prefetch.batch is None:
+            raise RuntimeError(f"overlap: the prefetch of step {prefetch.step} ended with neither a batch nor an error")
+        return prefetch.batch
 
     # -- the behaviour weights ------------------------------------------------------------------------------------
 

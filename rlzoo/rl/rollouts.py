@@ -170,7 +170,8 @@ def generate_and_score(
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
         all_scores = ranks.all_gather_object(score_last_turns(ran, samples, parts))
-    baselines, greedy_scores = [], []
+    baselines: list[float] = []
+    greedy_scores: list[Scores] = []
     if parts.greedy_baseline:
         baselines, greedy_scores = greedy_baselines(mine, sampling, parts, timer)
     groups = [group for share, _ in shares for group in share]
@@ -181,7 +182,8 @@ def generate_and_score(
     rewards = episode_rewards(verdicts, generations)
     shaping, reports = shaping_terms(rewards, generations, parts)
     metrics.update(reports)
-    out, start = [], 0
+    out: list[ScoredGroup] = []
+    start = 0
     for sample, group in zip(prompts, groups, strict=True):
         rows = slice(start, start + len(group))
         baseline = baselines[len(out)] if baselines else None
@@ -208,7 +210,7 @@ def greedy_baselines(
     return [b for share, _ in gathered for b in share], [s for _, s in gathered]
 
 
-def score_last_turns(ran: EpisodeBatch, samples: Sequence[Sample], parts: RolloutParts) -> Scores:
+def score_last_turns(ran: EpisodeBatch, samples: list[Sample], parts: RolloutParts) -> Scores:
     """The verifier's scores of each episode's last turn (decoded), ``samples`` one per episode in order; an episode
     whose environment failed scores 0 (its verdict replaced; the verifier's faults stay counted). Training, the
     greedy baselines and evaluation score this way."""
@@ -301,7 +303,11 @@ def reward_parts(groups: list[ScoredGroup], parts: RolloutParts) -> dict[str, to
 
 
 def _baselines(groups: list[ScoredGroup]) -> torch.Tensor:
-    return torch.tensor([float(group.baseline) for group in groups for _ in group.generations])
+    out: list[float] = []
+    for group in groups:
+        assert group.baseline is not None  # generate_and_score gives every group one (greedy_baseline)
+        out += [float(group.baseline)] * len(group.generations)
+    return torch.tensor(out)
 
 
 def token_level_rewards(step_rewards: list[list[float]], step_ends: list[list[int]], mask: torch.Tensor) -> torch.Tensor:
@@ -336,12 +342,13 @@ def rollout_metrics(groups: list[ScoredGroup], batch_metrics: dict[str, float]) 
     rewards = torch.cat([g.rewards for g in groups])
     shaping = torch.cat([g.shaping for g in groups])
     generations = [g for group in groups for g in group.generations]
-    correct = [v.correct for group in groups for v in group.verdicts]
+    correct = [bool(v.correct) for group in groups for v in group.verdicts]  # a bool since Verdict.__post_init__
     lengths = torch.tensor([g.policy_tokens for g in generations], dtype=torch.float32)
     named = verdict_parts([v for group in groups for v in group.verdicts]) or {}
     extra = {f"reward/parts/{name}_mean": values.mean().item() for name, values in named.items()}
-    if groups[0].baseline is not None:
-        extra["reward/baseline_mean"] = sum(g.baseline for g in groups) / len(groups)
+    baselines = [g.baseline for g in groups if g.baseline is not None]
+    if baselines:  # greedy_baseline: every group has one
+        extra["reward/baseline_mean"] = sum(baselines) / len(groups)
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,

@@ -117,7 +117,8 @@ class RoutingLearner(Learner):
                 continue
             per_layer[layer] = flip_counts(reference.select(rows).only_layers([layer]), used.routing.only_layers([layer]), attention)
         if per_layer:
-            metrics["moe/flip_rate"] = _rate(tuple(map(sum, zip(*per_layer.values()))))
+            pairs = per_layer.values()  # (differ, total) per layer, summed over the layers
+            metrics["moe/flip_rate"] = _rate((sum(d for d, _ in pairs), sum(t for _, t in pairs)))
         metrics.update({f"moe/flip_rate/layer_{layer}": _rate(counts) for layer, counts in per_layer.items()})
         if self.replayed is not None:
             layers = self.replayed.layers
@@ -140,8 +141,14 @@ class RoutingLearner(Learner):
         recorded = _Recorded()
         with self.engine.routing_pass(replay.select(mine) if replay is not None else None) as used:
             yield recorded
-        recorded.routing = self._gather(used.routing)
-        recorded.fresh = self._gather(used.fresh) if replay is not None else recorded.routing
+        recorded.routing = self._gather(self._filled(used.routing, "routing"))
+        recorded.fresh = self._gather(self._filled(used.fresh, "fresh")) if replay is not None else recorded.routing
+
+    def _filled(self, routing: Routing | None, name: str) -> Routing:
+        """A routing the engine's ``routing_pass`` fills when its block ends (``RoutingPass.<name>``)."""
+        if routing is None:
+            raise RlzooError(f"training engine {self.engine.name!r}: its routing_pass left RoutingPass.{name} unset")
+        return routing
 
     def _gather(self, routing: Routing) -> Routing:
         """Every rank's routing of its share, concatenated in rank order (the routing itself in one process)."""

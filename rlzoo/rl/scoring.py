@@ -90,12 +90,15 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
         worker = threading.Thread(target=verify_all, name=f"verifier-{verifier.name}", daemon=True)
         worker.start()
         worker.join(timeout_s)
-    verdicts, timeouts = list(slots), 0  # a copy: a hung worker may still write into ``slots``
-    errors = sum(1 for index in list(raised) if verdicts[index] is not None)  # each response counted once
-    for index, verdict in enumerate(verdicts):
+    done = list(slots)  # a copy: a hung worker may still write into ``slots``
+    errors = sum(1 for index in list(raised) if done[index] is not None)  # each response counted once
+    verdicts: list[Verdict] = []
+    timeouts = 0
+    for verdict in done:
         if verdict is None:
             timeouts += 1
-            verdicts[index] = Verdict(0.0, reason=f"verifier timeout: not scored within {timeout_s:g} s")
+            verdict = Verdict(0.0, reason=f"verifier timeout: not scored within {timeout_s:g} s")
+        verdicts.append(verdict)
     if timeouts:
         log.warning("verifier %s did not score %d of %d responses within %g s", verifier.name, timeouts, len(verdicts), timeout_s)
     nonfinite = 0

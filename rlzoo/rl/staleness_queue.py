@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -156,7 +157,7 @@ class StalenessQueue(Generic[Item, Update]):
         try:
             for index in range(self._entered, self.end):
                 with self._cond:
-                    self._cond.wait_for(lambda index=index: self._stop or self._may_start(index))
+                    self._cond.wait_for(partial(self._stopped_or_may_start, index))
                     if self._stop:
                         return
                 with self.generator_lock:
@@ -169,6 +170,9 @@ class StalenessQueue(Generic[Item, Update]):
             with self._cond:
                 self._error = error
                 self._cond.notify_all()
+
+    def _stopped_or_may_start(self, index: int) -> bool:
+        return self._stop or self._may_start(index)
 
     def _may_start(self, index: int) -> bool:
         return self._entered >= index - self.max_staleness and len(self._ready) < self.capacity

@@ -19,12 +19,15 @@ is ``None`` until its phase ran (or when the run has no such phase: no teacher, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from torch import Tensor
 
 from rlzoo.engines import TokenBatch
 from rlzoo.rl.rollouts import RolloutBatch
 from rlzoo.util.timer import Timer
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,3 +65,11 @@ class StepRecord:
     def batch(self) -> TokenBatch | None:
         """The rollout batch's tokens; ``None`` when the batch filter kept no group (nothing to train on)."""
         return self.rollout.batch if self.rollout is not None else None
+
+
+def filled(value: T | None, name: str) -> T:
+    """``value``, a field of the step record (``name``) that an earlier phase fills, for a phase that reads it: a
+    ``None`` there means the phases ran out of order (or the run lacks the component that fills it), not data."""
+    if value is None:
+        raise RuntimeError(f"step record: {name} is read before the phase that fills it ran")
+    return value

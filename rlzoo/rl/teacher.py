@@ -24,7 +24,7 @@ import torch
 
 from rlzoo.config.schema import RunConfig
 from rlzoo.engines import TokenBatch
-from rlzoo.interfaces import Component, Problem, RunFacts
+from rlzoo.interfaces import Problem, RunFacts, Task
 from rlzoo.models.folder import MISSING, NOT_A_MODEL_FOLDER, ModelFolder, read_config
 from rlzoo.models.memory import ModelShape
 from rlzoo.models.tokenizer import char_vocab, vocab_difference
@@ -56,6 +56,8 @@ def teacher_cold_start_config(config: RunConfig) -> RunConfig:
     """The run's config as the tiny teacher's cold start reads it: ``model.tiny`` is ``teacher.tiny`` and the folder
     its own, everything else (task, seed, prompts, cold_start settings) the policy's, so both share one tokenizer."""
     teacher = config.teacher
+    if teacher is None or teacher.tiny is None:
+        raise ValueError("teacher_cold_start_config: the run has no tiny teacher (teacher.tiny)")
     folder = teacher.output_dir or str(Path(config.output_dir) / TEACHER_COLD_START)
     return config.model_copy(update={
         "model": config.model.model_copy(update={"path": None, "tiny": teacher.tiny}),
@@ -71,6 +73,7 @@ def teacher_shape(config: RunConfig) -> ModelShape | None:
         return None
     if teacher.tiny is not None:
         return ModelShape.from_tiny(teacher.tiny)
+    assert teacher.model is not None  # TeacherConfig: exactly one of model and tiny
     hf, _ = read_config(Path(teacher.model) / "config.json")
     return ModelShape.from_hf(hf) if hf is not None else None
 
@@ -105,6 +108,7 @@ def teacher_rule(run: RunFacts) -> list[Problem]:
                 f"({source}): {mismatch}; use teacher.model, a folder with the policy's tokenizer",
             ))
         return problems
+    assert teacher.model is not None  # TeacherConfig: exactly one of model and tiny
     return problems + _teacher_folder_problems(run, Path(teacher.model), policy, source)
 
 
@@ -143,7 +147,7 @@ def _teacher_folder_problems(run: RunFacts, path: Path, policy: dict[str, int] |
     return problems
 
 
-def _char_vocab(task: Component) -> dict[str, int]:
+def _char_vocab(task: Task) -> dict[str, int]:
     """The character tokenizer's vocabulary a cold start builds for ``task``."""
     return char_vocab(task.alphabet())
 
