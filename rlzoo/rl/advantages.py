@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlzoo.interfaces import AdvantageSource, RewardBatch
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.step_record import StepRecord
 from rlzoo.util.tensors import masked_mean
@@ -40,6 +40,7 @@ def advantages(record: StepRecord, source: AdvantageSource, kl_in_reward: KLInRe
         penalised, metrics = kl_in_reward.penalise(rewards.token_rewards, record.old.logp, record.old.reference,
                                                    rewards.mask)
         rewards = replace(rewards, token_rewards=penalised)
-    record.advantages, record.returns = source.advantages_and_returns(rewards)
+    with collecting() as reports:  # the source's
+        record.advantages, record.returns = source.advantages_and_returns(rewards)
     metrics = {**metrics, "advantage/abs_mean": masked_mean(record.advantages.abs(), rewards.mask).item()}
-    record.advantage_metrics = {**metrics, **take_reports(source)}
+    record.advantage_metrics = {**metrics, **reports}
