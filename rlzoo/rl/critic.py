@@ -72,6 +72,10 @@ class Critic:
         engine_metrics = self.learner.update(batch, rows, loss_fn)
         return {_critic_key(key): value for key, value in engine_metrics.items()}
 
+    def step_metrics(self) -> dict[str, float]:
+        """What the critic's engine reported outside its updates (the values pass), keyed as in its updates."""
+        return {_critic_key(key): value for key, value in self.learner.step_metrics().items()}
+
 
 def _critic_key(key: str) -> str:
     """The critic engine's ``train/grad_norm`` is ``critic/grad_norm``; the loss's own ``critic/*`` stay; what the

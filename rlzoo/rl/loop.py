@@ -149,7 +149,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
         c.schedule.publish(step, c.learner, parts, updated=True)
-    metrics = {**step_metrics(record), **c.learner.step_metrics(), **timer.metrics(), **device_memory_metrics()}
+    metrics = {**step_metrics(record), **learners_metrics(c), **timer.metrics(), **device_memory_metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
 
 
@@ -240,6 +240,12 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
         **reduce_minibatches(record.updates), **record.rollout.metrics, **record.advantage_metrics, **mismatch,
         **policy, **record.reports,
     }
+
+
+def learners_metrics(c: Components) -> dict[str, float]:
+    """The policy learner's step metrics (routing diagnostics; the engines' reports outside the updates) and the
+    critic's (its engine's reports in the values pass)."""
+    return {**c.learner.step_metrics(), **(c.critic.step_metrics() if c.critic is not None else {})}
 
 
 def evaluate(
