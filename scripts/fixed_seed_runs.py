@@ -9,7 +9,8 @@ Each run is the integration tests' fast main job (``integration_tests/conftest.p
 and ``lora`` as ``integration_tests/test_resume.py`` sets them, ``correction`` a rejection correction with importance
 weights (its reports in both the old pass and the loss mask), ``overlap`` (``rollout.overlap: 1``, the batch sampled
 in a background thread) and ``tools`` (``examples/tools_calculator.yaml``, multi-turn episodes with a tool, the same
-fast settings). ``CHECKOUT`` (default: this one) is the code that runs, from its own folders on ``PYTHONPATH``;
+fast settings); the ``*-dense`` ones again with a reward most responses earn (the fast cold start's model gets no
+answer right, so the others train on rewards that are mostly 0). ``CHECKOUT`` (default: this one) is the code that runs, from its own folders on ``PYTHONPATH``;
 ``--cold`` shares the cold starts between the before and after runs (built by the first that needs one).
 """
 
@@ -43,6 +44,9 @@ LORA = [
 ]
 CORRECTION = ["algorithm.correction={name: rejection, criteria: [{statistic: k3, level: seq_max, high: 0.01}], "
               "importance: {threshold: 1.5, normalize: true}}"]
+#: a reward most responses earn and some miss (the fast cold start's model answers no sum right): advantages, losses
+#: and the critic's values that are not all zero
+DENSE = ["verifier={name: regex, pattern: '[0-9]+', fullmatch: false}"]
 #: name -> (example, task of its cold start, overrides)
 RUNS = {
     "main": ("gspo_tiny_moe.yaml", "arithmetic", []),
@@ -51,6 +55,10 @@ RUNS = {
     "correction": ("gspo_tiny_moe.yaml", "arithmetic", CORRECTION),
     "overlap": ("gspo_tiny_moe.yaml", "arithmetic", ["rollout.overlap=1", *CORRECTION]),
     "tools": ("tools_calculator.yaml", "calculator", []),
+    "dense": ("gspo_tiny_moe.yaml", "arithmetic", [*DENSE, *CORRECTION, "train.steps=4"]),
+    "ppo-dense": ("gspo_tiny_moe.yaml", "arithmetic", [*PPO, *DENSE]),
+    "lora-dense": ("gspo_tiny_moe.yaml", "arithmetic", [*LORA, *DENSE]),
+    "tools-dense": ("tools_calculator.yaml", "calculator", DENSE),
 }
 PATHS = (".", "estimators", "verifiers", "plugins/tasks", "plugins/routing", "plugins/tools", "plugins/loggers")
 

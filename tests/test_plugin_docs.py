@@ -464,7 +464,7 @@ def test_the_documented_tracked_run_fields_are_the_dataclasses():
 
 
 def test_the_metrics_namespace_table_is_each_kinds_namespace():
-    rows = table((REPO / "docs" / "metrics.md").read_text(), "| kind | namespace | collected after |")
+    rows = table((REPO / "docs" / "metrics.md").read_text(), "| kind | namespace | the scope that collects it |")
     bases, seen = base_classes(), []
     for row in rows:
         kinds = [k for k in ticked(row[0]) if k in bases]
