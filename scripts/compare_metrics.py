@@ -4,7 +4,8 @@ memory metrics aside: the proof a refactor gives (docs/contributing.md, "Habits"
     python scripts/compare_metrics.py RUNS_BEFORE RUNS_AFTER
 
 Every ``metrics.jsonl`` under ``RUNS_BEFORE`` is compared with the file at the same relative path under
-``RUNS_AFTER``: the same rows, the same keys, the same values bit for bit (``time/*`` and ``memory/*`` keys ignored).
+``RUNS_AFTER``: the same rows, the same keys in the same order, the same values bit for bit (compared as written;
+``time/*`` and ``memory/*`` keys ignored).
 Exit 0 when every pair is identical, 1 otherwise (the first differences printed).
 """
 
@@ -29,8 +30,11 @@ def differences(before: Path, after: Path) -> list[str]:
     a, b = rows(before), rows(after)
     found = [f"rows: {len(a)} before, {len(b)} after"] if len(a) != len(b) else []
     for index, (x, y) in enumerate(zip(a, b)):
+        # as written: a float's shortest repr is its bits (NaN equals NaN here, -0.0 differs from 0.0)
         found += [f"row {index} {key}: {x.get(key)!r} -> {y.get(key)!r}" for key in sorted(set(x) | set(y))
-                  if x.get(key) != y.get(key)]
+                  if json.dumps(x.get(key)) != json.dumps(y.get(key))]
+        if not found and list(x) != list(y):
+            found.append(f"row {index}: the same keys in another order")
     return found
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from test_stages_loop import ByPrompt, CharTokenizer, IsA  # the loop tests' fak
 import rlzoo
 from rlzoo.config.schema import RunConfig
 from rlzoo.interfaces import AdvantageSource, BatchFilter, Clipper, ClipResult, Sample
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting, take_reports
 from rlzoo.registry import Registry, default_registry
 from rlzoo.rl.learner import Learner
 from rlzoo.rl.loop import Components, rl_step
@@ -116,6 +117,38 @@ def test_take_reports_namespaces_by_kind_and_name_and_clears_the_buffer():
     assert reports == {"filter/lengthy/seen": 3.0, "filter/lengthy/ratio": 0.75}
     assert type(reports["filter/lengthy/seen"]) is Sum
     assert take_reports(component) == {} and take_reports(plain) == {"thing/plain/x": 1.0}
+
+
+
+def test_a_scope_collects_the_reports_of_its_block_in_its_thread_and_the_innermost_takes_them():
+    class Lengthy(BatchFilter):
+        name = "lengthy"
+
+    component, seen = Lengthy(), {}
+    with collecting(into=seen) as outer:
+        component.report("seen", Sum(1.0))
+        with collecting() as inner:  # a narrower scope: a minibatch, a generation batch
+            component.report("seen", Sum(2.0))
+            component.report("ratio", 0.5)
+            component.report("ratio", 0.75)  # the last value in one scope wins
+            other = threading.Thread(target=lambda: component.report("elsewhere", 1.0))  # a thread of its own
+            other.start()
+            other.join()
+        component.report("after", 3.0)
+    assert outer is seen and seen == {"filter/lengthy/seen": 1.0, "filter/lengthy/after": 3.0}
+    assert inner == {"filter/lengthy/seen": 2.0, "filter/lengthy/ratio": 0.75} and type(inner["filter/lengthy/seen"]) is Sum
+    # outside any scope (the other thread) the component keeps its reports until take_reports takes them
+    assert take_reports(component) == {"filter/lengthy/elsewhere": 1.0} and take_reports(component) == {}
+
+
+def test_no_caller_drains_a_component_in_the_core():
+    """The step's phases are scopes (rlzoo.interfaces.base.collecting); take_reports is for tests and loops of
+    one's own."""
+    from pathlib import Path
+
+    core = Path(rlzoo.__file__).parent
+    callers = [str(path.relative_to(core)) for path in core.rglob("*.py") if "take_reports(" in path.read_text()]
+    assert callers == ["interfaces/base.py"]
 
 
 # -- end to end: reports of an advantage source, a batch filter and a clipper in rl_step's metrics ------------------

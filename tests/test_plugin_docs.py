@@ -202,7 +202,7 @@ def test_the_docs_own_tests_pass(block, name, doc_modules, tmp_path):
 
 def test_batch_filter_keeps_varied_groups_reports_and_checks_the_group_size(examples, tmp_path):
     from rlzoo.interfaces import ModelFacts, RunFacts
-    from rlzoo.interfaces.base import take_reports
+    from rlzoo.interfaces.base import collecting
     from rlzoo.registry import default_registry
     from rlzoo.util.reductions import Sum
 
@@ -213,8 +213,8 @@ def test_batch_filter_keeps_varied_groups_reports_and_checks_the_group_size(exam
     assert keep.tolist() == [True, False, False]
     assert cls(cls.Params(min_std=0.0)).keep(rewards, groups).tolist() == [True, False, True]
     component = cls()
-    component.keep(rewards, groups)
-    reports = take_reports(component)
+    with collecting() as reports:  # as the docs' "Reporting metrics" says a test reads them
+        component.keep(rewards, groups)
     assert reports == {"filter/min-std/kept_groups": 1.0} and type(reports["filter/min-std/kept_groups"]) is Sum
     assert component.max_gen_batches() == 10
 
@@ -464,7 +464,7 @@ def test_the_documented_tracked_run_fields_are_the_dataclasses():
 
 
 def test_the_metrics_namespace_table_is_each_kinds_namespace():
-    rows = table((REPO / "docs" / "metrics.md").read_text(), "| kind | namespace | collected after |")
+    rows = table((REPO / "docs" / "metrics.md").read_text(), "| kind | namespace | the scope that collects it |")
     bases, seen = base_classes(), []
     for row in rows:
         kinds = [k for k in ticked(row[0]) if k in bases]

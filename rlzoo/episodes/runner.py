@@ -46,6 +46,7 @@ from rlzoo.episodes.faults import (
 from rlzoo.episodes.prompts import chat_messages, prompt_ids
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Environment, Observation, Sample, Verdict
+from rlzoo.interfaces.base import collecting
 from rlzoo.moe import stitch_routing
 from rlzoo.util.decode import response_text
 from rlzoo.util.reductions import FailedEpisodes, Mean, Sum
@@ -152,7 +153,8 @@ class EpisodeRunner:
         """A new episode of ``sample``; one whose ``reset`` raised carries its error from the start."""
         episode = _Episode(sample, None, messages)
         try:
-            episode.state = self.environment.reset(sample)
+            with collecting():  # an environment's reports are not collected, here as in its worker threads
+                episode.state = self.environment.reset(sample)
         except Exception as exc:  # noqa: BLE001 - whatever the environment does, the run goes on
             episode.error = self.notices.environment_failed(Raised("reset", exc), EPISODE_ENDS)
         return episode
@@ -172,7 +174,8 @@ class EpisodeRunner:
             return observation if problem is None else Raised("step", problem)
 
         if len(episodes) <= 1:
-            return [answer(e) for e in episodes]
+            with collecting():  # in this thread; its reports dropped, as a worker thread's are
+                return [answer(e) for e in episodes]
         with ThreadPoolExecutor(min(ENVIRONMENT_THREADS, len(episodes)), thread_name_prefix="rlzoo-env") as pool:
             return list(pool.map(answer, episodes))
 

@@ -6,7 +6,10 @@ A component is a small class. The registry finds it through a plugin hook, the c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -86,30 +89,68 @@ class Component:
         class says how the values of the step's several calls (its minibatches, its generation batches) and of
         the ranks combine. Reporting the same ``metric`` twice in one call keeps the last value.
 
-        The core collects the reports right after each call (:func:`rlzoo.interfaces.base.take_reports`): the objective's
-        after each minibatch (ratio estimator, clipper, aggregation, KL estimator, regularisers), the loop's after
-        each use of the advantage source, batch filter, reward shapers and train-inference correction; the router
-        policy's are collected by the routing learner; the engines' after each generation batch (rollout engine),
-        each update, the old-log-prob pass and the weight sync (:mod:`rlzoo.rl.learner`). Verifiers' reports are
-        not collected: a verifier runs in a worker thread that may outlive its time limit, so its reports would be
-        racy or lost; its faults are counted by :mod:`rlzoo.rl.scoring`, and it records its phases' metrics with
-        :meth:`rlzoo.interfaces.Verifier.record_phase` instead.
+        The step collects the reports: each of its phases runs in a scope (:func:`collecting`), and a report goes
+        to the innermost scope open in this thread; no caller drains a component. A scope's bounds are where values
+        combine: the objective's call on each minibatch (ratio estimator, clipper, aggregation, KL estimator,
+        regularisers) and the critic's value loss, each update of a training engine (the minibatch's metrics), each
+        generation batch (the rollout engine, per rank; the reward shapers; the batch filter), the old pass (the
+        train-inference correction, also when it picks the loss's tokens), the advantage phase (the source, the
+        KL-in-reward controller), the learner's other passes and weight syncs (the training and rollout engines)
+        and the router policy's choices (:mod:`rlzoo.rl.routing_learner`). Verifiers' reports are not collected: a
+        verifier runs in a worker thread that may outlive its time limit, so its reports would be racy or lost;
+        its faults are counted by :mod:`rlzoo.rl.scoring`, and it records its phases' metrics with
+        :meth:`rlzoo.interfaces.Verifier.record_phase` instead. Called outside any scope (a test, a loop of one's
+        own), the component keeps its reports until :func:`take_reports` takes them.
         """
-        self.__dict__.setdefault("_metric_reports", {})[metric] = value
+        key = _report_key(self, metric)
+        scope = _scope.get()
+        if scope is not None:
+            scope[key] = value
+            return
+        self.__dict__.setdefault("_metric_reports", {})[key] = value
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"
 
 
+#: the innermost open scope of this thread (and context): where Component.report writes
+_scope: ContextVar[dict[str, Any] | None] = ContextVar("rlzoo_report_scope", default=None)
+
+
+@contextmanager
+def collecting(into: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """A scope of reports: every :meth:`Component.report` made during the block in this thread, keyed
+    ``<namespace>/<name>/<metric>``, lands in ``into`` (a new dict when ``None``), which the block receives.
+
+    Scopes nest: a report goes to the innermost one only, and the code that opened it passes its reports on (as a
+    minibatch's metrics, a generation batch's, a rank's share): a scope's bounds are where the reported values
+    combine with those of the other calls (each value's reduction, :mod:`rlzoo.metrics`). A report made twice in
+    one scope keeps the last value. A thread starts outside any scope, so a component called in a thread of its
+    own (a verifier's worker) reports to no step. For a test or a loop of one's own::
+
+        with collecting() as reports:
+            correction.weights(old_train, old_rollout, mask)
+        reports["correction/tis/oob_fraction"]
+    """
+    reports: dict[str, Any] = {} if into is None else into
+    token = _scope.set(reports)
+    try:
+        yield reports
+    finally:
+        _scope.reset(token)
+
+
 def take_reports(component: Component) -> dict[str, float]:
-    """The metrics ``component`` reported since the last call (:meth:`~rlzoo.interfaces.Component.report`), keyed
-    ``<namespace>/<name>/<metric>``, and its buffer cleared.
+    """What ``component`` reported outside any scope (:func:`collecting`) since the last call, keyed
+    ``<namespace>/<name>/<metric>``, and its buffer cleared: for a component called by a test or a loop of one's
+    own; rlzoo's step never needs it (its phases are scopes).
 
     ``<namespace>`` is the kind's ``metric_namespace`` (its ``kind`` if it declares none), ``<name>`` the
     component's registered name: the name keeps two components of one kind in a run (two reward shapers, two
     regularisers) from writing the same key, and says which component a key came from."""
     reports = component.__dict__.pop("_metric_reports", None)
-    if not reports:
-        return {}
-    prefix = f"{component.metric_namespace or component.kind}/{component.name}"
-    return {f"{prefix}/{metric}": value for metric, value in reports.items()}
+    return dict(reports) if reports else {}
+
+
+def _report_key(component: Component, metric: str) -> str:
+    return f"{component.metric_namespace or component.kind}/{component.name}/{metric}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlzoo.interfaces import AdvantageSource, RewardBatch
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.rl.reward_kl import KLInReward
 from rlzoo.rl.step_record import StepRecord, filled
 from rlzoo.util.tensors import masked_mean
@@ -41,6 +41,7 @@ def advantages(record: StepRecord, source: AdvantageSource, kl_in_reward: KLInRe
         old, token_rewards = filled(record.old, "old"), filled(rewards.token_rewards, "rollout.rewards.token_rewards")
         penalised, metrics = kl_in_reward.penalise(token_rewards, old.logp, old.reference, rewards.mask)
         rewards = replace(rewards, token_rewards=penalised)
-    record.advantages, record.returns = source.advantages_and_returns(rewards)
+    with collecting() as reports:  # the source's
+        record.advantages, record.returns = source.advantages_and_returns(rewards)
     metrics = {**metrics, "advantage/abs_mean": masked_mean(record.advantages.abs(), rewards.mask).item()}
-    record.advantage_metrics = {**metrics, **take_reports(source)}
+    record.advantage_metrics = {**metrics, **reports}

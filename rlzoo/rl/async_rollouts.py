@@ -54,7 +54,7 @@ from typing import Literal
 
 from rlzoo.engines import RolloutEngine
 from rlzoo.interfaces import Sample
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.rl.learner import Learner, WeightsUpdate
 from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, collect
 from rlzoo.rl.schedule import RolloutSchedule
@@ -147,8 +147,9 @@ class AsyncRollouts(RolloutSchedule):
         return _Produced(batch, timer)
 
     def _load(self, rollout: RolloutEngine, update: WeightsUpdate) -> None:
-        update.load_into(rollout)
-        self._load_reports = take_reports(rollout)
+        with collecting() as reports:  # the rollout engine's, of this load (in the producer's thread)
+            update.load_into(rollout)
+        self._load_reports = reports
 
 
 class _QueueUpdates:

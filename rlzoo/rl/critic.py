@@ -30,7 +30,7 @@ from rlzoo.engines import TokenBatch
 from rlzoo.engines.device import to_device
 from rlzoo.episodes.rules import policy_vocab
 from rlzoo.interfaces import LossAggregation, Problem, RunFacts, ValueLoss
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.models.folder import MISSING, NOT_A_MODEL_FOLDER, ModelFolder, config_facts
 from rlzoo.models.tokenizer import vocab_difference
 from rlzoo.rl.learner import Learner
@@ -61,19 +61,20 @@ class Critic:
             # on the values' device; the metrics stay there until the step reads them all at once
             mask, old, targets = (to_device(t, values.device).to(values.dtype) for t in here)
             keep = mask > 0
-            result = self.value_loss.loss(values, old, targets, mask)
+            with collecting() as reports:  # what the value loss report()ed during this call
+                result = self.value_loss.loss(values, old, targets, mask)
             per_token = torch.where(keep, result.per_token, torch.zeros_like(result.per_token))
             loss = self.aggregation.aggregate(per_token, mask)
             clipped = (result.clipped & keep).to(values.dtype)
-            metrics = {
-                "critic/vf_loss": loss.detach(),
-                "critic/vf_clipfrac": masked_mean(clipped, mask),
-                **take_reports(self.value_loss),
-            }
+            metrics = {"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": masked_mean(clipped, mask), **reports}
             return loss, metrics
 
         engine_metrics = self.learner.update(batch, rows, loss_fn)
         return {_critic_key(key): value for key, value in engine_metrics.items()}
+
+    def step_metrics(self) -> dict[str, float]:
+        """What the critic's engine reported outside its updates (the values pass), keyed as in its updates."""
+        return {_critic_key(key): value for key, value in self.learner.step_metrics().items()}
 
 
 def _critic_key(key: str) -> str:

@@ -19,10 +19,11 @@ The loop never sees processes or MoE routing. A :class:`Learner` wraps a :class:
 In one process every collective is the identity, so the learner is a thin pass-through. MoE policies get
 :class:`rlzoo.rl.routing_learner.RoutingLearner`, which adds the router policy's record/replay around the same calls.
 
-The engines' own metrics (``Component.report``, :func:`~rlzoo.interfaces.base.take_reports`): the training engine's
-are taken after each :meth:`Learner.update` (part of that minibatch's metrics, so they combine over the step's
-minibatches as declared), after :meth:`Learner.old_logprobs` and after :meth:`Learner.push_weights`, which also
-takes the rollout engine's (its weight sync); the last two reach the step through :meth:`Learner.step_metrics`.
+The engines' own metrics (``Component.report``) are collected in scopes (:func:`~rlzoo.interfaces.base.collecting`):
+each :meth:`Learner.update` is one (the training engine's reports are part of that minibatch's metrics, so they
+combine over the step's minibatches as declared); the whole-batch passes (the old-log-prob pass, token statistics,
+values) and the weight pushes and captures, where the rollout engine's weight sync reports too, collect into
+:attr:`Learner.reports`, which reaches the step through :meth:`Learner.step_metrics`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 
 from rlzoo.engines import Adapter, LossFn, RolloutEngine, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import select_rows
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.runtime.distributed import SINGLE, Dist
 
 Outputs = TypeVar("Outputs", torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor])
@@ -65,7 +66,7 @@ class Learner:
         self.dist = dist
         self.sends_adapters = False  # set by the run's assembly (model.lora.sync); else the (merged) weights
         self._adapter_version = 0
-        self.reports: dict[str, float] = {}  # the engines' reports outside the updates, until step_metrics
+        self.reports: dict[str, float] = {}  # the engines' reports outside the updates (a scope), until step_metrics
 
     def old_logprobs(
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
@@ -74,9 +75,7 @@ class Learner:
 
         ``rollout_logp`` are the rollout engine's log-probs and ``rollout_routing`` each row's
         ``Generation.routing`` (``None`` where the engine recorded none); MoE learners use them."""
-        logp, entropy = self.logprobs_and_entropy(batch)
-        self.reports.update(take_reports(self.engine))
-        return logp, entropy
+        return self.logprobs_and_entropy(batch)
 
     def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
         """Instead of :meth:`old_logprobs` when the rollout engine's log-probs are the old ones and nothing needs
@@ -104,7 +103,8 @@ class Learner:
         """``local_pass`` on this rank's share of ``batch``'s rows (``Dist.share``), each of its ``[rows, T]``
         outputs (one tensor, a tuple or a dict of them) gathered, so every rank holds the same full tensors."""
         count = batch.input_ids.shape[0]
-        local = local_pass(select_rows(batch, self.dist.share(torch.arange(count))))
+        with collecting(into=self.reports):
+            local = local_pass(select_rows(batch, self.dist.share(torch.arange(count))))
         if isinstance(local, torch.Tensor):
             return self.dist.gather_rows(local, count)
         if isinstance(local, dict):
@@ -117,8 +117,9 @@ class Learner:
         """One optimizer step on ``batch[rows]``; ``loss_fn(logp [len(rows), T]) -> (loss, metrics)``, or
         ``loss_fn(logp, entropy)`` with ``with_entropy`` (both with gradient)."""
         local = select_rows(batch, self.dist.share(rows))
-        metrics = self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
-        return {**metrics, **take_reports(self.engine)}
+        with collecting() as reports:  # the engine's, of this minibatch (the loss's own are in its metrics)
+            metrics = self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
+        return {**metrics, **reports}
 
     def _global_loss(self, loss_fn: LossFn, count: int) -> LossFn:
         if not self.dist.active:
@@ -137,13 +138,14 @@ class Learner:
         receives = every_rank or self.dist.is_main
         if not (self.engine.collective_weights or receives):
             return None
-        if self.sends_adapters:
-            self._adapter_version += 1
-            update = WeightsUpdate(adapter=self.engine.adapter(self._adapter_version))  # a CPU copy already
-        else:
-            weights = self.engine.named_weights()  # on every rank: a gather of partitioned weights (ZeRO-3)
-            update = WeightsUpdate(weights=[(name, t.detach().clone()) for name, t in weights] if receives else None)
-        self.reports.update(take_reports(self.engine))
+        with collecting(into=self.reports):
+            if self.sends_adapters:
+                self._adapter_version += 1
+                update = WeightsUpdate(adapter=self.engine.adapter(self._adapter_version))  # a CPU copy already
+            else:
+                weights = self.engine.named_weights()  # on every rank: a gather of partitioned weights (ZeRO-3)
+                copies = [(name, t.detach().clone()) for name, t in weights] if receives else None
+                update = WeightsUpdate(weights=copies)
         return update if receives else None
 
     def push_weights(self, rollout: RolloutEngine, every_rank: bool = False) -> None:
@@ -152,19 +154,19 @@ class Learner:
         receives = every_rank or self.dist.is_main
         if not (self.engine.collective_weights or receives):
             return
-        if self.sends_adapters:
-            self._adapter_version += 1
-            adapter = self.engine.adapter(self._adapter_version)
-            if receives:
-                rollout.sync_adapter(adapter)
-        else:
-            weights = self.engine.named_weights()
-            if receives:
-                rollout.sync_weights(weights)
-        self.reports.update({**take_reports(self.engine), **take_reports(rollout)})
+        with collecting(into=self.reports):  # the training engine's and the rollout engine's (its weight sync)
+            if self.sends_adapters:
+                self._adapter_version += 1
+                adapter = self.engine.adapter(self._adapter_version)
+                if receives:
+                    rollout.sync_adapter(adapter)
+            else:
+                weights = self.engine.named_weights()
+                if receives:
+                    rollout.sync_weights(weights)
 
     def step_metrics(self) -> dict[str, float]:
         """Diagnostics of the rollout batch just trained on (none for a dense policy), and the engines' reports
-        since the last call outside the updates (the old-log-prob pass, the weight push)."""
+        since the last call outside the updates (the whole-batch passes, the weight push)."""
         reports, self.reports = self.reports, {}
         return reports

@@ -64,7 +64,6 @@ from rlzoo.engines.device import device_memory_metrics
 from rlzoo.episodes.environments import SingleTurn
 from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
-from rlzoo.interfaces.base import take_reports
 from rlzoo.rl.advantages import advantages
 from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.rl.learner import Learner
@@ -138,7 +137,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         c.schedule.settle(timer)
         c.schedule.publish(step, c.learner, parts, updated=False)
         return c.dist.reduce_metrics({**record.rollout.metrics, **timer.metrics()})
-    with timer("old_logprobs"):
+    with timer("old_logprobs"), record.collecting():
         old_pass(record, c, config.algorithm.old_logprobs)
     with timer("teacher"):
         record.teacher_logp = c.teacher.logprobs(record.batch) if c.teacher is not None else None
@@ -146,12 +145,12 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         record.values = c.critic.values(record.batch) if c.critic is not None else None
     with timer("advantage"):
         advantages(record, c.advantage, c.kl_in_reward)
-    with timer("train"):
+    with timer("train"), record.collecting():
         minibatch_updates(record, c, config)
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
         c.schedule.publish(step, c.learner, parts, updated=True)
-    metrics = {**step_metrics(record), **c.learner.step_metrics(), **timer.metrics(), **device_memory_metrics()}
+    metrics = {**step_metrics(record), **learners_metrics(c), **timer.metrics(), **device_memory_metrics()}
     return c.dist.reduce_metrics(metrics)  # by each value's declared reduction over ranks; time/* are rank 0's
 
 
@@ -186,7 +185,6 @@ def old_pass(record: StepRecord, c: Components, source: str) -> None:
     # without the pass the correction reads nothing of old_train (preflight: reads_train_logprobs is False)
     correction = c.correction.weights(rollout_logp if train_logp is None else train_logp, rollout_logp, mask)
     record.old = OldLogprobs(old_logp, train_logp, entropy, rollout_logp, ref_logp, correction)
-    record.reports.update(take_reports(c.correction))
 
 
 def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> None:
@@ -211,13 +209,11 @@ def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> N
 
 
 def kept_tokens(correction: MismatchCorrection, record: StepRecord, mask: Tensor) -> Tensor:
-    """The tokens the correction keeps in the policy loss (a rejected one counts as padding there); what it reported
-    joins the step's metrics with its weights' reports."""
+    """The tokens the correction keeps in the policy loss (a rejected one counts as padding there); what it reports
+    joins the step's reports (the train phase's scope, :meth:`StepRecord.collecting`) with its weights' reports."""
     old = filled(record.old, "old")
     train = old.rollout if old.train is None else old.train  # rollout-only: the correction reads no old_train
-    keep = correction.keep(train, old.rollout, mask, filled(record.advantages, "advantages"))
-    record.reports.update(take_reports(correction))
-    return keep
+    return correction.keep(train, old.rollout, mask, filled(record.advantages, "advantages"))
 
 
 def minibatch_loss(objective: Objective, inputs: LossInputs, rows: Tensor, seed: int) -> LossFn:
@@ -249,6 +245,12 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
         **reduce_minibatches(record.updates), **filled(record.rollout, "rollout").metrics, **record.advantage_metrics, **mismatch,
         **policy, **record.reports,
     }
+
+
+def learners_metrics(c: Components) -> dict[str, float]:
+    """The policy learner's step metrics (routing diagnostics; the engines' reports outside the updates) and the
+    critic's (its engine's reports in the values pass)."""
+    return {**c.learner.step_metrics(), **(c.critic.step_metrics() if c.critic is not None else {})}
 
 
 def evaluate(

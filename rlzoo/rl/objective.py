@@ -35,7 +35,7 @@ from rlzoo.interfaces import (
     RatioEstimator,
     Regulariser,
 )
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.registry import Registry, default_registry, format_validation_error
 from rlzoo.util.reductions import Deferred, Max, Min, read_metrics
 from rlzoo.util.tensors import masked_mean
@@ -108,6 +108,22 @@ class Objective:
         per-token entropy of the full distribution, needed when :attr:`needs_entropy`.
         """
         self._check(logp, old_logp, advantages, mask, ref_logp, entropy)
+        with collecting() as reports:  # what the components report()ed during this minibatch's calls
+            loss, metrics = self._loss(logp, old_logp, advantages, mask, ref_logp, weights, seed, entropy)
+        metrics.update(reports)
+        return loss, metrics
+
+    def _loss(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        weights: torch.Tensor | None,
+        seed: int | None,
+        entropy: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         b = _Masked.of(mask.to(logp.dtype), logp, old_logp, advantages, ref_logp, entropy)
         log_w = self.ratio.log_ratio(b.logp, b.old_logp, b.mask).clamp(-self.log_ratio_clamp, self.log_ratio_clamp)
         generator = torch.Generator(device=logp.device).manual_seed(seed if seed is not None else 0)
@@ -131,8 +147,6 @@ class Objective:
             metrics[f"loss/{regulariser.name}"] = term.detach()
             loss = loss + term
         metrics.update(_policy_metrics(policy_loss, loss, torch.exp(log_w), clipped, b))
-        for component in (self.ratio, self.clipper, self.aggregation, self.kl, *self.regularisers):
-            metrics.update(take_reports(component))  # what they report()ed during this minibatch's calls
         return loss, metrics
 
     def _check(

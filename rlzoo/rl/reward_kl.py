@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from rlzoo.interfaces import KLController, KLEstimator
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 
 
 @dataclass
@@ -38,5 +38,6 @@ class KLInReward:
         penalised = token_rewards - (beta * kl).to(token_rewards.dtype)
         per_response = kl.sum(-1) / keep.sum(-1).clamp(min=1)
         current_kl = per_response.mean().item() if len(per_response) else 0.0
-        self.controller.update(current_kl, n_steps=len(per_response))
-        return penalised, {"kl/coef": beta, "kl/in_reward": current_kl, **take_reports(self.controller)}
+        with collecting() as reports:  # the controller's, of this update
+            self.controller.update(current_kl, n_steps=len(per_response))
+        return penalised, {"kl/coef": beta, "kl/in_reward": current_kl, **reports}

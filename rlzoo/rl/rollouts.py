@@ -32,7 +32,7 @@ from rlzoo.engines.tokens import make_token_batch
 from rlzoo.episodes.runner import EpisodeBatch, EpisodeRunner
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import BatchFilter, RewardBatch, RewardShaper, Sample, Verdict, Verifier
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.rl.scoring import Scores, score, step_token_ends
 from rlzoo.runtime.distributed import SINGLE, Dist
 from rlzoo.util.decode import response_text, token_char_ends
@@ -108,8 +108,9 @@ def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Ti
         groups, batch_metrics = generate_and_score(batch_prompts, seed, parts, timer)
         rewards = torch.cat([g.rewards + g.shaping for g in groups])
         group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.generations])
-        keep = parts.batch_filter.keep(rewards, group_index)
-        per_batch.append({**batch_metrics, **take_reports(parts.batch_filter)})
+        with collecting() as filter_reports:  # the batch filter's, of this generation batch
+            keep = parts.batch_filter.keep(rewards, group_index)
+        per_batch.append({**batch_metrics, **filter_reports})
         scored, gen_batch = scored + groups, gen_batch + 1
         kept += [g for g, flag in zip(groups, keep.tolist(), strict=True) if flag]
         if len(kept) >= target or gen_batch >= limit:
@@ -162,11 +163,11 @@ def generate_and_score(
         seed=rank_seed(seed, ranks.rank),
     )
     mine = ranks.share_items(prompts)
-    take_reports(parts.engine)  # what it reported since (an evaluation's generate, start) is not this batch's
     with timer("rollout"):  # includes waiting for the slowest rank's share (episodes: tools and all turns)
-        ran = parts.episodes.run(parts.engine, mine, sampling, config.prompt) if mine else EpisodeBatch([])
+        with collecting() as sampled:  # the rollout engine's (and the episodes' components') on this rank's share
+            ran = parts.episodes.run(parts.engine, mine, sampling, config.prompt) if mine else EpisodeBatch([])
         local = ran.groups
-        shares = ranks.all_gather_object((local, {**ran.metrics, **take_reports(parts.engine)}))
+        shares = ranks.all_gather_object((local, {**ran.metrics, **sampled}))
     with timer("verify"):
         samples = [s for s, group in zip(mine, local, strict=True) for _ in group]
         all_scores = ranks.all_gather_object(score_last_turns(ran, samples, parts))
@@ -230,10 +231,10 @@ def shaping_terms(
     """``[n]`` the sum of the reward shapers' terms (each reads the rewards and the policy tokens of all turns), and
     what the shapers reported."""
     lengths = torch.tensor([g.policy_tokens for g in generations])
-    shaping, reports = torch.zeros_like(rewards), {}
-    for shaper in parts.shapers:
-        shaping = shaping + shaper.shape(rewards, lengths, parts.config.response_budget())
-        reports.update(take_reports(shaper))
+    shaping = torch.zeros_like(rewards)
+    with collecting() as reports:
+        for shaper in parts.shapers:
+            shaping = shaping + shaper.shape(rewards, lengths, parts.config.response_budget())
     return shaping, reports
 
 

@@ -33,7 +33,7 @@ import torch
 from rlzoo.engines import LossFn, TokenBatch, TrainingEngine
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.moe import Layout, Routing, flip_counts, routing_for_batch
 from rlzoo.rl.learner import Learner
 from rlzoo.runtime.distributed import SINGLE, Dist
@@ -58,6 +58,14 @@ class RoutingLearner(Learner):
         self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.metrics = {}
+        with collecting() as reports:  # the router policy's (the engine's passes collect their own)
+            logp, entropy = self._old_pass(batch, rollout_logp, rollout_routing)
+        self.metrics.update(reports)
+        return logp, entropy
+
+    def _old_pass(
+        self, batch: TokenBatch, rollout_logp: torch.Tensor, rollout_routing: list[torch.Tensor | None]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rollout = self._rollout_routing(batch, rollout_routing)
         with self._recording(batch) as fresh:
             logp, entropy = self.logprobs_and_entropy(batch)
@@ -78,19 +86,17 @@ class RoutingLearner(Learner):
                 self.metrics["moe/rollout_train_disagreement_replayed"] = replayed
         self.recorded = RecordedRouting(old=old, rollout=rollout)
         self.replayed = self.policy.update_routing(self.recorded)
-        self.metrics.update(take_reports(self.policy))
-        self.reports.update(take_reports(self.engine))  # the training engine's, from its old-pass forwards
         return logp, entropy
 
     def without_old_pass(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> None:
         """No old pass: the policy decides from the rollout's experts alone (``recorded.old`` is ``None``), and
         the flip rates of layers routed afresh have no reference, so only replayed layers report them."""
         self.metrics = {}
-        if self.policy.needs_old_pass():
-            raise RlzooError(f"router policy {self.policy.name!r} replays the old pass, which this run skips")
-        self.recorded = RecordedRouting(old=None, rollout=self._rollout_routing(batch, rollout_routing))
-        self.replayed = self.policy.update_routing(self.recorded)
-        self.metrics.update(take_reports(self.policy))
+        with collecting(into=self.metrics):  # the router policy's
+            if self.policy.needs_old_pass():
+                raise RlzooError(f"router policy {self.policy.name!r} replays the old pass, which this run skips")
+            self.recorded = RecordedRouting(old=None, rollout=self._rollout_routing(batch, rollout_routing))
+            self.replayed = self.policy.update_routing(self.recorded)
 
     def _rollout_routing(self, batch: TokenBatch, rollout_routing: list[torch.Tensor | None]) -> Routing | None:
         """The rollout engine's experts as a batch routing; ``None`` where it recorded none (an error for R3)."""
