@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlzoo.errors import RlzooError
+from rlzoo.mismatch.command import add_command as add_mismatch_command
 from rlzoo.runtime import runlock, signals
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
@@ -301,9 +302,8 @@ def parser() -> argparse.ArgumentParser:
     check = with_config(config.add_parser("check", help="validate a config as `train` would, and print it resolved"))
     check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
     check.add_argument("--allow-changes", nargs="+", metavar="FIELD", help=ALLOW_CHANGES_HELP)
-    check.add_argument(
-        "--processes", type=_positive, default=1, metavar="N", help="check it for N processes (torchrun --nproc_per_node N)"
-    )
+    check.add_argument("--processes", type=_positive, default=1, metavar="N",
+                       help="check it for N processes (torchrun --nproc_per_node N)")
     check.add_argument(
         "--model-config", metavar="CONFIG_JSON",
         help="check the model's shapes from this config.json instead of the model.path folder, for a recipe whose "
@@ -321,8 +321,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--allow-changes", nargs="+", metavar="FIELD", help=ALLOW_CHANGES_HELP)
     train.set_defaults(func=cmd_train)
 
-    sft = verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")))
-    sft.set_defaults(func=cmd_sft)
+    verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)"))).set_defaults(func=cmd_sft)
+    add_mismatch_command(sub, with_config, verbose, _load, _registry)  # rlzoo mismatch (rlzoo.mismatch.command)
 
     ablate = with_config(sub.add_parser("ablate", help="a grid of --vary values x seeds, run and summarised with CIs"))
     ablate.add_argument("--vary", action="append", metavar="KEY=V1,V2", help="a config key and its values (repeatable: the grid is every combination)")

@@ -1,0 +1,86 @@
+"""``rlzoo mismatch --causes``: the gap measured again with one thing changed at a time.
+
+    precision (rollout)   the rollout engine in the other dtype (float32 <-> bfloat16), the trainer as it was
+    precision (trainer)   the training engine in the other dtype (model.dtype), the rollout engine as it was
+    batch composition     each response of the first batch scored by the training engine alone (a batch of one)
+                          instead of in the full batch; its gap to the rollout, and to the batched score
+    engine                the other rollout engine (hf <-> vllm, the latter with a 64 MiB KV cache) on the same
+                          weights, when vLLM is installed
+
+Each changed measurement samples the same prompts with the same seeds (a dtype change may still sample other
+tokens). With ``G0`` the baseline's mean |d| and ``G1`` the changed one's, ``explains = |G0 - G1| / max(G0, G1)``:
+the share of the larger of the two gaps that the one change accounts for (1: it makes the whole gap, or removes
+it; 0: no effect). Batch composition's ``G1`` is the alone-scored gap on the first batch's rows and its ``G0`` the
+batched gap on the same rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+from rlzoo.config.schema import RunConfig
+from rlzoo.mismatch.measures import gap_metrics
+from rlzoo.mismatch.session import Measured, measure_config
+from rlzoo.registry import Registry
+
+OTHER_DTYPE = {"float32": "bfloat16", "bfloat16": "float32"}
+VLLM_KV_CACHE = 64 * 2**20
+
+
+def _gap(train: Any, rollout: Any, mask: Any) -> float:
+    return gap_metrics(train, rollout, mask).get("abs_logp_diff", float("nan"))
+
+
+def _row(cause: str, changed: str, g1: float, g0: float) -> dict[str, Any]:
+    larger = max(g0, g1)
+    return {"cause": cause, "changed": changed, "abs_logp_diff": g1, "baseline": g0,
+            "explains": abs(g0 - g1) / larger if larger > 0 else 0.0}
+
+
+def causes_count(config: RunConfig) -> int:
+    """How many measurements :func:`measure_causes` runs (for the progress bar)."""
+    return 2 + (1 if _other_engine(config) is not None else 0)
+
+
+def _other_engine(config: RunConfig) -> dict[str, Any] | None:
+    name = config.rollout.engine.name
+    if name == "hf" and importlib.util.find_spec("vllm") is not None:
+        return {"name": "vllm", "kv_cache_memory_bytes": VLLM_KV_CACHE}
+    if name == "vllm":
+        return {"name": "hf"}
+    return None
+
+
+def measure_causes(
+    config: RunConfig, registry: Registry, steps: int, baseline: Measured, rollout_dtype: str | None,
+    tick: Callable[[int], None] = lambda n: None,
+) -> list[dict[str, Any]]:
+    """The table of the module docstring (``config`` is the measurement's, ``rollout_dtype`` the baseline's)."""
+    g0 = _gap(baseline.train, baseline.rollout, baseline.mask)
+    trainer = config.model.dtype
+    rollout = rollout_dtype or trainer
+    rows = []
+    changed = measure_config(config, registry, steps, OTHER_DTYPE[rollout], tick)
+    rows.append(_row("precision (rollout)", f"rollout {rollout} -> {OTHER_DTYPE[rollout]}",
+                     _gap(changed.train, changed.rollout, changed.mask), g0))
+    flipped = config.model_copy(update={"model": config.model.model_copy(update={"dtype": OTHER_DTYPE[trainer]})})
+    changed = measure_config(flipped, registry, steps, rollout, tick)
+    rows.append(_row("precision (trainer)", f"trainer {trainer} -> {OTHER_DTYPE[trainer]}",
+                     _gap(changed.train, changed.rollout, changed.mask), g0))
+    if baseline.alone is not None:
+        n = baseline.alone.shape[0]
+        batched, alone = baseline.alone_batched, baseline.alone
+        rows.append(_row("batch composition", f"each of {n} responses scored alone",
+                         _gap(alone, baseline.rollout[:n], baseline.mask[:n]),
+                         _gap(batched, baseline.rollout[:n], baseline.mask[:n])))
+        rows[-1]["alone_vs_batched"] = _gap(alone, batched, baseline.mask[:n])
+    engine = _other_engine(config)
+    if engine is not None:
+        spec = config.rollout.engine.model_validate(engine)
+        swapped = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": spec})})
+        changed = measure_config(swapped, registry, steps, rollout_dtype, tick)
+        rows.append(_row("engine", f"rollout {config.rollout.engine.name} -> {engine['name']}",
+                         _gap(changed.train, changed.rollout, changed.mask), g0))
+    return rows

@@ -1,0 +1,113 @@
+"""``rlzoo mismatch CONFIG [--set ...] [--steps N] [--out DIR] [--fail-above METRIC=VALUE ...]``: its options and
+its course (docs/mismatch.md).
+
+    the flags checked (steps, bounds)              before anything starts: a bad one is one line, exit 1
+    the config loaded and checked as train does    (preflight), measured in DIR (default <output_dir>/mismatch)
+    N batches measured (rlzoo.mismatch.session)    the progress bar on the console, the engines' output in DIR/log.txt
+    --causes: the same with one thing changed      (rlzoo.mismatch.causes)
+    every registered correction on the batch       (rlzoo.mismatch.corrections; the config's with its parameters)
+    mismatch.md, .json, .png; the summary          (rlzoo.mismatch.report)
+    the bounds compared                            one line per exceeded bound on stderr, exit 1
+
+This module imports nothing heavy at import time: the CLI builds its parser from :func:`add_command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlzoo.errors import RlzooError
+
+DEFAULT_STEPS = 2
+
+
+def add_command(sub: Any, with_config: Callable, verbose: Callable, load: Callable, registry: Callable) -> None:
+    """The ``mismatch`` sub-command on the CLI's sub-parsers ``sub``; ``load(args)`` gives the resolved config and
+    ``registry()`` the registry (the CLI's own, so warnings and plugins behave as in every command)."""
+    p = verbose(with_config(sub.add_parser("mismatch", help="measure the train-inference log-prob gap of the "
+                                           "config's rollout and training engines, and which correction pays")))
+    p.add_argument("--steps", default=str(DEFAULT_STEPS), metavar="N",
+                   help=f"rollout batches to measure, all under the same weights (default {DEFAULT_STEPS})")
+    p.add_argument("--out", metavar="DIR", help="where the report goes (default: <output_dir>/mismatch)")
+    p.add_argument("--fail-above", action="append", metavar="METRIC=VALUE",
+                   help="exit 1 when the measured METRIC exceeds VALUE (repeatable; e.g. abs_logp_diff=0.05)")
+    p.add_argument("--rollout-dtype", choices=("float32", "bfloat16"),
+                   help="start the rollout engine in this dtype (default: model.dtype, the training engine's)")
+    p.add_argument("--causes", action="store_true", help="measure again with one thing changed at a time "
+                   "(each side's precision, batch composition, the engine) and say how much of the gap each explains")
+    p.set_defaults(func=lambda args: run(args, load, registry))
+
+
+class Bar:
+    """The measurement's progress bar, drawn from the first batch on (after the cold start's own bar, if any)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.bar = total, None
+
+    def tick(self, n: int) -> None:
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, desc="mismatch", dynamic_ncols=True, mininterval=1.0)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _steps(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise RlzooError(f"--steps: {text!r} is not a positive whole number")
+    return int(text)
+
+
+def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
+    """The command's course (module docstring); 0, or 1 when a bound is exceeded."""
+    from rlzoo.mismatch.gate import exceeded, parse_bounds
+
+    steps, bounds = _steps(args.steps), parse_bounds(args.fail_above or [])  # before anything starts
+    from rlzoo.mismatch.causes import causes_count, measure_causes
+    from rlzoo.mismatch.report import build_result, summary, write
+    from rlzoo.mismatch.session import measure_config, measurement_config
+    from rlzoo.preflight.checks import preflight
+    from rlzoo.reporting.console import log_path, run_console, start_summary
+
+    config, registry = load(args), registry_of()
+    out = Path(args.out) if args.out else Path(config.output_dir) / "mismatch"
+    measuring = measurement_config(config, out)
+    preflight(measuring, registry)
+    trainer_dtype = config.model.dtype
+    rollout_dtype = args.rollout_dtype or trainer_dtype
+    with run_console(log_path(out), args.verbose) as console:
+        lines = start_summary("mismatch", args.config, measuring, out, console)
+        lines.insert(-1 if console.log_file is not None and not args.verbose else len(lines),
+                     f"  engines    rollout {config.rollout.engine.name} ({rollout_dtype}) vs trainer "
+                     f"{config.trainer.engine.name} ({trainer_dtype}); {steps} batch(es) of "
+                     f"{config.rollout.prompts_per_step} prompts x {config.rollout.group_size}, no update")
+        console.print("\n".join(lines))
+        total = steps * (1 + (causes_count(measuring) if args.causes else 0))
+        bar = Bar(total)
+        try:
+            measured = measure_config(measuring, registry, steps, args.rollout_dtype, bar.tick, alone=args.causes)
+            causes = measure_causes(measuring, registry, steps, measured, args.rollout_dtype, bar.tick) \
+                if args.causes else None
+        finally:
+            bar.close()
+        own = config.algorithm.correction
+        corrections = {name: registry.create("correction", name, own.params if name == own.name else None)
+                       for name in registry.names("correction")}
+        about = {"config": args.config, "engines": {
+            "rollout": config.rollout.engine.name, "rollout_dtype": rollout_dtype,
+            "trainer": config.trainer.engine.name, "trainer_dtype": trainer_dtype}, "causes": causes}
+        result = build_result(measured, corrections, about)
+        files = write(measured, result, out)
+        console.print("\n".join([*summary(result), *(f"  {f.name:<15}{f}" for f in files)]))
+    failed = exceeded(result["metrics"], bounds)
+    for line in failed:
+        print(f"error: mismatch above its bound: {line}", file=sys.stderr)
+    return 1 if failed else 0
