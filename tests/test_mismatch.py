@@ -4,7 +4,7 @@ its refusals, and the arithmetic behind its numbers.
 Two measurements share one cold start (a module fixture, in-process through :func:`cli_testlib.run_cli`): the
 example's tiny Qwen3-MoE with the hf rollout engine and the torch trainer (integration_tests' ``FAST`` engines and
 batch), both in float32 (they differ by float rounding only), and the same with the rollout engine in bfloat16
-(the gap a bf16 inference engine brings). The cold start is TINY_RUN's two SFT steps (the 40 of ``FAST`` take
+(``model.dtype: bfloat16``, the rollout engine's dtype: the gap a bf16 inference engine brings). The cold start is TINY_RUN's two SFT steps (the 40 of ``FAST`` take
 80 s on a loaded 2-core machine; the gap does not need a trained model); the slow test runs ``FAST``'s.
 """
 
@@ -40,7 +40,7 @@ def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("mismatch")
     out = {}
     for name, extra in (("fp32", ["--fail-above", "abs_logp_diff=1e-3"]),
-                        ("bf16", ["--rollout-dtype", "bfloat16", "--fail-above", "abs_logp_diff=1e-5",
+                        ("bf16", ["--set", "model.dtype=bfloat16", "--fail-above", "abs_logp_diff=1e-5",
                                   "--fail-above", "k3_kl=1e9"])):
         result = run_cli(["mismatch", CONFIG, *_sets(root), "--out", str(root / name), *extra], cwd=root)
         report = json.loads((root / name / "mismatch.json").read_text()) if (root / name / "mismatch.json").is_file() else None
@@ -162,3 +162,27 @@ def test_correction_effects_and_the_rule():
     assert MIN_ESS == 0.9
     assert recommend({**effects, "tis": {**tis, "ess": 0.95}}, 0.75)["name"] == "tis"
     assert recommend(effects, 1e-6)["reason"].startswith("mean |log r| = 1e-06 < 0.001")
+
+
+@pytest.mark.slow
+def test_causes_on_the_main_job_with_routing_replay(tmp_path):
+    """``--causes`` on the tiny main job with integration_tests' FAST cold start (40 SFT steps) and R3: the rollout
+    side's bf16 makes (nearly) the whole gap; each row says what it changed; R3 replays the rollout's experts, so no
+    expert slot differs under the policy."""
+    cold = ["cold_start.steps=40", "cold_start.batch_size=16", "train.eval_prompts=16"]
+    sets = [*ENGINES, *cold, f"cold_start.output_dir={tmp_path / 'cold'}", f"output_dir={tmp_path / 'run'}",
+            "algorithm.router={name: replay-rollout}"]
+    result = run_cli(["mismatch", CONFIG, *(a for o in sets for a in ("--set", o)), "--causes", "--out",
+                      str(tmp_path / "out")], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "mismatch.json").read_text())
+    rows = {row["cause"]: row for row in report["causes"]}
+    assert {"precision (rollout)", "precision (trainer)", "batch composition"} <= set(rows)
+    rollout = rows["precision (rollout)"]
+    assert rollout["changed"] == "model.dtype float32 -> bfloat16" and rollout["explains"] > 0.99
+    assert rollout["abs_logp_diff"] > 100 * report["metrics"]["abs_logp_diff"]
+    assert rows["batch composition"]["alone_vs_batched"] < 1e-4
+    moe = report["moe"]
+    assert moe["router_policy"] == "replay-rollout" and moe["replays_old_pass"]
+    assert set(moe["disagreement_per_layer_with_policy"].values()) == {0.0}
+    assert "## Causes (one thing changed at a time)" in (tmp_path / "out" / "mismatch.md").read_text()

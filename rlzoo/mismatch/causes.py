@@ -1,7 +1,7 @@
 """``rlzoo mismatch --causes``: the gap measured again with one thing changed at a time.
 
-    precision (rollout)   the rollout engine in the other dtype (float32 <-> bfloat16), the trainer as it was
-    precision (trainer)   the training engine in the other dtype (model.dtype), the rollout engine as it was
+    precision (rollout)   the rollout engine in the other dtype (model.dtype: float32 <-> bfloat16)
+    precision (trainer)   the training engine in the other dtype (trainer.dtype: fp32, or bf16 autocast)
     batch composition     each response of the first batch scored by the training engine alone (a batch of one)
                           instead of in the full batch; its gap to the rollout, and to the batched score
     engine                the other rollout engine (hf <-> vllm, the latter with a 64 MiB KV cache) on the same
@@ -53,22 +53,21 @@ def _other_engine(config: RunConfig) -> dict[str, Any] | None:
     return None
 
 
+def _with(config: RunConfig, section: str, **update: Any) -> RunConfig:
+    return config.model_copy(update={section: getattr(config, section).model_copy(update=update)})
+
+
 def measure_causes(
-    config: RunConfig, registry: Registry, steps: int, baseline: Measured, rollout_dtype: str | None,
-    tick: Callable[[int], None] = lambda n: None,
+    config: RunConfig, registry: Registry, steps: int, baseline: Measured, tick: Callable[[int], None] = lambda n: None,
 ) -> list[dict[str, Any]]:
-    """The table of the module docstring (``config`` is the measurement's, ``rollout_dtype`` the baseline's)."""
+    """The table of the module docstring (``config`` is the measurement's, ``baseline`` its measurement)."""
     g0 = _gap(baseline.train, baseline.rollout, baseline.mask)
-    trainer = config.model.dtype
-    rollout = rollout_dtype or trainer
     rows = []
-    changed = measure_config(config, registry, steps, OTHER_DTYPE[rollout], tick)
-    rows.append(_row("precision (rollout)", f"rollout {rollout} -> {OTHER_DTYPE[rollout]}",
-                     _gap(changed.train, changed.rollout, changed.mask), g0))
-    flipped = config.model_copy(update={"model": config.model.model_copy(update={"dtype": OTHER_DTYPE[trainer]})})
-    changed = measure_config(flipped, registry, steps, rollout, tick)
-    rows.append(_row("precision (trainer)", f"trainer {trainer} -> {OTHER_DTYPE[trainer]}",
-                     _gap(changed.train, changed.rollout, changed.mask), g0))
+    for cause, section in (("precision (rollout)", "model"), ("precision (trainer)", "trainer")):
+        dtype = getattr(config, section).dtype
+        changed = measure_config(_with(config, section, dtype=OTHER_DTYPE[dtype]), registry, steps, tick)
+        rows.append(_row(cause, f"{section}.dtype {dtype} -> {OTHER_DTYPE[dtype]}",
+                         _gap(changed.train, changed.rollout, changed.mask), g0))
     if baseline.alone is not None:
         n = baseline.alone.shape[0]
         batched, alone = baseline.alone_batched, baseline.alone
@@ -78,9 +77,8 @@ def measure_causes(
         rows[-1]["alone_vs_batched"] = _gap(alone, batched, baseline.mask[:n])
     engine = _other_engine(config)
     if engine is not None:
-        spec = config.rollout.engine.model_validate(engine)
-        swapped = config.model_copy(update={"rollout": config.rollout.model_copy(update={"engine": spec})})
-        changed = measure_config(swapped, registry, steps, rollout_dtype, tick)
+        swapped = _with(config, "rollout", engine=config.rollout.engine.model_validate(engine))
+        changed = measure_config(swapped, registry, steps, tick)
         rows.append(_row("engine", f"rollout {config.rollout.engine.name} -> {engine['name']}",
                          _gap(changed.train, changed.rollout, changed.mask), g0))
     return rows

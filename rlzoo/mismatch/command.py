@@ -35,8 +35,6 @@ def add_command(sub: Any, with_config: Callable, verbose: Callable, load: Callab
     p.add_argument("--out", metavar="DIR", help="where the report goes (default: <output_dir>/mismatch)")
     p.add_argument("--fail-above", action="append", metavar="METRIC=VALUE",
                    help="exit 1 when the measured METRIC exceeds VALUE (repeatable; e.g. abs_logp_diff=0.05)")
-    p.add_argument("--rollout-dtype", choices=("float32", "bfloat16"),
-                   help="start the rollout engine in this dtype (default: model.dtype, the training engine's)")
     p.add_argument("--causes", action="store_true", help="measure again with one thing changed at a time "
                    "(each side's precision, batch composition, the engine) and say how much of the gap each explains")
     p.set_defaults(func=lambda args: run(args, load, registry))
@@ -81,8 +79,7 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
     out = Path(args.out) if args.out else Path(config.output_dir) / "mismatch"
     measuring = measurement_config(config, out)
     preflight(measuring, registry)
-    trainer_dtype = config.model.dtype
-    rollout_dtype = args.rollout_dtype or trainer_dtype
+    rollout_dtype, trainer_dtype = config.model.dtype, config.trainer.dtype  # each side's precision
     with run_console(log_path(out), args.verbose) as console:
         lines = start_summary("mismatch", args.config, measuring, out, console)
         lines.insert(-1 if console.log_file is not None and not args.verbose else len(lines),
@@ -93,9 +90,8 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
         total = steps * (1 + (causes_count(measuring) if args.causes else 0))
         bar = Bar(total)
         try:
-            measured = measure_config(measuring, registry, steps, args.rollout_dtype, bar.tick, alone=args.causes)
-            causes = measure_causes(measuring, registry, steps, measured, args.rollout_dtype, bar.tick) \
-                if args.causes else None
+            measured = measure_config(measuring, registry, steps, bar.tick, alone=args.causes)
+            causes = measure_causes(measuring, registry, steps, measured, bar.tick) if args.causes else None
         finally:
             bar.close()
         own = config.algorithm.correction

@@ -9,8 +9,8 @@ Per batch, the phases of :func:`rlzoo.rl.loop.rl_step` up to the advantages, unc
 
 MoE policies also get one pass routed afresh when the router policy replays experts in the old pass (R3), and the
 experts each pass chose are compared per MoE layer with the rollout engine's (:func:`rlzoo.moe.flip_counts`; the
-rollout engine is asked to record them when it can). ``rollout_dtype`` starts the rollout engine in another dtype
-than ``model.dtype`` (the training engine's), the one thing the precision cause changes.
+rollout engine is asked to record them when it can). Each side's precision is the config's: ``model.dtype`` the
+rollout engine's, ``trainer.dtype`` the training engine's (bf16 autocast over fp32 weights).
 """
 
 from __future__ import annotations
@@ -69,23 +69,9 @@ def measurement_config(config: RunConfig, out: Path) -> RunConfig:
 class MismatchRun(TrainingRun):
     """A training run's set-up, then :meth:`measure` instead of training."""
 
-    def __init__(
-        self, config: RunConfig, registry: Registry, rollout_dtype: str | None = None, alone: bool = False
-    ) -> None:
+    def __init__(self, config: RunConfig, registry: Registry, alone: bool = False) -> None:
         super().__init__(config, registry)
-        self.rollout_dtype = rollout_dtype
         self.alone = alone  # also score the first batch's rows one at a time (batch composition)
-
-    def _setup_rollout(self) -> None:
-        """The run's rollout engine, in ``rollout_dtype`` when one is given (the trainer keeps ``model.dtype``)."""
-        base = self.config
-        if self.rollout_dtype is not None:
-            model = base.model.model_copy(update={"dtype": self.rollout_dtype})
-            self.config = base.model_copy(update={"model": model})
-        try:
-            super()._setup_rollout()
-        finally:
-            self.config = base
 
     def measure(self, steps: int, tick: Callable[[int], None] = lambda n: None) -> Measured:
         """``steps`` batches sampled and scored under the same weights (module docstring); ``tick(0)`` once the run is
@@ -170,14 +156,14 @@ class MismatchRun(TrainingRun):
 
 
 def measure_config(
-    config: RunConfig, registry: Registry, steps: int, rollout_dtype: str | None = None,
-    tick: Callable[[int], None] = lambda n: None, alone: bool = False,
+    config: RunConfig, registry: Registry, steps: int, tick: Callable[[int], None] = lambda n: None,
+    alone: bool = False,
 ) -> Measured:
     """Build the measurement run of ``config`` (already :func:`measurement_config`) and measure ``steps`` batches; a
     component's exception as one line naming it, as ``rlzoo train`` reports it."""
     if distributed.launched_world_size() > 1:
         raise RlzooError("rlzoo mismatch runs in one process; start it without torchrun / deepspeed")
-    run = MismatchRun(config, registry, rollout_dtype, alone)
+    run = MismatchRun(config, registry, alone)
     try:
         run.setup()
         return run.measure(steps, tick)
