@@ -186,3 +186,22 @@ def test_causes_on_the_main_job_with_routing_replay(tmp_path):
     assert moe["router_policy"] == "replay-rollout" and moe["replays_old_pass"]
     assert set(moe["disagreement_per_layer_with_policy"].values()) == {0.0}
     assert "## Causes (one thing changed at a time)" in (tmp_path / "out" / "mismatch.md").read_text()
+
+
+def test_a_correction_that_cannot_be_built_with_defaults_is_reported_not_fatal():
+    from rlzoo.config.base import SPECS
+    from rlzoo.errors import RlzooError
+    from rlzoo.mismatch.corrections import build_corrections
+
+    class Registry:
+        def names(self, kind):
+            return ["needs-params", "tis"]
+
+        def create(self, kind, name, params=None):
+            if name == "needs-params":
+                raise RlzooError("correction 'needs-params': field required: cap")
+            return (name, params)
+
+    built, skipped = build_corrections(Registry(), SPECS["correction"](name="tis", threshold=3.0))
+    assert built == {"tis": ("tis", {"threshold": 3.0})}  # the config's own correction with its parameters
+    assert skipped == {"needs-params": "correction 'needs-params': field required: cap"}

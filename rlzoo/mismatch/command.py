@@ -70,6 +70,7 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
 
     steps, bounds = _steps(args.steps), parse_bounds(args.fail_above or [])  # before anything starts
     from rlzoo.mismatch.causes import causes_count, measure_causes
+    from rlzoo.mismatch.corrections import build_corrections
     from rlzoo.mismatch.report import build_result, summary, write
     from rlzoo.mismatch.session import measure_config, measurement_config
     from rlzoo.preflight.checks import preflight
@@ -94,12 +95,11 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
             causes = measure_causes(measuring, registry, steps, measured, bar.tick) if args.causes else None
         finally:
             bar.close()
-        own = config.algorithm.correction
-        corrections = {name: registry.create("correction", name, own.params if name == own.name else None)
-                       for name in registry.names("correction")}
+        corrections, skipped = build_corrections(registry, config.algorithm.correction)
         about = {"config": args.config, "engines": {
             "rollout": config.rollout.engine.name, "rollout_dtype": rollout_dtype,
-            "trainer": config.trainer.engine.name, "trainer_dtype": trainer_dtype}, "causes": causes}
+            "trainer": config.trainer.engine.name, "trainer_dtype": trainer_dtype}, "causes": causes,
+            "corrections_not_built": skipped}
         result = build_result(measured, corrections, about)
         files = write(measured, result, out)
         console.print("\n".join([*summary(result), *(f"  {f.name:<15}{f}" for f in files)]))

@@ -27,9 +27,12 @@ from typing import Any
 
 import torch
 
+from rlzoo.config.base import ComponentSpec
+from rlzoo.errors import RlzooError
 from rlzoo.interfaces import MismatchCorrection
 from rlzoo.interfaces.base import take_reports
 from rlzoo.mismatch.measures import MAX_LOG_RATIO, ess
+from rlzoo.registry import Registry
 
 NEGLIGIBLE = 1e-3  # mean |log r| below which the gap is float rounding and nothing is worth correcting
 MIN_ESS = 0.9  # the least effective sample size (share of tokens) a recommended correction may leave
@@ -57,6 +60,18 @@ def correction_effect(
         "var": effective.var(unbiased=False).item() if effective.numel() else math.nan,
         "residual": residual.mean().item() if residual.numel() else math.nan,
     }
+
+
+def build_corrections(registry: Registry, own: ComponentSpec) -> tuple[dict[str, MismatchCorrection], dict[str, str]]:
+    """Every registered correction, by name: ``own`` (the config's ``algorithm.correction``) with its parameters,
+    the others with their defaults; and the ones that cannot be built so (their error, by name)."""
+    built, skipped = {}, {}
+    for name in registry.names("correction"):
+        try:
+            built[name] = registry.create("correction", name, own.params if name == own.name else None)
+        except RlzooError as err:  # a plugin's correction with required parameters: reported, not measured
+            skipped[name] = str(err)
+    return built, skipped
 
 
 def compare_corrections(

@@ -51,6 +51,8 @@ def build_result(measured: Measured, corrections: dict[str, Any], about: dict[st
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return "-" if math.isnan(value) else f"{value:.4g}"
     return str(value)
@@ -91,12 +93,13 @@ def markdown(result: dict[str, Any]) -> str:
             "(the rollout engine recorded no experts)", ""]
     if r.get("causes"):
         lines += ["## Causes (one thing changed at a time)", "",
-                  *_table(r["causes"], ["cause", "changed", "abs_logp_diff", "baseline", "explains"]), ""]
+                  *_table(r["causes"], ["cause", "changed", "abs_logp_diff", "baseline", "explains", "alone_vs_batched"]), ""]
     rows = [{"correction": n, **e} for n, e in r["corrections"].items()]
     rec = r["recommendation"]
     lines += ["## Which correction pays", "",
               *_table(rows, ["correction", "kept", "reweighted", "ess", "mean", "var", "residual"]), "",
               f"**Recommended: {rec['name'] or 'none of them'}** ({rec['reason']}).", "", f"Rule: {rec['rule']}.", ""]
+    lines += [f"Not measured: {name} ({why})." for name, why in r.get("corrections_not_built", {}).items()]
     return "\n".join(lines)
 
 
