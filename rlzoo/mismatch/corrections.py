@@ -16,7 +16,7 @@ and over the ``n`` response tokens::
 
 The recommendation (:func:`recommend`) is a stated rule, not advice: when the gap is rounding (mean |log r| below
 :data:`NEGLIGIBLE`) ``none``; else, among the corrections whose ESS is at least :data:`MIN_ESS`, the one with the
-smallest residual (ties: the larger ESS, then the name).
+smallest residual (residuals within 1e-6 count as equal; ties: the larger ESS, then the name).
 """
 
 from __future__ import annotations
@@ -85,14 +85,14 @@ def compare_corrections(
 def recommend(effects: Mapping[str, Mapping[str, float]], gap: float) -> dict[str, Any]:
     """The correction :func:`recommend`'s rule (module docstring) picks, and why, as ``{name, rule, reason}``."""
     rule = (f"none if the mean |log r| is below {NEGLIGIBLE:g}; else the smallest residual among the corrections "
-            f"with ESS >= {MIN_ESS:g} (ties: the larger ESS)")
+            f"with ESS >= {MIN_ESS:g} (residuals within 1e-6 equal; ties: the larger ESS, then the name)")
     if gap < NEGLIGIBLE and "none" in effects:
         return {"name": "none", "rule": rule,
                 "reason": f"mean |log r| = {gap:.3g} < {NEGLIGIBLE:g}: the engines agree to rounding"}
     usable = [n for n, e in effects.items() if e["ess"] >= MIN_ESS and not math.isnan(e["residual"])]
     if not usable:
         return {"name": None, "rule": rule, "reason": f"every correction leaves an ESS below {MIN_ESS:g}"}
-    name = min(usable, key=lambda n: (effects[n]["residual"], -effects[n]["ess"], n))
+    name = min(usable, key=lambda n: (round(effects[n]["residual"], 6), -effects[n]["ess"], n))
     e = effects[name]
     return {"name": name, "rule": rule,
             "reason": f"residual {e['residual']:.3g} at ESS {e['ess']:.3f}, keeping {e['kept']:.1%} of the tokens"}

@@ -130,6 +130,7 @@ def plot(measured: Measured, result: dict[str, Any], path: Path) -> Path:
             axes[3].plot(ticks, [moe["disagreement_per_layer_with_policy"].get(x, 0.0) for x in layers], "ro",
                          label=f"with {moe['router_policy']}")
         axes[3].set_xticks(ticks, layers)
+        axes[3].set_ylim(0, 1.15 * max([0.01, *moe["disagreement_per_layer"].values()]))
         axes[3].set(title="router disagreement per MoE layer", xlabel="layer", ylabel="share of expert slots")
         axes[3].legend(fontsize=7)
     fig.tight_layout()
