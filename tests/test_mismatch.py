@@ -177,7 +177,8 @@ def test_causes_on_the_main_job_with_routing_replay(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "mismatch.json").read_text())
     rows = {row["cause"]: row for row in report["causes"]}
-    assert {"precision (rollout)", "precision (trainer)", "batch composition"} <= set(rows)
+    assert {"precision (rollout)", "precision (trainer)", "batch composition", "routing"} <= set(rows)
+    assert rows["routing"]["changed"] == "router replay-rollout off (routed afresh)"
     rollout = rows["precision (rollout)"]
     assert rollout["changed"] == "model.dtype float32 -> bfloat16" and rollout["explains"] > 0.99
     assert rollout["abs_logp_diff"] > 100 * report["metrics"]["abs_logp_diff"]

@@ -55,6 +55,7 @@ class Bar:
 
     def close(self) -> None:
         if self.bar is not None:
+            self.bar.total = self.bar.n  # a cause that could not be measured (e.g. no routing) ran no batch
             self.bar.close()
 
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
                      f"{config.trainer.engine.name} ({trainer_dtype}); {steps} batch(es) of "
                      f"{config.rollout.prompts_per_step} prompts x {config.rollout.group_size}, no update")
         console.print("\n".join(lines))
-        total = steps * (1 + (causes_count(measuring) if args.causes else 0))
+        total = steps * (1 + (causes_count(measuring, registry) if args.causes else 0))
         bar = Bar(total)
         try:
             measured = measure_config(measuring, registry, steps, bar.tick, alone=args.causes)
