@@ -258,6 +258,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mismatch(args: argparse.Namespace) -> int:
+    from rlzoo.mismatch.command import run
+
+    return run(args, _load, _registry)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line's parser, each command's function set as its ``func``."""
     commands = {
@@ -271,6 +277,7 @@ def parser() -> argparse.ArgumentParser:
         "model_import": cmd_model_import,
         "serve_verifier": cmd_serve_verifier,
         "plot": cmd_plot,
+        "mismatch": cmd_mismatch,
     }
     return build_parser(commands)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 
+from rlzoo.mismatch.command import add_arguments as add_mismatch_arguments
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 
 DESCRIPTION = "The ``rlzoo`` command line. User errors print as one clear message and exit 1, never a traceback."
@@ -78,6 +79,11 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
 
     sft = verbose(with_config(sub.add_parser("sft", help="build the cold-start model (supervised)")))
     sft.set_defaults(func=commands["sft"])
+
+    mismatch_help = "measure the train-inference log-prob gap of the config's engines, and which correction pays"
+    mismatch = verbose(with_config(sub.add_parser("mismatch", help=mismatch_help)))
+    add_mismatch_arguments(mismatch)  # rlzoo.mismatch.command
+    mismatch.set_defaults(func=commands["mismatch"])
 
     ablate = with_config(sub.add_parser("ablate", help="a grid of --vary values x seeds, run and summarised with CIs"))
     ablate.add_argument("--vary", action="append", metavar="KEY=V1,V2", help="a config key and its values (repeatable: the grid is every combination)")

@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlzoo.preflight",),
     ("rlzoo.reporting",),
     ("rlzoo.runtime",),
+    ("rlzoo.mismatch",),  # rlzoo mismatch: a run's set-up (rlzoo.runtime), measured instead of trained
     ("rlzoo.sweep",),
     ("rlzoo.cli", "rlzoo"),
 )

@@ -1,0 +1,98 @@
+"""Which correction pays: what every registered mismatch correction would do to the measured batch.
+
+Each correction the registry holds (kind ``correction``; the config's own with its parameters, the others with
+their defaults) is applied to the measured log-probs as the loop applies it (``weights`` then ``keep`` with the
+batch's advantages). Its effective weight per response token is ``w_t * keep_t`` (a rejected token weighs 0),
+and over the ``n`` response tokens::
+
+    kept        share of tokens with an effective weight > 0 (icepop's and tis-mask's zeroed weights count as
+                dropped, as do rejected tokens)
+    reweighted  share of tokens kept with a weight other than 1 (|w - 1| > 1e-6)
+    ess         (sum_t w_t)^2 / (n sum_t w_t^2) of the effective weights (verl's rollout_is_eff_sample_size)
+    mean, var   of the effective weights
+    residual    mean over the kept tokens of |log r_t - log w_t|, r_t = pi_train / pi_rollout: how far the
+                weight a token gets is from its exact ratio (0: the token's mismatch fully corrected; ``none``:
+                the mean |log r| of the batch); a sequence-level weight is compared with the token's own ratio
+
+The recommendation (:func:`recommend`) is a stated rule, not advice: when the gap is rounding (mean |log r| below
+:data:`NEGLIGIBLE`) ``none``; else, among the corrections whose ESS is at least :data:`MIN_ESS`, the one with the
+smallest residual (residuals within 1e-6 count as equal; ties: the larger ESS, then the name).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rlzoo.config.base import ComponentSpec
+from rlzoo.errors import RlzooError
+from rlzoo.interfaces import MismatchCorrection
+from rlzoo.interfaces.base import take_reports
+from rlzoo.mismatch.measures import MAX_LOG_RATIO, ess
+from rlzoo.registry import Registry
+
+NEGLIGIBLE = 1e-3  # mean |log r| below which the gap is float rounding and nothing is worth correcting
+MIN_ESS = 0.9  # the least effective sample size (share of tokens) a recommended correction may leave
+
+
+def correction_effect(
+    correction: MismatchCorrection, train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+    advantages: torch.Tensor,
+) -> dict[str, float]:
+    """The module docstring's numbers for one correction on ``[B, T]`` log-probs, mask and advantages."""
+    valid = mask > 0
+    weights = correction.weights(train, rollout, mask).detach().double()
+    keep = correction.keep(train, rollout, mask, advantages).detach().double()
+    take_reports(correction)  # what it reported belongs to a step's metrics, not here
+    effective = torch.where(valid, weights * keep, torch.zeros((), dtype=torch.float64))[valid]
+    log_r = (train.double() - rollout.double())[valid].clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    kept = effective > 0
+    residual = (log_r[kept] - torch.log(effective[kept])).abs()
+    n = max(effective.numel(), 1)
+    return {
+        "kept": kept.sum().item() / n,
+        "reweighted": (kept & ((effective - 1).abs() > 1e-6)).sum().item() / n,
+        "ess": ess(effective),
+        "mean": effective.mean().item() if effective.numel() else math.nan,
+        "var": effective.var(unbiased=False).item() if effective.numel() else math.nan,
+        "residual": residual.mean().item() if residual.numel() else math.nan,
+    }
+
+
+def build_corrections(registry: Registry, own: ComponentSpec) -> tuple[dict[str, MismatchCorrection], dict[str, str]]:
+    """Every registered correction, by name: ``own`` (the config's ``algorithm.correction``) with its parameters,
+    the others with their defaults; and the ones that cannot be built so (their error, by name)."""
+    built, skipped = {}, {}
+    for name in registry.names("correction"):
+        try:
+            built[name] = registry.create("correction", name, own.params if name == own.name else None)
+        except RlzooError as err:  # a plugin's correction with required parameters: reported, not measured
+            skipped[name] = str(err)
+    return built, skipped
+
+
+def compare_corrections(
+    built: Mapping[str, MismatchCorrection], train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+    advantages: torch.Tensor,
+) -> dict[str, dict[str, float]]:
+    """:func:`correction_effect` of every correction in ``built`` (by name), in name order."""
+    return {name: correction_effect(built[name], train, rollout, mask, advantages) for name in sorted(built)}
+
+
+def recommend(effects: Mapping[str, Mapping[str, float]], gap: float) -> dict[str, Any]:
+    """The correction :func:`recommend`'s rule (module docstring) picks, and why, as ``{name, rule, reason}``."""
+    rule = (f"none if the mean |log r| is below {NEGLIGIBLE:g}; else the smallest residual among the corrections "
+            f"with ESS >= {MIN_ESS:g} (residuals within 1e-6 equal; ties: the larger ESS, then the name)")
+    if gap < NEGLIGIBLE and "none" in effects:
+        return {"name": "none", "rule": rule,
+                "reason": f"mean |log r| = {gap:.3g} < {NEGLIGIBLE:g}: the engines agree to rounding"}
+    usable = [n for n, e in effects.items() if e["ess"] >= MIN_ESS and not math.isnan(e["residual"])]
+    if not usable:
+        return {"name": None, "rule": rule, "reason": f"every correction leaves an ESS below {MIN_ESS:g}"}
+    name = min(usable, key=lambda n: (round(effects[n]["residual"], 6), -effects[n]["ess"], n))
+    e = effects[name]
+    return {"name": name, "rule": rule,
+            "reason": f"residual {e['residual']:.3g} at ESS {e['ess']:.3f}, keeping {e['kept']:.1%} of the tokens"}
