@@ -11,6 +11,8 @@ integration tests run it) scoring through the ``remote`` verifier (``batch_size`
 flight at once; no cache, so every step asks), from the same cold start, one after another. Settings: ``sync``
 (each batch sampled and scored at the start of its step), ``overlap`` (``rollout.overlap: 1``: step t+1's batch
 sampled and scored while step t trains, docs/overlap.md), or a staleness bound ``k`` (``rollout.max_staleness``).
+The settings take turns, ``--repeats`` times (sync, overlap, sync, overlap, ...), so that a shared machine whose
+load drifts weighs on each; the table shows the medians over a setting's runs, and each run's numbers below it.
 
 A step's wall time is the interval between consecutive ``metrics.jsonl`` lines (the first ``--warmup`` steps
 dropped, and the last one: with overlap nothing is left to sample then). Per setting: ``time/verify`` (scoring,
@@ -87,8 +89,8 @@ class Server:
         self.thread.join(timeout=10)
 
 
-def train_once(args: argparse.Namespace, setting: str, url: str, cold_start: Path) -> dict[str, Any]:
-    out = args.work / setting
+def train_once(args: argparse.Namespace, setting: str, url: str, cold_start: Path, repeat: int) -> dict[str, Any]:
+    out = args.work / f"{setting}-{repeat}"
     shutil.rmtree(out, ignore_errors=True)
     steps = args.steps
     sets = [
@@ -129,10 +131,10 @@ def summarise(setting: str, run: dict[str, Any]) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> str:
-    settings = [s for s, run in result["runs"].items() if run["status"] == "ok"]
+    settings = list(result["summary"])
     first = settings[0] if settings else None
     lines = [f"remote verifier latency {result['latency_s']:g} s a request; {result['steps']} steps, "
-             f"{result['warmup']} warm-up and the last dropped",
+             f"{result['warmup']} warm-up and the last dropped; medians of {result['repeats']} runs a setting",
              "| | " + " | ".join(settings) + (f" | ratio to {first}" * (len(settings) > 1) if first else "") + " |",
              "|---|" + "---|" * (len(settings) + (len(settings) > 1))]
     names = [("seconds_per_step", "s/step (wall)"), ("verify_s", "time/verify (s)"),
@@ -145,9 +147,14 @@ def report(result: dict[str, Any]) -> str:
         if len(settings) > 1:
             cells.append(" / ".join(f"{v / values[0]:.2f}" if values[0] else "-" for v in values[1:]))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    for s, run in result["runs"].items():
-        if run["status"] != "ok":
-            lines.append(f"{s}: failed (log {run['log']}): {run['error'][-300:]}")
+    for s, done in result["runs"].items():
+        for run in done:
+            if run["status"] != "ok":
+                lines.append(f"{s}: failed (log {run['log']}): {run['error'][-300:]}")
+    for s, done in result["per_run"].items():
+        lines.append(f"{s}, each run: " + "; ".join(
+            f"{one['seconds_per_step']:.3f} s/step, scoring {one['scoring_share']:.3f} of it, waited on "
+            f"{one['exposed_scoring_share']:.3f}" for one in done))
     return "\n".join(lines)
 
 
@@ -157,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--settings", default="sync,overlap", help="sync, overlap, or a staleness bound k, comma-separated")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, the settings taking turns")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every setting's config")
     parser.add_argument("--work", type=Path, default=None, help="run folders (default: a temporary folder, removed)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "scoring_share.json")
@@ -167,22 +175,28 @@ def main(argv: list[str] | None = None) -> int:
     args.work = Path(tempfile.mkdtemp(prefix="scoring_share-")) if temporary else args.work
     server = Server(slow_verifier_app(args.latency_s))
     try:
-        runs = {s: train_once(args, s, server.url, args.work / "cold_start") for s in settings}
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
+        for repeat in range(args.repeats):  # taking turns: a machine whose load drifts weighs on every setting
+            for s in settings:
+                runs[s].append(train_once(args, s, server.url, args.work / "cold_start", repeat))
     finally:
         server.stop()
         if temporary:
             shutil.rmtree(args.work, ignore_errors=True)
     result = {
         "latency_s": args.latency_s, "steps": args.steps, "warmup": args.warmup, "settings": settings,
+        "repeats": args.repeats,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_before": load_before},
-        "runs": {s: {k: v for k, v in run.items() if k != "rows"} for s, run in runs.items()},
-        "summary": {s: summarise(s, run) for s, run in runs.items() if run["status"] == "ok"},
+        "runs": {s: [{k: v for k, v in run.items() if k != "rows"} for run in done] for s, done in runs.items()},
+        "per_run": {s: [summarise(s, run) for run in done if run["status"] == "ok"] for s, done in runs.items()},
     }
+    result["summary"] = {s: {key: statistics.median(one[key] for one in done) for key in done[0]}
+                         for s, done in result["per_run"].items() if done}
     result["machine"]["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(report(result))
-    return 0 if all(run["status"] == "ok" for run in runs.values()) else 1
+    return 0 if all(run["status"] == "ok" for done in runs.values() for run in done) else 1
 
 
 if __name__ == "__main__":
