@@ -14,6 +14,12 @@ sampled and scored while step t trains, docs/overlap.md), or a staleness bound `
 The settings take turns, ``--repeats`` times (sync, overlap, sync, overlap, ...), so that a shared machine whose
 load drifts weighs on each; the table shows the medians over a setting's runs, and each run's numbers below it.
 
+Every run gets ``OMP_WAIT_POLICY=PASSIVE`` (``--omp-wait-policy``): on the loaded 2-core machine (far more
+runnable threads than cores), libgomp's default spinning made the synchronous loop's training phase 20x slower
+(3.17 s against 0.155 s a step) and its steps 7x slower than the same work in an overlapped run, whose second
+OpenMP team makes libgomp spin less (docs/benchmarks.md, "Scoring by a service"): a difference between the
+settings that has nothing to do with scoring. Passive waiting takes it out of the comparison.
+
 A step's wall time is the interval between consecutive ``metrics.jsonl`` lines (the first ``--warmup`` steps
 dropped, and the last one: with overlap nothing is left to sample then). Per setting: ``time/verify`` (scoring,
 in the background with overlap), its share of the step's wall time, and the part of the step the trainer waited
@@ -100,7 +106,8 @@ def train_once(args: argparse.Namespace, setting: str, url: str, cold_start: Pat
         *args.set, *overrides_for(setting),
     ]
     command = [sys.executable, "-m", "rlzoo.cli", "train", str(CONFIG), *[x for s in sets for x in ("--set", s)]]
-    measured = run_measured(command, out / "bench.log", watch=out / "metrics.jsonl")
+    env = {"OMP_WAIT_POLICY": args.omp_wait_policy} if args.omp_wait_policy else {}
+    measured = run_measured(command, out / "bench.log", watch=out / "metrics.jsonl", env=env)
     if measured.returncode != 0:
         return {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
     timed = [(t, row) for t, row in measured.line_times if "reward/mean" in row and "final" not in row]
@@ -134,7 +141,8 @@ def report(result: dict[str, Any]) -> str:
     settings = list(result["summary"])
     first = settings[0] if settings else None
     lines = [f"remote verifier latency {result['latency_s']:g} s a request; {result['steps']} steps, "
-             f"{result['warmup']} warm-up and the last dropped; medians of {result['repeats']} runs a setting",
+             f"{result['warmup']} warm-up and the last dropped; medians of {result['repeats']} runs a setting; "
+             f"OMP_WAIT_POLICY {result.get('omp_wait_policy') or 'unset'}",
              "| | " + " | ".join(settings) + (f" | ratio to {first}" * (len(settings) > 1) if first else "") + " |",
              "|---|" + "---|" * (len(settings) + (len(settings) > 1))]
     names = [("seconds_per_step", "s/step (wall)"), ("verify_s", "time/verify (s)"),
@@ -164,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--settings", default="sync,overlap", help="sync, overlap, or a staleness bound k, comma-separated")
+    parser.add_argument("--omp-wait-policy", default="PASSIVE", help="OMP_WAIT_POLICY of every run ('' leaves "
+                        "libgomp's default; see the module docstring)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, the settings taking turns")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every setting's config")
     parser.add_argument("--work", type=Path, default=None, help="run folders (default: a temporary folder, removed)")
@@ -185,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(args.work, ignore_errors=True)
     result = {
         "latency_s": args.latency_s, "steps": args.steps, "warmup": args.warmup, "settings": settings,
-        "repeats": args.repeats,
+        "repeats": args.repeats, "omp_wait_policy": args.omp_wait_policy or None,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_before": load_before},
         "runs": {s: [{k: v for k, v in run.items() if k != "rows"} for run in done] for s, done in runs.items()},
         "per_run": {s: [summarise(s, run) for run in done if run["status"] == "ok"] for s, done in runs.items()},
