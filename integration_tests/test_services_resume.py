@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import time
 
+import pytest
 from fastapi import Request
 from test_resume import rlzoo, write_config
 
@@ -70,7 +72,19 @@ def requests_before(rows: list[dict], step: int) -> int:
                + sum(r.get("eval/remote_requests", 0) for r in rows if r["step"] <= step))
 
 
-def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cache(tmp_path, cold_start_root):
+@pytest.fixture
+def started():
+    """The ``rlzoo train`` subprocesses a test starts; any still running at its end (a failed assertion, a timeout)
+    is killed by its PID and reaped."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
+def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cache(tmp_path, cold_start_root, started):
     app = slow_math_server()
     with serving(app) as url:
         verifier = (f"verifier={{name: remote, url: '{url}/verify_batch', batch_size: 4, min_reward: 0, "
@@ -80,31 +94,29 @@ def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cac
         ])
         reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
         reference = rlzoo("train", str(config), "--set", f"output_dir={reference_dir}")
+        started.append(reference)
         assert reference.wait(timeout=900) == 0, reference.stderr.read().decode()[-3000:]
         expected = read_metrics(reference_dir / "metrics.jsonl")
         before = requests_before(expected, KILL_STEP)
 
         base = app.state.received
         victim = rlzoo("train", str(config), "--set", f"output_dir={killed_dir}")
-        try:
-            deadline = time.monotonic() + 900
-            # step KILL_STEP's requests reached the server and are not answered yet
-            while not (app.state.received - base > before and app.state.in_flight > 0):
-                assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read().decode()[-3000:]}"
-                assert time.monotonic() < deadline, "timed out waiting for the requests of the step to kill in"
-                time.sleep(0.005)
-            in_flight = app.state.in_flight
-            os.kill(victim.pid, signal.SIGKILL)
-        finally:
-            if victim.poll() is None:
-                victim.kill()
-            victim.wait(timeout=60)
-        assert victim.returncode == -signal.SIGKILL and in_flight > 0
+        started.append(victim)
+        deadline = time.monotonic() + 900
+        # step KILL_STEP's requests reached the server and are not answered yet
+        while not (app.state.received - base > before and app.state.in_flight > 0):
+            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read().decode()[-3000:]}"
+            assert time.monotonic() < deadline, "timed out waiting for the requests of the step to kill in"
+            time.sleep(0.005)
+        in_flight = app.state.in_flight
+        os.kill(victim.pid, signal.SIGKILL)
+        assert victim.wait(timeout=60) == -signal.SIGKILL and in_flight > 0
         killed = read_metrics(killed_dir / "metrics.jsonl")
         assert [r["step"] for r in killed if "reward/mean" in r] == list(range(KILL_STEP))  # killed in step 3
         cached = (killed_dir / "service_cache.sqlite").stat().st_size
 
         resumed = rlzoo("train", str(config), "--resume", str(killed_dir))
+        started.append(resumed)
         assert resumed.wait(timeout=900) == 0, resumed.stderr.read().decode()[-3000:]
 
     actual = read_metrics(killed_dir / "metrics.jsonl")
