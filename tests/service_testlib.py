@@ -121,6 +121,14 @@ def faulty_app() -> FastAPI:
         count = len((await request.json())["items"])
         return Response('{"results": [' + ",".join(['{"reward": NaN}'] * count) + "]}", media_type="application/json")
 
+    @app.post("/steps/{kind}")
+    async def bad_steps(kind: str, request: Request) -> Response:
+        steps = {"nan": '[{"reward": NaN, "span": [0, 1]}]', "no_span": '[{"reward": 1.0}]',
+                 "backwards": '[{"reward": 1.0, "span": [3, 1]}]', "not_a_list": '{"reward": 1.0}'}[kind]
+        count = len((await request.json())["items"])
+        item = '{"reward": 1.0, "steps": ' + steps + "}"
+        return Response('{"results": [' + ",".join([item] * count) + "]}", media_type="application/json")
+
     @app.post("/short")
     async def short(request: Request) -> dict:
         return {"results": rlzoo_results(await request.json())["results"][:-1]}

@@ -69,6 +69,23 @@ def test_health_and_the_single_route_and_a_malformed_request_naming_its_field(se
     assert bad.status_code == 422 and "response" in bad.text
 
 
+def test_a_process_verifier_s_step_rewards_come_over_http_as_they_are_in_process():
+    """The ``steps`` of rlzoo's protocol: each step's reward and its span in the response's characters (Unicode code
+    points: a response with accents and an emoji keeps its offsets), for the ``process`` advantage."""
+    process = default_registry().create("verifier", "process", {})
+    chain = Sample("2+3, then *4, then -5: ", "15", meta={"steps": [5, 20, 15]})
+    responses = ["5;20;15", " 5 ; 21;15", "5;20", "é5🙂;20;15", "", "5;20;15;9"]
+    with serving(app_for(process)) as url:
+        scores = score(remote(f"{url}/verify_batch", batch_size=4), [chain] * len(responses), responses)
+    assert scores.errors == 0
+    expected = [process.verify(chain, response) for response in responses]
+    assert any(v.step_rewards for v in expected) and any(0.0 in (v.step_rewards or []) for v in expected)
+    for got, want in zip(scores.verdicts, expected, strict=True):
+        assert (got.reward, got.correct, got.step_rewards, got.step_spans, got.reason) == (
+            want.reward, want.correct, want.step_rewards, want.step_spans, want.reason)
+    assert scores.verdicts[3].step_spans[0] == (0, 3) and "é5🙂;20;15"[0:3] == "é5🙂"
+
+
 def test_missing_extra_says_which_to_install(tmp_path, monkeypatch, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("verifier: {name: exact}\n")

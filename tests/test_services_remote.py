@@ -60,6 +60,10 @@ def test_openrlhf_protocol_sends_query_prompts_labels_and_reads_rewards(service)
     ("/out_of_range", {"max_reward": 1.0}, "reward 7 outside [None, 1.0]"),
     ("/nan", {}, "not a finite number: nan"),
     ("/short", {}, "without a list 'results' of 4"),
+    ("/steps/nan", {}, "steps[0].reward is not a finite number: nan"),
+    ("/steps/no_span", {}, "steps[0].span is not [start, end]"),
+    ("/steps/backwards", {}, "steps[0].span is not [start, end] character offsets, 0 <= start <= end: [3, 1]"),
+    ("/steps/not_a_list", {}, "steps is not a list of objects"),
     ("/always500", {}, "HTTP 500"),
     ("/huge", {"max_response_bytes": 1_000_000}, "max_response_bytes"),
 ])

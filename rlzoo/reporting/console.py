@@ -297,16 +297,24 @@ SCORING_COUNTS = ("requests", "cache_hits", "retries", "failures", "prompt_token
 
 
 def scoring_summary(rows: list[dict[str, float]]) -> list[str]:
-    """What scoring by a service cost over the training steps, a line per service verifier: the sums of its
-    ``<prefix>/requests``, ``cache_hits``, ``retries``, ``failures`` and, for a judge, tokens
-    (:class:`rlzoo.services.ServiceStats`; held-out evaluations' calls are not in the step metrics). None: no line."""
+    """What scoring by a service cost, a line per service verifier for the training steps (the sums of its
+    ``<prefix>/requests``, ``cache_hits``, ``retries``, ``failures`` and, for a judge, tokens:
+    :class:`rlzoo.services.ServiceStats`) and one for the held-out evaluations (``eval/<prefix>_requests``, ...).
+    None: no line."""
+    from rlzoo.services import service_prefixes
+
     keys = {key for row in rows for key in row}
-    prefixes = sorted(key.removesuffix("/requests") for key in keys
-                      if key.endswith("/requests") and key.replace("/requests", "/cache_hits") in keys)
+    held_out = {key.removeprefix("eval/") for key in keys if key.startswith("eval/")}
+    phases = {  # (prefix, where): how a count's key is spelled
+        **{(prefix, "training steps"): f"{prefix}/{{}}" for prefix in service_prefixes(keys)},
+        **{(prefix, "held-out evaluations"): f"eval/{prefix}_{{}}" for prefix in
+           {key.removesuffix("_requests") for key in held_out
+            if key.endswith("_requests") and key.removesuffix("_requests") + "_cache_hits" in held_out}},
+    }
     lines = []
-    for prefix in prefixes:
-        total = {name: sum(row.get(f"{prefix}/{name}", 0.0) for row in rows) for name in SCORING_COUNTS}
-        text = (f"scoring ({prefix}, training steps): {total['requests']:g} requests, {total['cache_hits']:g} cache "
+    for (prefix, where), spelling in sorted(phases.items(), key=lambda item: (item[0][0], item[0][1] != "training steps")):
+        total = {name: sum(row.get(spelling.format(name), 0.0) for row in rows) for name in SCORING_COUNTS}
+        text = (f"scoring ({prefix}, {where}): {total['requests']:g} requests, {total['cache_hits']:g} cache "
                 f"hits, {total['retries']:g} retries, {total['failures']:g} failed")
         if total["prompt_tokens"] or total["completion_tokens"]:
             text += f"; {total['prompt_tokens']:g} prompt + {total['completion_tokens']:g} completion tokens"

@@ -75,6 +75,7 @@ from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.step_record import OldLogprobs, StepRecord, filled
 from rlzoo.rl.teacher import Teacher, distill_metrics
 from rlzoo.runtime.distributed import SINGLE, Dist
+from rlzoo.services import service_metrics
 from rlzoo.util.passk import mean_pass_at_k
 from rlzoo.util.reductions import reduce_minibatches
 from rlzoo.util.seeds import Stream, step_seed
@@ -264,7 +265,8 @@ def evaluate(
     """Held-out accuracy: share of correct responses (episodes: of correct last turns), ``train.eval_samples_per_
     prompt`` per prompt, sampled at ``train.eval_temperature`` (0 = greedy) with a fixed seed, so every evaluation
     sees the same random stream; ``eval/pass@k`` counts an episode as one attempt, and an episode whose environment
-    failed as a wrong one (``eval/episode_errors``)."""
+    failed as a wrong one (``eval/episode_errors``). A service verifier's counters of the evaluation's scoring are
+    logged as ``eval/<prefix>_<name>`` (``eval/remote_requests``, ...: :func:`rlzoo.services.service_metrics`)."""
     sampling = SamplingSettings(
         n=config.train.eval_samples_per_prompt,
         max_new_tokens=config.rollout.max_new_tokens,
@@ -288,6 +290,8 @@ def evaluate(
         "eval/verifier_errors": float(scores.failed),
         **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
         **{f"eval/{key.replace('/', '_')}": float(value) for key, value in ran.metrics.items() if key in EVAL_EPISODE_KEYS},
+        # what scoring by a service cost (eval/remote_requests, eval/judge_prompt_tokens, ...)
+        **{f"eval/{key.replace('/', '_')}": float(value) for key, value in service_metrics(scores.phase).items()},
     }
 
 

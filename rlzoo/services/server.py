@@ -7,7 +7,9 @@ waits on subprocesses). The protocol (docs/reward-services.md):
 
 - ``GET /health`` -> ``{"status": "ok", "verifier": NAME}``;
 - ``POST /verify_batch`` ``{"items": [{"prompt", "response", "answer", "metadata"}, ...]}`` ->
-  ``{"results": [{"reward", "correct", "parts", "info": {"reason"}} or {"error": "..."}, ...]}``, in order;
+  ``{"results": [{"reward", "correct", "parts", "info": {"reason"}} or {"error": "..."}, ...]}``, in order; a
+  verdict with step rewards (a process verifier's) adds ``"steps": [{"reward": r, "span": [start, end]}, ...]``,
+  each span in characters (Unicode code points) of the response;
 - ``POST /verify`` one item -> one result.
 
 A response the verifier cannot score (it raised, or gave a reward that is not a finite number) gets ``{"error"}``
@@ -104,8 +106,14 @@ def _verify(verifier: Verifier, samples: list[Sample], responses: list[str]) -> 
 def _result(outcome: Verdict | Exception) -> dict[str, Any]:
     if isinstance(outcome, Exception):
         return {"error": f"{type(outcome).__name__}: {outcome}"}
-    numbers = [outcome.reward, *(outcome.parts or {}).values()]
+    numbers = [outcome.reward, *(outcome.parts or {}).values(), *(outcome.step_rewards or [])]
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in numbers):
         return {"error": f"the verifier gave a reward that is not a finite number: {outcome.reward!r}"}
-    return {"reward": outcome.reward, "correct": outcome.correct, "parts": outcome.parts,
-            "info": {"reason": outcome.reason} if outcome.reason else None}
+    result = {"reward": outcome.reward, "correct": outcome.correct, "parts": outcome.parts,
+              "info": {"reason": outcome.reason} if outcome.reason else None}
+    if outcome.step_rewards is not None:
+        spans = outcome.step_spans or []
+        if len(spans) != len(outcome.step_rewards):
+            return {"error": f"the verifier gave {len(outcome.step_rewards)} step rewards and {len(spans)} step spans"}
+        result["steps"] = [{"reward": reward, "span": list(span)} for reward, span in zip(outcome.step_rewards, spans)]
+    return result

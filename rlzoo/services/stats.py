@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Mapping
 
 from rlzoo.util.reductions import Max, Mean, Sum
 
@@ -64,3 +65,18 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100), at least the first
     return ordered[int(rank) - 1]
+
+
+def service_prefixes(keys: Iterable[str]) -> list[str]:
+    """The prefixes of service counters among metric keys, sorted: each ``P`` with both ``P/requests`` and
+    ``P/cache_hits`` there (what :meth:`ServiceStats.take` always writes)."""
+    keys = set(keys)
+    return sorted(key.removesuffix("/requests") for key in keys
+                  if key.endswith("/requests") and key.removesuffix("/requests") + "/cache_hits" in keys)
+
+
+def service_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The service counters among ``metrics`` (a verifier's phase metrics): every ``P/*`` key of a
+    :func:`service_prefixes` prefix ``P``."""
+    prefixes = set(service_prefixes(metrics))
+    return {key: value for key, value in metrics.items() if key.rpartition("/")[0] in prefixes}

@@ -18,8 +18,9 @@ class RemoteVerifier(ServiceVerifier):
 
     ``protocol: rlzoo`` (docs/reward-services.md; what ``rlzoo serve-verifier`` answers) sends batches of up to
     ``batch_size`` responses, ``{"items": [{"prompt", "response", "answer", "metadata"}, ...]}``, and reads
-    ``{"results": [{"reward": r, "parts": {...}?, "correct": bool?, "info": {...}?, "error": str?}, ...]}``, one
-    result per item in order (``error``: that item could not be scored). ``protocol: openrlhf`` speaks OpenRLHF's
+    ``{"results": [{"reward": r, "parts": {...}?, "correct": bool?, "info": {...}?, "steps": [...]?, "error": str?},
+    ...]}``, one result per item in order (``error``: that item could not be scored; ``steps``: per-step rewards,
+    ``[{"reward": r, "span": [start, end]}, ...]``, for the ``process`` advantage). ``protocol: openrlhf`` speaks OpenRLHF's
     reward-model server (``openrlhf/cli/serve_rm.py``): ``{"query": [prompt + response, ...], "prompts": [...],
     "labels": [answer, ...]}`` to ``{"rewards": [r, ...]}``. Either way the reward is the number the service gave;
     one that is missing, not a finite number, or outside ``[min_reward, max_reward]`` (where set) is a verifier
@@ -111,7 +112,27 @@ class RemoteVerifier(ServiceVerifier):
         info = result.get("info")
         reason = info.get("reason") if isinstance(info, dict) and isinstance(info.get("reason"), str) else info
         reason = str(reason)[:200] if reason else None
-        return Verdict(reward, correct=bool(correct) if isinstance(correct, bool) else None, parts=parts, reason=reason)
+        step_rewards, step_spans = self._steps(result.get("steps"))
+        return Verdict(reward, correct=bool(correct) if isinstance(correct, bool) else None, parts=parts, reason=reason,
+                       step_rewards=step_rewards, step_spans=step_spans)
+
+    def _steps(self, steps: Any) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
+        """A result's per-step rewards and their character spans (``steps``; absent: none). A step that is not a
+        finite ``reward`` with a ``span`` of two ordered character offsets makes the result unusable (the
+        ``process`` advantage places each reward at its span's last token, so a reward without one cannot be used)."""
+        if steps is None:
+            return None, None
+        where = f"{self.params.url}: steps"
+        if not isinstance(steps, list) or not all(isinstance(step, dict) for step in steps):
+            raise ServiceError(f"{where} is not a list of objects: {_shape(steps)}")
+        rewards = [_number(step.get("reward"), f"{where}[{k}].reward") for k, step in enumerate(steps)]
+        spans = [step.get("span") for step in steps]
+        for k, span in enumerate(spans):
+            if not (isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)
+                    and 0 <= span[0] <= span[1]):
+                raise ServiceError(f"{where}[{k}].span is not [start, end] character offsets, 0 <= start <= end: "
+                                   f"{_shape(span)}")
+        return rewards, [(span[0], span[1]) for span in spans]
 
 
 def _number(value: Any, what: str) -> float:
