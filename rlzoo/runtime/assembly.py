@@ -119,4 +119,5 @@ def engine_context(
         lora=lora,
         sends_adapters=sends_adapters,
         device=resolve_device(config.device),
+        run_dir=Path(config.output_dir),
     )
