@@ -20,7 +20,8 @@ from rlzoo.errors import RlzooError
 
 
 class ServerError(RlzooError):
-    """A call to a vLLM server that failed; ``unreachable``: no answer at all (refused, reset, timed out)."""
+    """A call to a vLLM server that failed; ``unreachable``: no connection at all (refused, reset), which the pool
+    answers by restarting or leaving out the server (a timeout is not: the server is slow, not gone)."""
 
     def __init__(self, message: str, unreachable: bool = False) -> None:
         super().__init__(message)
@@ -57,8 +58,9 @@ class ServerClient:
         """``method path`` with a JSON ``body``; the parsed JSON reply."""
         try:
             reply = self.http.request(method, path, json=body, timeout=timeout_s or self.timeout_s)
-        except httpx.TimeoutException:
-            raise ServerError(f"{self.url}{path}: no reply within {timeout_s or self.timeout_s:g} s", True) from None
+        except httpx.TimeoutException:  # a slow server, not a dead one: the request fails, the server is kept
+            raise ServerError(f"{self.url}{path}: no reply within {timeout_s or self.timeout_s:g} s "
+                              "(rollout.engine.request_timeout_s / transfer_timeout_s)") from None
         except httpx.TransportError as exc:
             raise ServerError(f"{self.url}{path}: {type(exc).__name__}: {exc or 'no connection'}", True) from None
         if reply.status_code >= 400:

@@ -38,8 +38,10 @@ class Server:
     pusher: GlooPusher
     launched: LaunchedServer | None = None
     in_flight: int = 0
+    served: int = 0  # requests answered
     dead: bool = False
     restarts: int = 0
+    generation: int = 0  # restarts done: a thread that saw an older one need not restart it again
     lock: threading.Lock = field(default_factory=threading.Lock)  # one restart at a time
 
     @property
@@ -70,14 +72,17 @@ class ServerPool:
         failures = 0
         while True:
             server = self._acquire()
+            generation = server.generation
             try:
                 self.check_version(server)
-                return job(server.client)
+                result = job(server.client)
+                server.served += 1
+                return result
             except ServerError as exc:
                 if not exc.unreachable:
                     raise
                 failures += 1
-                self._failed(server, exc, failures)
+                self._failed(server, exc, failures, generation)
             finally:
                 with self._choose:
                     server.in_flight -= 1
@@ -91,8 +96,9 @@ class ServerPool:
             server.in_flight += 1
             return server
 
-    def _failed(self, server: Server, exc: ServerError, failures: int) -> None:
-        """``server`` did not answer: restart it (launched) or leave it out (external); raise past the limits."""
+    def _failed(self, server: Server, exc: ServerError, failures: int, generation: int) -> None:
+        """``server`` (as it was at restart ``generation``) did not answer: restart it (launched) or leave it out
+        (external); raise past the limits."""
         if server.launched is None:
             logger.warning("rollout server %s left out of the pool: %s", server.url, exc)
             server.dead = True
@@ -100,8 +106,8 @@ class ServerPool:
                 raise exc
             return
         with server.lock:
-            if server.client.healthy():  # another thread restarted it meanwhile
-                return
+            if server.generation != generation:  # another thread restarted it meanwhile (asking /health instead
+                return  # would restart a busy server that answers late)
             if server.restarts >= self.max_restarts:
                 server.dead = True
                 raise RlzooError(f"rollout server {server.url} stopped answering and was restarted "
@@ -109,6 +115,7 @@ class ServerPool:
             server.restarts += 1
             logger.warning("rollout server %s stopped answering (%s): restarting it", server.url, exc)
             self.restart(server)
+            server.generation += 1
 
     def check_version(self, server: Server) -> None:
         """Refuse ``server`` when its weight version is not the one the trainer pushed last."""

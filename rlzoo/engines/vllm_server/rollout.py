@@ -149,6 +149,11 @@ class VllmServerRolloutEngine(RolloutEngine):
                                   server))
         restarts = p.launch.restarts if p.launch is not None else 0
         self.pool = ServerPool(servers, p.requests_per_server, p.retries, restarts, self._restart)
+        if p.servers is not None:
+            self._push_start_weights(context.model_dir)
+        else:  # launched from model_dir: the version they all report now (vLLM's initial one)
+            reported = {server.client.weight_version() for server in servers}
+            self.pool.expected_version = reported.pop() if len(reported) == 1 else None
 
     def _check_reachable(self, urls: list[str]) -> None:
         """Every named server answers ``/health`` now: before any training, one line naming the first that does not."""
@@ -220,18 +225,30 @@ class VllmServerRolloutEngine(RolloutEngine):
         if self.pool is None:
             raise RuntimeError("VllmServerRolloutEngine.sync_weights() before start()")
         started = time.perf_counter()
+        self._push_all(named_tensors, self.version + 1)
+        self.last_sync_seconds = time.perf_counter() - started
+
+    def _push_all(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         dtype = getattr(torch, self.context.dtype)
         keep = self.params.launch is not None  # a restarted server needs them again
         weights = [(name, t.detach().to("cpu", dtype=dtype, copy=keep)) for name, t in named_tensors]
         with self._lock:
-            version = str(self.version + 1)
             for server in self.pool.servers:
                 if not server.dead:
-                    self._push(server, weights, version)
-            self.version += 1
-            self.pool.expected_version = version
+                    self._push(server, weights, str(version))
+            self.version = version
+            self.pool.expected_version = str(version)
             self._weights = weights if keep else None
-        self.last_sync_seconds = time.perf_counter() - started
+
+    def _push_start_weights(self, model_dir: Path) -> None:
+        """Servers started elsewhere may hold any weights (another run's): they get the model the trainer starts
+        from (``model_dir``'s safetensors, checkpoint names), as version ``0``."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise RlzooError(f"{model_dir} holds no safetensors file to give the rollout servers")
+        self._push_all([item for file in files for item in load_file(file).items()], 0)
 
     def _push(self, server: Server, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
         """One server's push; a failed one leaves its weights half loaded (never resumed): a launched server is
@@ -247,6 +264,7 @@ class VllmServerRolloutEngine(RolloutEngine):
                 raise RlzooError(f"weight push to rollout server {server.url} failed: {exc} (restarted "
                                  f"{server.restarts - 1} time(s) already, rollout.engine.launch.restarts)") from exc
             self._relaunch(server)
+            server.generation += 1
             server.pusher.push(weights, version)
 
 

@@ -12,6 +12,7 @@ Reference: ``NCCLTrainerWeightTransferEngine.send_weights`` (``vllm/distributed/
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -30,14 +31,24 @@ class GlooPusher:
         self._calls = ThreadPoolExecutor(1, thread_name_prefix="rlzoo-weight-push")
 
     def connect(self) -> None:
+        """Join the gloo group with the server: both sides block until the other has joined, so the trainer joins
+        in a thread and gives up as soon as the server's request fails (a server that never joins is not waited
+        for until the group's timeout)."""
         port = gloo_group.free_port(self.host)
         info = {"master_address": self.host, "master_port": port, "rank": 1, "world_size": 2,
                 "timeout_s": self.timeout_s}
         request = self._in_thread("POST", "/init_weight_transfer_engine", {"init_info": info})
-        try:
-            self.group = gloo_group.join(self.host, port, 0, 2, self.timeout_s)
-        finally:
-            request.result()  # its error (the server's) says more than the group's timeout
+        joined: list[Any] = []
+        joiner = threading.Thread(target=lambda: joined.append(gloo_group.join(self.host, port, 0, 2, self.timeout_s)),
+                                  name="rlzoo-gloo-join", daemon=True)
+        joiner.start()
+        while joiner.is_alive() and not request.done():
+            joiner.join(0.1)
+        request.result()  # the server's error, if it failed
+        joiner.join(self.timeout_s)
+        if not joined:
+            raise ServerError(f"{self.client.url}: the weight-transfer group was not joined within {self.timeout_s:g} s")
+        self.group = joined[0]
 
     def push(self, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
         if self.group is None:
