@@ -171,17 +171,19 @@ def test_a_server_with_another_version_is_refused(engine):
 
 
 def test_a_slow_server_fails_the_request_after_the_configured_timeout(engine):
-    urls = [s.url for s in engine.pool.servers]
-    impatient = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=urls, request_timeout_s=0.001))
-    impatient.start(engine.context)
-    impatient.tokenizer = engine.tokenizer
+    """The pool's own servers with a 1 ms limit (a second trainer on them would take over their transfer groups)."""
+    clients = [s.client for s in engine.pool.servers]
+    assert {c.timeout_s for c in clients} == {engine.params.request_timeout_s}  # the limit comes from the config
+    for client in clients:
+        client.timeout_s = 0.001
     try:
         with pytest.raises(RlzooError, match="no reply within 0.001 s .*request_timeout_s"):
-            sample(impatient)
-        assert not any(s.dead for s in impatient.pool.servers)  # slow is not dead
+            sample(engine)
+        assert not any(s.dead or s.restarts for s in engine.pool.servers)  # slow is not dead
     finally:
-        impatient.close()
-    assert all(s.client.healthy() for s in engine.pool.servers)  # an external pool never stops its servers
+        for client in clients:
+            client.timeout_s = engine.params.request_timeout_s
+    assert [len(group) for group in sample(engine)[1]] == [4] * len(PROMPTS)
 
 
 @pytest.mark.slow  # a second server start (~50-120 s on two loaded cores)
@@ -274,3 +276,24 @@ def test_a_port_in_use_starts_the_server_on_another_port(plugin_path, model_dir,
             group = server.process.pid if server.process is not None else None
             server.stop()
     assert group is None or not wait_gone(group, 30)
+
+
+def test_an_external_server_that_dies_is_left_out_then_the_run_stops(engine):
+    """Last: it kills the module's servers (the fixture's teardown then finds them gone)."""
+    urls = [s.url for s in engine.pool.servers]
+    external = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=urls, retries=1))
+    external.start(engine.context)
+    external.tokenizer = engine.tokenizer
+    try:
+        first, second = (s.launched.process.pid for s in engine.pool.servers)
+        os.killpg(first, signal.SIGKILL)
+        assert not wait_gone(first, 30)
+        groups = sample(external)[1]  # every group answered by the other server
+        assert [len(group) for group in groups] == [4] * len(PROMPTS)
+        assert [s.dead for s in external.pool.servers] == [True, False]
+        os.killpg(second, signal.SIGKILL)
+        assert not wait_gone(second, 30)
+        with pytest.raises(RlzooError, match="no rollout server is left|Connection refused"):
+            sample(external)
+    finally:
+        external.close()
