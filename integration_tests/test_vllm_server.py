@@ -218,15 +218,16 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def test_a_trainer_killed_with_sigkill_leaves_no_server_behind(model_dir, tmp_path):
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(model_dir), str(tmp_path / "sigkill")],
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_trainer_killed_leaves_no_server_behind(model_dir, tmp_path, signum):
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(model_dir), str(tmp_path / f"killed{signum}")],
                                stdout=subprocess.PIPE, text=True)
     group = int(trainer.stdout.readline())
     deadline = time.monotonic() + 60
     while len(group_processes(group)) < 2 and time.monotonic() < deadline:  # the supervisor and vLLM's server
         time.sleep(0.2)
     assert len(group_processes(group)) >= 2
-    trainer.kill()  # SIGKILL: no finally, no atexit
+    trainer.send_signal(signum)  # no finally, no atexit: a bare script dies of either
     trainer.wait()
     assert not wait_gone(group, 30)
 
@@ -258,6 +259,33 @@ def test_a_training_run_samples_from_the_servers(engine, cold_start_root, tmp_pa
     assert_finite_metrics(run_dir, 3)
     versions = {s.client.weight_version() for s in engine.pool.servers}
     assert len(versions) == 1 and int(versions.pop()) >= 3  # the start weights (0), then a push per update
+
+
+@pytest.mark.slow  # the run starts its own server
+def test_a_run_launches_its_servers_logs_them_in_its_folder_and_stops_them(plugin_path, cold_start_root, tmp_path):
+    run_dir = tmp_path / "launched"
+    config = make_config(run_dir, cold_start_root, "rollout.engine={name: vllm-server, launch: {count: 1, "
+                         "max_model_len: 128, kv_cache_memory_bytes: 16777216}}")
+    train(config, progress=False)
+    assert_finite_metrics(run_dir, 3)
+    log = (run_dir / "rollout_servers" / "server_0.log").read_text()
+    assert "vllm.entrypoints.openai.api_server" in log and "/finish_weight_update" in log
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == os.getpid()]
+    assert not [p for p in children if "supervise" in _command(p)]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @pytest.mark.slow  # one more server start
