@@ -274,6 +274,25 @@ def test_a_run_launches_its_servers_logs_them_in_its_folder_and_stops_them(plugi
     assert not [p for p in children if "supervise" in _command(p)]
 
 
+TOOLS = [
+    "task={name: calculator-arithmetic, digits: 3, operations: ['*'], tool_demonstrations: 0.5}",
+    "episode={environment: {name: tools}, tools: [{name: calculator}], tool_parser: {name: hermes}, "
+    "max_turns: 2, max_tokens: 200}",
+    "rollout.max_new_tokens=48",
+]
+
+
+@pytest.mark.slow  # its own cold start and server
+def test_multi_turn_tool_episodes_run_asynchronously_on_a_launched_server(plugin_path, cold_start_root, tmp_path):
+    run_dir = tmp_path / "tools"
+    config = make_config(run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", "rollout.engine={name: "
+                         "vllm-server, launch: {count: 1, kv_cache_memory_bytes: 33554432}}",
+                         task="calculator")
+    train(config, progress=False)
+    rows = [r for r in assert_finite_metrics(run_dir, 3) if "reward/mean" in r]
+    assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+
+
 def _parent(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -64,7 +64,11 @@ class ServerClient:
         except httpx.TransportError as exc:
             raise ServerError(f"{self.url}{path}: {type(exc).__name__}: {exc or 'no connection'}", True) from None
         if reply.status_code >= 400:
-            raise ServerError(f"{self.url}{path} answered HTTP {reply.status_code}: {reply.text[:300]}")
+            hint = ""
+            if reply.status_code == 404 and not path.startswith("/v1/"):  # vLLM's RL routes are opt-in
+                hint = (" (vLLM's RL routes need the server started with VLLM_SERVER_DEV_MODE=1 and "
+                        "--weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}')")
+            raise ServerError(f"{self.url}{path} answered HTTP {reply.status_code}: {reply.text[:300]}{hint}")
         return reply.json()
 
     def complete(self, prompt: list[int], n: int, max_tokens: int, sampling: dict[str, Any]) -> list[Completion]:
