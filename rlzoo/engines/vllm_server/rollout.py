@@ -135,8 +135,10 @@ class VllmServerRolloutEngine(RolloutEngine):
             self._at_exit = True
             try:
                 launch([s for s in launched if s is not None], p.launch.startup_timeout_s)
-            except BaseException:
+            except BaseException:  # an error, or SIGINT / SIGTERM while waiting: none is left running
                 self.close_servers(launched)
+                atexit.unregister(self.close)
+                self._at_exit = False
                 raise
             urls = [s.url for s in launched if s is not None]
         else:
@@ -149,11 +151,15 @@ class VllmServerRolloutEngine(RolloutEngine):
                                   server))
         restarts = p.launch.restarts if p.launch is not None else 0
         self.pool = ServerPool(servers, p.requests_per_server, p.retries, restarts, self._restart)
-        if p.servers is not None:
-            self._push_start_weights(context.model_dir)
-        else:  # launched from model_dir: the version they all report now (vLLM's initial one)
-            reported = {server.client.weight_version() for server in servers}
-            self.pool.expected_version = reported.pop() if len(reported) == 1 else None
+        try:
+            if p.servers is not None:
+                self._push_start_weights(context.model_dir)
+            else:  # launched from model_dir: the version they all report now (vLLM's initial one)
+                reported = {server.client.weight_version() for server in servers}
+                self.pool.expected_version = reported.pop() if len(reported) == 1 else None
+        except BaseException:
+            self.close()  # the run closes only an engine that started
+            raise
 
     def _check_reachable(self, urls: list[str]) -> None:
         """Every named server answers ``/health`` now: before any training, one line naming the first that does not."""
