@@ -117,6 +117,7 @@ class EngineContext:
     lora: LoraConfig | None = None
     sends_adapters: bool = False  # a rollout engine receives lora's adapters, not merged weights (engines.lora rule)
     device: str = "cpu"  # where an engine that places its own model puts it: "cpu" or "cuda:<index>"
+    run_dir: Path | None = None  # the run's folder: where an engine keeps its own files (rollout servers' logs)
 
 
 class RolloutEngine(Component):

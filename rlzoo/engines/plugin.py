@@ -16,6 +16,9 @@ def rlzoo_rollout_engines() -> list[type]:
         pass
     else:
         engines.append(VLLMRolloutEngine)
+    from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine
+
+    engines.append(VllmServerRolloutEngine)  # vLLM is needed only by the servers it calls (or launches)
     return engines
 
 

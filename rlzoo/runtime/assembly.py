@@ -120,6 +120,7 @@ def engine_context(
         lora=lora,
         sends_adapters=sends_adapters,
         device=resolve_device(config.device),
+        run_dir=Path(config.output_dir),
     )
 
 

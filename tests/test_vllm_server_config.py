@@ -1,0 +1,98 @@
+"""The vllm-server engine's start-up check and its pure parts, without a server: one source of servers, ray refused
+as not implemented, tensor parallelism that fits the named devices, the features it does not have refused before
+the run by field, the command line a launched server runs, and a gloo broadcast between two processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.config.resolution import build_config
+from rlzoo.engines.vllm_server import gloo_group
+from rlzoo.engines.vllm_server.options import LaunchParams, server_arguments
+from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine
+from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.preflight.checks import preflight
+from rlzoo.registry import default_registry
+
+
+def problems(tmp_path: Path, engine: dict, **sections) -> list[tuple[str, str]]:
+    registry = default_registry()
+    config = build_config({"output_dir": str(tmp_path / "run"), "rollout": {"engine": {"name": "vllm-server", **engine},
+                                                                           **sections.pop("rollout", {})}, **sections},
+                          registry=registry)
+    try:
+        preflight(config, registry)
+    except ConfigError as err:
+        return list(err.problems)
+    return []
+
+
+def fields(found: list[tuple[str, str]]) -> list[str]:
+    return [field for field, _ in found]
+
+
+def test_external_servers_pass_the_check(tmp_path):
+    assert problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}) == []
+
+
+@pytest.mark.parametrize("engine, field, words", [
+    ({}, "rollout.engine", "exactly one of launch, servers or ray"),
+    ({"servers": ["http://a:1"], "launch": {}}, "rollout.engine", "got launch, servers"),
+    ({"ray": {"address": "auto"}}, "rollout.engine.ray", "not implemented yet"),
+    ({"servers": ["a:8000"]}, "rollout.engine.servers", "not an http(s) URL"),
+    ({"launch": {"devices": ["0,1", "2"], "tensor_parallel_size": 2}}, "rollout.engine.launch.tensor_parallel_size",
+     "does not fit the devices '2'"),
+    ({"launch": {"tensor_parallel_size": 2}}, "rollout.engine.launch.tensor_parallel_size", "needs GPUs"),
+])
+def test_a_bad_source_of_servers_is_one_problem_naming_its_field(tmp_path, engine, field, words):
+    found = [(f, m) for f, m in problems(tmp_path, engine) if f == field]
+    assert found and words in found[0][1], problems(tmp_path, engine)
+
+
+@pytest.mark.parametrize("sections, field", [
+    ({"rollout": {"partial": "continue", "max_staleness": 1}}, "rollout.partial"),
+    ({"model": {"lora": {"rank": 4, "sync": "adapter"}}}, "model.lora.sync"),
+])
+def test_what_the_engine_cannot_do_is_refused_before_the_run(tmp_path, sections, field):
+    found = problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}, **sections)
+    assert field in fields(found), found
+
+
+def test_ray_is_refused_at_start_too():
+    engine = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(ray={}))
+    with pytest.raises(RlzooError, match="rollout.engine.ray: .*not implemented yet"):
+        engine.start(None)
+
+
+def test_a_launched_server_runs_vllms_module_with_raw_logprobs_and_the_gloo_backend():
+    args = server_arguments(LaunchParams(max_model_len=256), "/m", "float32", 3, 8123)
+    line = " ".join(args)
+    assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--logprobs-mode raw_logprobs" in line and '{"backend": "rlzoo-gloo"}' in line
+    assert "--port 8123" in line and "--max-model-len 256" in line and "--kv-cache-memory-bytes" in line
+    assert "--enforce-eager" in line and "--seed 3" in line
+
+
+def _receive(port: int, queue) -> None:
+    group = gloo_group.join("127.0.0.1", port, 1, 2, 60.0)
+    tensor = torch.zeros(3, 4)
+    gloo_group.broadcast(group, tensor)
+    queue.put(tensor.tolist())
+
+
+def test_a_gloo_broadcast_reaches_the_other_process():
+    port = gloo_group.free_port()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    receiver = context.Process(target=_receive, args=(port, queue))
+    receiver.start()
+    group = gloo_group.join("127.0.0.1", port, 0, 2, 60.0)
+    sent = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    gloo_group.broadcast(group, sent)
+    assert queue.get(timeout=60) == sent.tolist()
+    receiver.join(30)
+    assert receiver.exitcode == 0
