@@ -71,6 +71,7 @@ def run_measured(args: list[str], log: Path, watch: Path | None = None, env: dic
     """Run ``args`` with stdout and stderr to ``log``; see the module docstring for what is measured."""
     try:
         import psutil  # noqa: F401
+
         have_psutil = True
     except ImportError:
         have_psutil = False
@@ -143,6 +144,10 @@ def describe_model_folder(folder: Path) -> dict[str, Any]:
     expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     experts = getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) or 0
     active = total - expert + (expert * getattr(hf, "num_experts_per_tok", 0) // experts if experts else 0)
-    return {"parameters": total, "active_parameters": active, "vocab": hf.vocab_size,
-            "description": f"{hf.model_type} {Path(folder).name}, hidden {hf.hidden_size}, {hf.num_hidden_layers} "
-                           f"layers, vocab {hf.vocab_size}, {total / 1e6:.1f}M parameters, pretrained"}
+    return {
+        "parameters": total,
+        "active_parameters": active,
+        "vocab": hf.vocab_size,
+        "description": f"{hf.model_type} {Path(folder).name}, hidden {hf.hidden_size}, {hf.num_hidden_layers} "
+        f"layers, vocab {hf.vocab_size}, {total / 1e6:.1f}M parameters, pretrained",
+    }

@@ -155,8 +155,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         if isinstance(prompt, str):
             theirs = tokenizer(prompt)["input_ids"]
         else:
-            theirs = tokenizer.apply_chat_template([prompt], add_generation_prompt=True, tokenize=True,
-                                                   return_dict=True)["input_ids"][0]
+            theirs = tokenizer.apply_chat_template(
+                [prompt], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"][0]
         if list(theirs) != prompt_ids(tokenizer, s, config.prompt):
             raise SystemExit(f"TRL would tokenize prompt {prompt!r} differently from rlzoo")
     dataset = Dataset.from_dict({"prompt": prompts, "index": list(range(len(samples)))})
@@ -183,8 +184,12 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
     times = StepTimes()
     trainer = GRPOTrainer(
-        model=model, reward_funcs=rlzoo_verifier, args=trl_args(config, out, steps), train_dataset=dataset,
-        processing_class=tokenizer, callbacks=[times],
+        model=model,
+        reward_funcs=rlzoo_verifier,
+        args=trl_args(config, out, steps),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[times],
     )
     trainer.train()
     minibatches = config.algorithm.minibatches_per_rollout
@@ -220,16 +225,24 @@ def floor_generate(spec: dict[str, Any]) -> dict[str, Any]:
     config, _, _, tokenizer, train_set, _ = load(spec)
     engine = spec["vllm_params"]
     llm = vllm.LLM(
-        model=spec["model_dir"], tokenizer=spec["model_dir"], dtype=config.model.dtype, seed=config.seed,
-        enforce_eager=engine.get("enforce_eager", True), kv_cache_memory_bytes=engine["kv_cache_memory_bytes"],
+        model=spec["model_dir"],
+        tokenizer=spec["model_dir"],
+        dtype=config.model.dtype,
+        seed=config.seed,
+        enforce_eager=engine.get("enforce_eager", True),
+        kv_cache_memory_bytes=engine["kv_cache_memory_bytes"],
         max_model_len=engine.get("max_model_len"),
     )
     samples = step_prompts(config, train_set, 1)
     prompts = [TokensPrompt(prompt_token_ids=prompt_ids(tokenizer, s, config.prompt)) for s in samples]
     params = vllm.SamplingParams(
-        n=config.rollout.group_size, max_tokens=config.rollout.max_new_tokens,
-        temperature=config.rollout.temperature, top_p=config.rollout.top_p, top_k=0,
-        stop_token_ids=[tokenizer.eos_token_id], detokenize=False,
+        n=config.rollout.group_size,
+        max_tokens=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        top_k=0,
+        stop_token_ids=[tokenizer.eos_token_id],
+        detokenize=False,
     )
     seconds, tokens, rows = [], [], []
     for _ in range(spec["warmup"] + spec["repeats"]):
@@ -238,7 +251,7 @@ def floor_generate(spec: dict[str, Any]) -> dict[str, Any]:
         seconds.append(time.perf_counter() - start)
         rows = [(len(o.prompt_token_ids), len(c.token_ids)) for o in outputs for c in o.outputs]
         tokens.append(sum(r for _, r in rows))
-    seconds, tokens = seconds[spec["warmup"]:], tokens[spec["warmup"]:]
+    seconds, tokens = seconds[spec["warmup"] :], tokens[spec["warmup"] :]
     return {
         "seconds": statistics.median(seconds),
         "tokens": statistics.median(tokens),
@@ -258,8 +271,11 @@ def floor_train(spec: dict[str, Any]) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.trainer.lr, betas=tuple(config.trainer.betas),
-        weight_decay=config.trainer.weight_decay, fused=True,
+        model.parameters(),
+        lr=config.trainer.lr,
+        betas=tuple(config.trainer.betas),
+        weight_decay=config.trainer.weight_decay,
+        fused=True,
     )
     rows = spec["rows"]  # [(prompt length, response length)]
     width = max(p + r for p, r in rows)
@@ -295,8 +311,12 @@ def floor_train(spec: dict[str, Any]) -> dict[str, Any]:
             optimizer.step()
         old.append(middle - start)
         train.append(time.perf_counter() - middle)
-    old, train = old[spec["warmup"]:], train[spec["warmup"]:]
-    return {"old_logprobs": statistics.median(old), "train": statistics.median(train), "batch_shape": [len(rows), width]}
+    old, train = old[spec["warmup"] :], train[spec["warmup"] :]
+    return {
+        "old_logprobs": statistics.median(old),
+        "train": statistics.median(train),
+        "batch_shape": [len(rows), width],
+    }
 
 
 # -- evaluation ----------------------------------------------------------------------------------------------------
@@ -312,7 +332,9 @@ def evaluate(spec: dict[str, Any]) -> dict[str, Any]:
     results = {}
     for name, model_dir in spec["models"].items():
         tokenizer = load_tokenizer(Path(model_dir))
-        samples = fit_prompts(task.samples("eval", config.train.eval_prompts, config.seed), tokenizer, config.prompt, "eval")
+        samples = fit_prompts(
+            task.samples("eval", config.train.eval_prompts, config.seed), tokenizer, config.prompt, "eval"
+        )
         rollout = registry.create("rollout_engine", "hf")
         rollout.start(engine_context(config, Path(model_dir), tokenizer))
         results[name] = loop.evaluate(samples, rollout, verifier, tokenizer, config)

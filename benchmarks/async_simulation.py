@@ -34,8 +34,14 @@ from pathlib import Path
 import numpy as np
 
 # verl's docs/advance/fully_async.md, Qwen2.5-Math-7B, DAPO, 128 H20, colocated sync: mean seconds per step
-VERL_128 = {"generate": 177.85, "old_logprobs": 53.92, "train": 113.81, "devices": 128, "batch": 512 * 16,
-            "published_speedup": "2.35-2.67x (64 + 64 vs 128, staleness 0.5, partial rollouts, 400 steps)"}
+VERL_128 = {
+    "generate": 177.85,
+    "old_logprobs": 53.92,
+    "train": 113.81,
+    "devices": 128,
+    "batch": 512 * 16,
+    "published_speedup": "2.35-2.67x (64 + 64 vs 128, staleness 0.5, partial rollouts, 400 steps)",
+}
 
 
 @dataclass
@@ -74,8 +80,9 @@ def sync_time(batches: list[np.ndarray], devices: int, costs: Costs) -> float:
     return sum(sum(phase_times(b, devices, costs, stream=False, old_pass=True)) for b in batches)
 
 
-def async_time(batches: list[np.ndarray], gen_devices: int, train_devices: int, costs: Costs, k: int, stream: bool,
-               old_pass: bool) -> float:
+def async_time(
+    batches: list[np.ndarray], gen_devices: int, train_devices: int, costs: Costs, k: int, stream: bool, old_pass: bool
+) -> float:
     """The producer/consumer pipeline of rlzoo.rl.staleness_queue in simulated time: when the last step ends."""
     gen = [phase_times(b, gen_devices, costs, stream, old_pass)[0] for b in batches]
     train = [phase_times(b, train_devices, costs, stream, old_pass)[1] for b in batches]
@@ -94,17 +101,29 @@ def calibrate(phases: dict, lengths: list[np.ndarray], b_sat: float, serial: flo
     devices = phases["devices"]
     unit_gen = np.mean([decode_iterations(b, devices, b_sat, stream=False) for b in lengths])
     tokens = np.mean([b.sum() for b in lengths])
-    return Costs(t0=phases["generate"] / unit_gen, b_sat=b_sat, train=phases["train"] / tokens,
-                 old=phases["old_logprobs"] / tokens, serial=serial, reference=devices)
+    return Costs(
+        t0=phases["generate"] / unit_gen,
+        b_sat=b_sat,
+        train=phases["train"] / tokens,
+        old=phases["old_logprobs"] / tokens,
+        serial=serial,
+        reference=devices,
+    )
 
 
 def measured_phases(path: Path) -> dict:
     """The synchronous run's phase times of ``benchmarks/async_throughput.py``'s JSON."""
     result = json.loads(path.read_text())
     phases = result["runs"]["sync"]["phases"]
-    return {"generate": phases.get("rollout", 0.0) + phases.get("verify", 0.0),
-            "old_logprobs": phases.get("old_logprobs", 0.0), "train": phases.get("train", 0.0) + phases.get("sync", 0.0),
-            "devices": 1, "batch": None, "published_speedup": None, "source": str(path)}
+    return {
+        "generate": phases.get("rollout", 0.0) + phases.get("verify", 0.0),
+        "old_logprobs": phases.get("old_logprobs", 0.0),
+        "train": phases.get("train", 0.0) + phases.get("sync", 0.0),
+        "devices": 1,
+        "batch": None,
+        "published_speedup": None,
+        "source": str(path),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     phases = measured_phases(args.measured) if args.measured else dict(VERL_128, source="verl fully_async.md")
     reference = phases["devices"] if phases["devices"] > 1 else int(args.devices.split(",")[-1])
     phases["devices"] = reference
-    lengths = [np.minimum(np.ceil(rng.lognormal(np.log(args.median_tokens), args.sigma, args.batch)),
-                          args.max_tokens) for _ in range(args.steps)]
+    lengths = [
+        np.minimum(np.ceil(rng.lognormal(np.log(args.median_tokens), args.sigma, args.batch)), args.max_tokens)
+        for _ in range(args.steps)
+    ]
     costs = calibrate(phases, lengths, args.b_sat, args.train_serial_fraction)
     tail = float(np.mean([b.max() / b.mean() for b in lengths]))
     rows = []
@@ -136,24 +157,33 @@ def main(argv: list[str] | None = None) -> int:
             for k in (0, 1, 2, 4):
                 for old_pass in (True, False):
                     t = async_time(lengths, n // 2, n - n // 2, costs, k, mode == "stream", old_pass)
-                    rows.append({"devices": n, "schedule": f"{mode} k={k}", "old_pass": old_pass,
-                                 "speedup": base / t})
-    print(f"phase times ({phases['source']}): generate {phases['generate']:.2f} s, old log-probs "
-          f"{phases['old_logprobs']:.2f} s, train {phases['train']:.2f} s on {reference} devices (synchronous)")
-    print(f"lengths: log-normal median {args.median_tokens:.0f}, sigma {args.sigma}, cut at {args.max_tokens}; "
-          f"batch {args.batch}; longest / mean response per batch {tail:.1f}; b_sat {args.b_sat}; "
-          f"train serial fraction {args.train_serial_fraction}")
+                    rows.append({"devices": n, "schedule": f"{mode} k={k}", "old_pass": old_pass, "speedup": base / t})
+    print(
+        f"phase times ({phases['source']}): generate {phases['generate']:.2f} s, old log-probs "
+        f"{phases['old_logprobs']:.2f} s, train {phases['train']:.2f} s on {reference} devices (synchronous)"
+    )
+    print(
+        f"lengths: log-normal median {args.median_tokens:.0f}, sigma {args.sigma}, cut at {args.max_tokens}; "
+        f"batch {args.batch}; longest / mean response per batch {tail:.1f}; b_sat {args.b_sat}; "
+        f"train serial fraction {args.train_serial_fraction}"
+    )
     print("| devices (sync vs gen + train) | schedule | old-log-prob pass | predicted speedup over sync |")
     print("|---|---|---|---|")
     for row in rows:
         n = row["devices"]
-        print(f"| {n} vs {n // 2} + {n - n // 2} | {row['schedule']} | {'yes' if row['old_pass'] else 'no'} | "
-              f"{row['speedup']:.2f}x |")
+        print(
+            f"| {n} vs {n // 2} + {n - n // 2} | {row['schedule']} | {'yes' if row['old_pass'] else 'no'} | "
+            f"{row['speedup']:.2f}x |"
+        )
     if phases.get("published_speedup"):
         print(f"verl published: {phases['published_speedup']}")
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "phases": phases,
-                                        "tail": tail, "rows": rows}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "phases": phases, "tail": tail, "rows": rows},
+                indent=1,
+            )
+        )
     return 0
 
 

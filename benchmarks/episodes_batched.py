@@ -49,9 +49,16 @@ import yaml
 from _common import ENGINES, QUIET, ROOT, available  # benchmarks/ is the script's directory, first on sys.path
 
 TINY_MOE = {  # the main job's model (examples/gspo_tiny_moe.yaml)
-    "architecture": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128, "moe_intermediate_size": 64,
-    "num_experts": 8, "num_experts_per_tok": 2,
+    "architecture": "qwen3_moe",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 64,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
 }
 MODES = ("batched", "per-episode")
 
@@ -65,13 +72,18 @@ def build_run_config(args: argparse.Namespace, registry: Any) -> Any:
         "model": {"path": None, "dtype": "float32", "tiny": TINY_MOE},
         "task": {"name": "calculator-arithmetic", "digits": 3, "operations": ["*"], "tool_demonstrations": 0.8},
         "episode": {
-            "environment": {"name": "tools"}, "tools": [{"name": "calculator"}],
-            "max_turns": args.max_turns, "max_tokens": 256,
+            "environment": {"name": "tools"},
+            "tools": [{"name": "calculator"}],
+            "max_turns": args.max_turns,
+            "max_tokens": 256,
         },
         "cold_start": {"steps": args.cold_start_steps, "batch_size": 64, "lr": 3.0e-3, "examples": 4000},
         "rollout": {
-            "engine": yaml.safe_load(ENGINES[args.engine]), "prompts_per_step": args.prompts,
-            "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "engine": yaml.safe_load(ENGINES[args.engine]),
+            "prompts_per_step": args.prompts,
+            "group_size": args.group_size,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
         },
         # the cold start's own held-out evaluation (recorded in its cold_start.json)
         "train": {"eval_prompts": 32, "eval_temperature": args.temperature, "eval_samples_per_prompt": 2},
@@ -125,8 +137,12 @@ def run_mode(mode: str, runner: Any, engine: Any, samples: list, sampling: Any, 
         "engine_seconds": counted.seconds,
         "turns": sum(len(g.turns) if g.turns else 1 for g in episodes),
         "tool_calls": tool_calls,
-        "policy_tokens": sum(sum(g.policy_mask) if g.policy_mask is not None else len(g.response_ids) for g in episodes),
-        "observation_tokens": sum(len(g.policy_mask) - sum(g.policy_mask) for g in episodes if g.policy_mask is not None),
+        "policy_tokens": sum(
+            sum(g.policy_mask) if g.policy_mask is not None else len(g.response_ids) for g in episodes
+        ),
+        "observation_tokens": sum(
+            len(g.policy_mask) - sum(g.policy_mask) for g in episodes if g.policy_mask is not None
+        ),
         "truncated": sum(bool(g.truncated) for g in episodes),
     }
     return record, groups
@@ -159,8 +175,10 @@ def summarise(rounds: list[dict]) -> dict[str, float]:
 
 
 def table(summary: dict[str, dict[str, float]], episodes: int) -> str:
-    head = ("| mode | episodes/s | s per round | engine calls | in engine s | turns/ep. | tool calls/ep. | "
-            "policy tokens/ep. | truncated | correct |")
+    head = (
+        "| mode | episodes/s | s per round | engine calls | in engine s | turns/ep. | tool calls/ep. | "
+        "policy tokens/ep. | truncated | correct |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in MODES:
         s = summary[mode]
@@ -180,21 +198,35 @@ def shown(path: Path) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=["hf", "vllm"], help="rollout engine (default: vllm if it imports, else hf)")
+    parser.add_argument(
+        "--engine", choices=["hf", "vllm"], help="rollout engine (default: vllm if it imports, else hf)"
+    )
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts (default 8)")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per prompt (default 8)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds of each mode; medians reported (default 5)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed rounds of each mode; medians reported (default 5)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of each mode first (default 1)")
     parser.add_argument("--max-turns", type=int, default=2, help="episode.max_turns (default 2: call, then answer)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="rollout.max_new_tokens, per turn (default 96)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0, as RL samples)")
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature (default 1.0, as RL samples)"
+    )
     parser.add_argument("--cold-start-steps", type=int, default=400, help="SFT steps of the cold start (default 400)")
     parser.add_argument("--seed", type=int, default=1, help="sampling seed of the first round (default 1)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the run config")
-    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-episodes-batched",
-                        help="folder for the cached cold start (default runs/bench-episodes-batched)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks",
-                        help="folder for episodes_batched_<engine>.json / .md (default docs/benchmarks)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "runs" / "bench-episodes-batched",
+        help="folder for the cached cold start (default runs/bench-episodes-batched)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks",
+        help="folder for episodes_batched_<engine>.json / .md (default docs/benchmarks)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only, write no files")
     args = parser.parse_args(argv)
     if args.engine is None:
@@ -229,8 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     registry = default_registry()
     config = build_run_config(args, registry)
     fingerprint = cold_start_fingerprint(config)
-    config = config.model_copy(update={"cold_start": config.cold_start.model_copy(
-        update={"output_dir": str(args.work / f"cold_start_{fingerprint}")})})
+    config = config.model_copy(
+        update={
+            "cold_start": config.cold_start.model_copy(
+                update={"output_dir": str(args.work / f"cold_start_{fingerprint}")}
+            )
+        }
+    )
     task = make_task(config, registry)
     say = lambda text: print(text, flush=True)  # noqa: E731
     say(f"cold start {config.cold_start.output_dir} ...")
@@ -239,8 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = initial_model_dir(config, task, registry, progress=False)
     cold_seconds = time.perf_counter() - cold
     cold_report = json.loads((model_dir / "cold_start.json").read_text())
-    say(f"cold start: {cold_seconds:.1f} s ({'reused' if reused else 'built'}); its held-out evaluation: "
-        f"accuracy {cold_report.get('eval_accuracy')}, tool calls/episode {cold_report.get('eval_tool_calls_per_episode')}")
+    say(
+        f"cold start: {cold_seconds:.1f} s ({'reused' if reused else 'built'}); its held-out evaluation: "
+        f"accuracy {cold_report.get('eval_accuracy')}, tool calls/episode {cold_report.get('eval_tool_calls_per_episode')}"
+    )
 
     tools = create_tools(config, registry)
     config = with_tool_descriptions(config, tools)  # as a run does (plain-text prompts: no effect)
@@ -251,8 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         runner = build_episode_runner(config, registry, tokenizer, episode_context(engine, model_dir), tools)
         verifier = verifier_for(config, task, registry)
         samples = task.samples("eval", args.prompts, config.seed)
-        sampling = SamplingSettings(n=args.group_size, max_new_tokens=config.rollout.max_new_tokens,
-                                    temperature=args.temperature, top_p=1.0, seed=None)
+        sampling = SamplingSettings(
+            n=args.group_size,
+            max_new_tokens=config.rollout.max_new_tokens,
+            temperature=args.temperature,
+            top_p=1.0,
+            seed=None,
+        )
         rounds: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for round_ in range(args.warmup + args.repeats):
             timed = round_ >= args.warmup
@@ -262,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                 record, groups = run_mode(mode, runner, engine, samples, replace(sampling, seed=seed), config.prompt)
                 record["correct"] = correct_answers(verifier, tokenizer, samples, groups)
                 record.update(round=round_, warmup=not timed, seed=seed)
-                say(f"{'warm-up' if not timed else 'round'} {round_}: {mode:<12} {record['seconds']:7.2f} s  "
-                    f"{record['episodes_per_s']:6.2f} episodes/s  {record['engine_calls']} engine calls")
+                say(
+                    f"{'warm-up' if not timed else 'round'} {round_}: {mode:<12} {record['seconds']:7.2f} s  "
+                    f"{record['episodes_per_s']:6.2f} episodes/s  {record['engine_calls']} engine calls"
+                )
                 if timed:
                     rounds[mode].append(record)
     finally:
@@ -288,16 +334,26 @@ def main(argv: list[str] | None = None) -> int:
         f"# {args.prompts} held-out prompts x {args.group_size} episodes = {episodes} episodes per round; "
         f"{args.warmup} warm-up round(s), median of {args.repeats}; load average {load_before[0]:.2f} -> {load_after[0]:.2f}",
     ]
-    text = "\n".join(header) + "\n\n" + table(summary, episodes) + "\n\n" + (
-        f"batched / per-episode: {ratio:.2f}x episodes/s (per round: {', '.join(f'{p:.2f}' for p in paired)})"
+    text = (
+        "\n".join(header)
+        + "\n\n"
+        + table(summary, episodes)
+        + "\n\n"
+        + (f"batched / per-episode: {ratio:.2f}x episodes/s (per round: {', '.join(f'{p:.2f}' for p in paired)})")
     )
     say("")
     say(text)
     result = {
         "benchmark": "episodes_batched",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_before": load_before, "load_after": load_after, **versions},
+        "machine": {
+            "arch": platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": load_before,
+            "load_after": load_after,
+            **versions,
+        },
         "settings": {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "rollout_engine": config.rollout.engine.model_dump(mode="json"),
         "episode": config.episode.model_dump(mode="json"),

@@ -32,10 +32,20 @@ FORMAT = {"structured_outputs": {"regex": "SCORE: (10|[0-9])"}}
 
 def measure(base_url: str, model: str, concurrency: int, requests: int, extra_body: dict | None = None) -> dict:
     """Score ``requests`` distinct responses with at most ``concurrency`` judge requests in flight."""
-    verifier = default_registry().create("verifier", "judge", {
-        "base_url": base_url, "model": model, "rubric": RUBRIC, "max_tokens": 8, "concurrency": concurrency,
-        "timeout_s": 600.0, "cache": False, "extra_body": FORMAT if extra_body is None else extra_body,
-    })
+    verifier = default_registry().create(
+        "verifier",
+        "judge",
+        {
+            "base_url": base_url,
+            "model": model,
+            "rubric": RUBRIC,
+            "max_tokens": 8,
+            "concurrency": concurrency,
+            "timeout_s": 600.0,
+            "cache": False,
+            "extra_body": FORMAT if extra_body is None else extra_body,
+        },
+    )
     samples = [Sample("Ask them to sit.", "")] * requests
     responses = [f"Please take seat number {i}, thank you." for i in range(requests)]
     started = time.perf_counter()
@@ -43,8 +53,11 @@ def measure(base_url: str, model: str, concurrency: int, requests: int, extra_bo
     seconds = time.perf_counter() - started
     metrics = scores.metrics()
     return {
-        "concurrency": concurrency, "requests": requests, "seconds": round(seconds, 3),
-        "requests_per_s": round(requests / seconds, 3), "errors": scores.errors,
+        "concurrency": concurrency,
+        "requests": requests,
+        "seconds": round(seconds, 3),
+        "requests_per_s": round(requests / seconds, 3),
+        "errors": scores.errors,
         "latency_p50_s": round(float(metrics.get("judge/latency_p50_s", 0.0)), 3),
         "latency_p95_s": round(float(metrics.get("judge/latency_p95_s", 0.0)), 3),
     }
@@ -55,9 +68,26 @@ def start_vllm(model_dir: Path, log: Path, start_s: float = 900) -> tuple[subpro
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", "smollm2", "--dtype", "float32", "--max-model-len", "1024", "--host",
-               "127.0.0.1", "--port", str(port), "--enforce-eager", "--kv-cache-memory-bytes", "268435456"]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "smollm2",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        "268435456",
+    ]
     proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + start_s
     while True:

@@ -110,8 +110,9 @@ def trainer_sets(engine: str, config_path: Path, sets: list[str], lora: str, mod
     config = load_config(config_path, [*sets, *chosen, lora])
     _, fused, unknown = split_targets(skeleton(model_dir), config.model.lora.target_modules)
     if unknown:
-        raise SystemExit(f"--targets: {unknown} name no projection of this model; use some of "
-                         f"{target_names(skeleton(model_dir))}")
+        raise SystemExit(
+            f"--targets: {unknown} name no projection of this model; use some of {target_names(skeleton(model_dir))}"
+        )
     reason = create(default_registry(), "training_engine", config.trainer.engine).adapter_targets_supported(fused)
     if reason is None:
         return chosen, ""
@@ -133,25 +134,48 @@ def describe_spec(sets: list[str]) -> str:
 
 def memory_point(args, config, config_path: Path, sets: list[str], work: Path, name: str) -> dict[str, Any]:
     spec = {
-        "config": str(config_path), "sets": sets, "model_dir": str(work / "model"), "length": args.length,
-        "prompts": args.prompts, "pool": args.prompts, "group_size": args.group_size, "seed": config.seed,
-        "micro_batching": has_micro_batching(), "budget": args.budget, "warmup": args.warmup,
-        "repeats": args.repeats, "max_updates": args.max_updates,
+        "config": str(config_path),
+        "sets": sets,
+        "model_dir": str(work / "model"),
+        "length": args.length,
+        "prompts": args.prompts,
+        "pool": args.prompts,
+        "group_size": args.group_size,
+        "seed": config.seed,
+        "micro_batching": has_micro_batching(),
+        "budget": args.budget,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "max_updates": args.max_updates,
     }
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.json").write_text(json.dumps(spec))
     result_path = folder / "result.json"
     result_path.unlink(missing_ok=True)
-    measured = run_measured([sys.executable, str(MEMORY_SCRIPT), "--worker", str(folder / "spec.json"), str(result_path)],
-                            folder / "worker.log")
-    point: dict[str, Any] = {"seconds": measured.seconds, "log": str(measured.log), "load": round(os.getloadavg()[0], 2)}
+    measured = run_measured(
+        [sys.executable, str(MEMORY_SCRIPT), "--worker", str(folder / "spec.json"), str(result_path)],
+        folder / "worker.log",
+    )
+    point: dict[str, Any] = {
+        "seconds": measured.seconds,
+        "log": str(measured.log),
+        "load": round(os.getloadavg()[0], 2),
+    }
     if measured.returncode == 0 and result_path.is_file():
         r = json.loads(result_path.read_text())
-        point.update(status="ok", **r, peak_mb=measured.peak_process_rss_mb, peak_tree_mb=measured.peak_tree_rss_mb,
-                     step_mb=measured.peak_process_rss_mb - r["base_rss_mb"])
-        print(f"  {name}: peak {point['peak_mb']:.0f} MB (base {r['base_rss_mb']:.0f}), step {r['step_s']:.2f} s, "
-              f"{r['trainable_parameters']:,} trainable; worker {measured.seconds:.0f} s", flush=True)
+        point.update(
+            status="ok",
+            **r,
+            peak_mb=measured.peak_process_rss_mb,
+            peak_tree_mb=measured.peak_tree_rss_mb,
+            step_mb=measured.peak_process_rss_mb - r["base_rss_mb"],
+        )
+        print(
+            f"  {name}: peak {point['peak_mb']:.0f} MB (base {r['base_rss_mb']:.0f}), step {r['step_s']:.2f} s, "
+            f"{r['trainable_parameters']:,} trainable; worker {measured.seconds:.0f} s",
+            flush=True,
+        )
     else:
         point["status"] = f"failed (exit {measured.returncode})"
         print(f"  {name}: FAILED, log {measured.log}:\n{log_tail(measured.log)}", flush=True)
@@ -195,16 +219,22 @@ def memory_table(memory: dict[str, Any], args) -> list[str]:
         full, tuned = rows["full"], rows["lora"]
         if full["status"] == "ok" and tuned["status"] == "ok":
             step = tuned["step_mb"] / full["step_mb"] if full["step_mb"] > 0 else None
-            ratios.append(f"{engine}: LoRA / full: peak memory x{tuned['peak_mb'] / full['peak_mb']:.2f}, step memory "
-                          f"x{fmt(step, '.2f')}, step time x{tuned['step_s'] / full['step_s']:.2f}")
+            ratios.append(
+                f"{engine}: LoRA / full: peak memory x{tuned['peak_mb'] / full['peak_mb']:.2f}, step memory "
+                f"x{fmt(step, '.2f')}, step time x{tuned['step_s'] / full['step_s']:.2f}"
+            )
         if rows["note"]:
             ratios.append(f"{engine}: {rows['note']}")
     specs = "; ".join(f"{engine} {rows['spec']}" for engine, rows in memory.items())
-    return lines + ratios + [
-        f"engines: {specs}",
-        "peak MB: the worker process's peak RSS (ru_maxrss); base MB: its RSS just before the first step; step MB =",
-        "peak - base; step s: old log-probs + updates, wall clock, median of the repeats; cpu s: the step's CPU seconds",
-    ]
+    return (
+        lines
+        + ratios
+        + [
+            f"engines: {specs}",
+            "peak MB: the worker process's peak RSS (ru_maxrss); base MB: its RSS just before the first step; step MB =",
+            "peak - base; step s: old log-probs + updates, wall clock, median of the repeats; cpu s: the step's CPU seconds",
+        ]
+    )
 
 
 # -- 2. sync: one process per rollout engine --------------------------------------------------------------------------
@@ -274,7 +304,9 @@ def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
     def phase(path: str, rollout_lora, engine, prepare, send, payload_tensors, runs_on: str) -> dict[str, Any]:
         rollout = create(registry, "rollout_engine", config.rollout.engine)
         if path == "adapter":
-            reason = rollout.adapter_targets_supported(list(lora.target_modules), moe)  # asked before start, as a run does
+            reason = rollout.adapter_targets_supported(
+                list(lora.target_modules), moe
+            )  # asked before start, as a run does
             if reason is not None:
                 return {"unsupported": reason}
         try:
@@ -292,8 +324,13 @@ def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 send(rollout, payload)
                 times.append((middle - start, time.perf_counter() - middle))
             tensors = list(payload_tensors(payload))
-            return summary(times, bytes=nbytes(tensors), tensors=len(tensors), rollout_device=device,
-                           runs_on=runs_on.format(train=train_device, rollout=device))
+            return summary(
+                times,
+                bytes=nbytes(tensors),
+                tensors=len(tensors),
+                rollout_device=device,
+                runs_on=runs_on.format(train=train_device, rollout=device),
+            )
         except Exception as exc:  # noqa: BLE001 - the other paths go on
             return {"error": failure(path, exc)}
         finally:
@@ -302,15 +339,35 @@ def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
     versions = iter(range(1, 1 << 30))
     paths = {
         # full fine-tuning: the rollout engine without LoRA, every weight of the full engine
-        "full": phase("full", None, full, lambda: list(full.named_weights()), lambda r, w: r.sync_weights(w),
-                      lambda w: (t for _, t in w), "named_weights: {train}, sync: {rollout}"),
+        "full": phase(
+            "full",
+            None,
+            full,
+            lambda: list(full.named_weights()),
+            lambda r, w: r.sync_weights(w),
+            lambda w: (t for _, t in w),
+            "named_weights: {train}, sync: {rollout}",
+        ),
         # LoRA, model.lora.sync: merged: the rollout engine built without adapters receives the merged weights
-        "merged": phase("merged", lora.model_copy(update={"sync": "merged"}), tuned, lambda: list(tuned.named_weights()),
-                        lambda r, w: r.sync_weights(w), lambda w: (t for _, t in w), "merge: {train}, sync: {rollout}"),
+        "merged": phase(
+            "merged",
+            lora.model_copy(update={"sync": "merged"}),
+            tuned,
+            lambda: list(tuned.named_weights()),
+            lambda r, w: r.sync_weights(w),
+            lambda w: (t for _, t in w),
+            "merge: {train}, sync: {rollout}",
+        ),
         # LoRA, model.lora.sync: adapter: the rollout engine built with the adapters' targets receives them
-        "adapter": phase("adapter", lora.model_copy(update={"sync": "adapter"}), tuned,
-                         lambda: tuned.adapter(next(versions)), lambda r, a: r.sync_adapter(a),
-                         lambda a: a.tensors.values(), "adapter(): {train} -> cpu copy, sync: {rollout}"),
+        "adapter": phase(
+            "adapter",
+            lora.model_copy(update={"sync": "adapter"}),
+            tuned,
+            lambda: tuned.adapter(next(versions)),
+            lambda r, a: r.sync_adapter(a),
+            lambda a: a.tensors.values(),
+            "adapter(): {train} -> cpu copy, sync: {rollout}",
+        ),
     }
     rollout_devices = {p.get("rollout_device") for p in paths.values()} - {None}
     return result_of(spec, paths, moe, train_device, ", ".join(sorted(rollout_devices)) or "?")
@@ -319,9 +376,17 @@ def sync_worker(spec: dict[str, Any]) -> dict[str, Any]:
 def result_of(spec, paths, moe, train_device, rollout_device) -> dict[str, Any]:
     import torch
 
-    return {"rollout": spec["rollout"], "trainer": spec["trainer"], "moe": moe, "train_device": train_device,
-            "rollout_device": rollout_device, "torch_threads": torch.get_num_threads(), "rounds": spec["rounds"],
-            "warmup": spec["warmup"], "paths": paths}
+    return {
+        "rollout": spec["rollout"],
+        "trainer": spec["trainer"],
+        "moe": moe,
+        "train_device": train_device,
+        "rollout_device": rollout_device,
+        "torch_threads": torch.get_num_threads(),
+        "rounds": spec["rounds"],
+        "warmup": spec["warmup"],
+        "paths": paths,
+    }
 
 
 def run_sync(args, config_path: Path, sets: list[str], work: Path) -> dict[str, Any]:
@@ -338,15 +403,27 @@ def run_sync(args, config_path: Path, sets: list[str], work: Path) -> dict[str, 
         folder = work / f"sync_{name}"
         folder.mkdir(parents=True, exist_ok=True)
         spec = {
-            "config": str(config_path), "sets": [*sets, *chosen, lora, f"rollout.engine={ENGINES[name]}"],
-            "model_dir": str(work / "model"), "rollout": name, "trainer": args.sync_trainer,
-            "rounds": args.rounds, "warmup": args.sync_warmup,
+            "config": str(config_path),
+            "sets": [*sets, *chosen, lora, f"rollout.engine={ENGINES[name]}"],
+            "model_dir": str(work / "model"),
+            "rollout": name,
+            "trainer": args.sync_trainer,
+            "rounds": args.rounds,
+            "warmup": args.sync_warmup,
         }
         (folder / "spec.json").write_text(json.dumps(spec))
         result_path = folder / "result.json"
         result_path.unlink(missing_ok=True)
-        measured = run_measured([sys.executable, str(Path(__file__).resolve()), "--sync-worker", str(folder / "spec.json"),
-                                 str(result_path)], folder / "worker.log")
+        measured = run_measured(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--sync-worker",
+                str(folder / "spec.json"),
+                str(result_path),
+            ],
+            folder / "worker.log",
+        )
         if measured.returncode == 0 and result_path.is_file():
             out[name] = {"status": "ok", "log": str(measured.log), **json.loads(result_path.read_text())}
             print(f"  sync {name}: done in {measured.seconds:.0f} s", flush=True)
@@ -360,8 +437,10 @@ def run_sync(args, config_path: Path, sets: list[str], work: Path) -> dict[str, 
 def sync_table(sync: dict[str, Any]) -> list[str]:
     labels = {"full": "full weights (full FT)", "merged": "merged weights (LoRA)", "adapter": "adapters (LoRA)"}
     prepares = {"full": "named_weights()", "merged": "merge: named_weights()", "adapter": "adapter()"}
-    lines = [f"{'rollout':<8}{'path':<24}{'ms/sync':>9}{'prepare ms':>11}{'sync ms':>9}{'MB sent':>9}"
-             f"{'x full':>8}{'sync x full':>12}  runs on"]
+    lines = [
+        f"{'rollout':<8}{'path':<24}{'ms/sync':>9}{'prepare ms':>11}{'sync ms':>9}{'MB sent':>9}"
+        f"{'x full':>8}{'sync x full':>12}  runs on"
+    ]
     for name, r in sync.items():
         if name.startswith("_"):
             continue
@@ -387,7 +466,8 @@ def sync_table(sync: dict[str, Any]) -> list[str]:
     lines += [
         f"training engine for the sync: {settings['trainer']} {settings['trainer_spec']}"
         + (f" ({settings['note']})" if settings["note"] else ""),
-        "ms/sync: median of prepare + sync per round; prepare: " + ", ".join(f"{labels[k]}: {v}" for k, v in prepares.items())
+        "ms/sync: median of prepare + sync per round; prepare: "
+        + ", ".join(f"{labels[k]}: {v}" for k, v in prepares.items())
         + "; sync: sync_weights() / sync_adapter(); MB sent: the tensors handed to the rollout engine;",
         "x full: ms/sync over the full path's; sync x full: the sync call alone over the full path's sync call",
     ]
@@ -399,27 +479,48 @@ def sync_table(sync: dict[str, Any]) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", choices=["tiny", "long"], default="long", help="examples/bench/<scale>.yaml (default long)")
+    parser.add_argument(
+        "--scale", choices=["tiny", "long"], default="long", help="examples/bench/<scale>.yaml (default long)"
+    )
     lora = parser.add_argument_group("the adapters (model.lora)")
     lora.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
     lora.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (default 16)")
-    lora.add_argument("--targets", default=DEFAULT_TARGETS, help=f"target_modules, comma-separated (default {DEFAULT_TARGETS})")
+    lora.add_argument(
+        "--targets", default=DEFAULT_TARGETS, help=f"target_modules, comma-separated (default {DEFAULT_TARGETS})"
+    )
     memory = parser.add_argument_group("1. memory of a training step")
-    memory.add_argument("--engines", default="torch,deepspeed", help="training engines, comma-separated (default torch,deepspeed)")
+    memory.add_argument(
+        "--engines", default="torch,deepspeed", help="training engines, comma-separated (default torch,deepspeed)"
+    )
     memory.add_argument("--length", type=int, default=256, help="response length (max_new_tokens; default 256)")
     memory.add_argument("--prompts", type=int, default=4, help="prompts in the rollout batch (default 4)")
     memory.add_argument("--group-size", type=int, default=8, help="responses per prompt (default 8)")
-    memory.add_argument("--budget", type=int, default=2048, metavar="TOKENS",
-                        help="trainer.max_tokens_per_micro_batch (default 2048)")
+    memory.add_argument(
+        "--budget", type=int, default=2048, metavar="TOKENS", help="trainer.max_tokens_per_micro_batch (default 2048)"
+    )
     memory.add_argument("--warmup", type=int, default=1, help="steps before the timed ones (default 1)")
     memory.add_argument("--repeats", type=int, default=1, help="timed steps; the median is reported (default 1)")
-    memory.add_argument("--max-updates", type=int, default=0, metavar="N",
-                        help="run only the first N minibatch updates per step (default: all)")
+    memory.add_argument(
+        "--max-updates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run only the first N minibatch updates per step (default: all)",
+    )
     memory.add_argument("--skip-memory", action="store_true", help="measure the sync only")
     sync = parser.add_argument_group("2. weight sync")
-    sync.add_argument("--rollouts", default=None, help="rollout engines, comma-separated (default: vllm if it imports, hf)")
-    sync.add_argument("--sync-trainer", choices=TRAINERS, default="torch", help="training engine that gives the weights (default torch)")
-    sync.add_argument("--rounds", type=int, default=10, help="timed rounds per path; the median is reported (default 10)")
+    sync.add_argument(
+        "--rollouts", default=None, help="rollout engines, comma-separated (default: vllm if it imports, hf)"
+    )
+    sync.add_argument(
+        "--sync-trainer",
+        choices=TRAINERS,
+        default="torch",
+        help="training engine that gives the weights (default torch)",
+    )
+    sync.add_argument(
+        "--rounds", type=int, default=10, help="timed rounds per path; the median is reported (default 10)"
+    )
     sync.add_argument("--sync-warmup", type=int, default=2, help="rounds dropped at the start (default 2)")
     sync.add_argument("--skip-sync", action="store_true", help="measure the memory only")
     parser.add_argument("--out", help="folder for lora_<scale>.json / .txt")
@@ -430,8 +531,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    args.rollouts = ([r.strip() for r in args.rollouts.split(",") if r.strip()] if args.rollouts is not None
-                     else [r for r in ROLLOUTS if r != "vllm" or available("vllm")])
+    args.rollouts = (
+        [r.strip() for r in args.rollouts.split(",") if r.strip()]
+        if args.rollouts is not None
+        else [r for r in ROLLOUTS if r != "vllm" or available("vllm")]
+    )
     if unknown := [e for e in args.engines if e not in TRAINERS]:
         parser.error(f"--engines: {unknown}; choose from {TRAINERS}")
     if unknown := [r for r in args.rollouts if r not in ROLLOUTS]:
@@ -472,9 +576,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="rlzoo-lora-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    machine = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(), "cpus": os.cpu_count(),
-               "python": platform.python_version(), "torch": torch.__version__,
-               "load_before": [round(x, 2) for x in os.getloadavg()]}
+    machine = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     print(f"# lora: {args.scale}; work folder {work}", flush=True)
     model = build_model(config, work / "model")
     print(f"# model: {model['description']}", flush=True)
@@ -490,27 +599,42 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if memory is not None:
         lines += [
-            "", f"## memory of one training step: {args.prompts} prompts x {args.group_size} responses, length "
+            "",
+            f"## memory of one training step: {args.prompts} prompts x {args.group_size} responses, length "
             f"{args.length} (uniform in [length/2, length]), budget {args.budget} tokens, {config.algorithm.minibatches_per_rollout} "
             f"minibatches, {args.warmup} warm-up step(s), median of {args.repeats}",
             *memory_table(memory, args),
         ]
     if sync is not None:
-        lines += ["", f"## weight sync: median of {args.rounds} rounds after {args.sync_warmup} dropped", *sync_table(sync)]
+        lines += [
+            "",
+            f"## weight sync: median of {args.rounds} rounds after {args.sync_warmup} dropped",
+            *sync_table(sync),
+        ]
     table = "\n".join(lines)
     print(table, flush=True)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        result = {"scale": args.scale, "model": model, "machine": machine, "settings": {
-            k: v for k, v in vars(args).items() if k not in {"out", "work", "sync_worker"}}, "sets": sets,
-            "memory": memory, "sync": sync, "seconds": time.perf_counter() - started}
+        result = {
+            "scale": args.scale,
+            "model": model,
+            "machine": machine,
+            "settings": {k: v for k, v in vars(args).items() if k not in {"out", "work", "sync_worker"}},
+            "sets": sets,
+            "memory": memory,
+            "sync": sync,
+            "seconds": time.perf_counter() - started,
+        }
         (out / f"lora_{args.scale}.json").write_text(json.dumps(result, indent=2))
         (out / f"lora_{args.scale}.txt").write_text(table + "\n")
         print(f"written: {out / f'lora_{args.scale}.json'}, .txt", flush=True)
     failed = memory is not None and any(r[k]["status"] != "ok" for r in memory.values() for k in ("full", "lora"))
-    failed |= sync is not None and any(r.get("status", "ok") != "ok" for k, r in sync.items() if not k.startswith("_")
-                                       and r.get("status") != "vllm does not import here (benchmarks/_common.available)")
+    failed |= sync is not None and any(
+        r.get("status", "ok") != "ok"
+        for k, r in sync.items()
+        if not k.startswith("_") and r.get("status") != "vllm does not import here (benchmarks/_common.available)"
+    )
     return 1 if failed else 0
 
 

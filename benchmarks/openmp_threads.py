@@ -60,8 +60,13 @@ done.set()
 
 def measure(variant: str, iterations: int) -> float:
     second, env = VARIANTS[variant]
-    out = subprocess.run([sys.executable, "-c", CHILD, second, str(iterations)], capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, second, str(iterations)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 

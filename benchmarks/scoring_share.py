@@ -49,8 +49,14 @@ from async_throughput import overrides_for
 
 CONFIG = ROOT / "examples" / "gspo_tiny_moe.yaml"
 BASE = [  # the integration tests' FAST job, without its evaluations and checkpoints in the timed steps
-    "rollout.engine={name: hf}", "trainer.engine={name: torch}", "cold_start.steps=40", "cold_start.batch_size=16",
-    "rollout.prompts_per_step=4", "rollout.group_size=4", "train.eval_prompts=8", "train.eval_samples_per_prompt=1",
+    "rollout.engine={name: hf}",
+    "trainer.engine={name: torch}",
+    "cold_start.steps=40",
+    "cold_start.batch_size=16",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "train.eval_prompts=8",
+    "train.eval_samples_per_prompt=1",
 ]
 
 
@@ -100,10 +106,15 @@ def train_once(args: argparse.Namespace, setting: str, url: str, cold_start: Pat
     shutil.rmtree(out, ignore_errors=True)
     steps = args.steps
     sets = [
-        *BASE, f"output_dir={out}", f"cold_start.output_dir={cold_start}", f"train.steps={steps}",
-        f"train.eval_every={steps + 1}", f"train.checkpoint_every={steps}",
+        *BASE,
+        f"output_dir={out}",
+        f"cold_start.output_dir={cold_start}",
+        f"train.steps={steps}",
+        f"train.eval_every={steps + 1}",
+        f"train.checkpoint_every={steps}",
         f"verifier={{name: remote, url: '{url}/verify_batch', batch_size: 4, cache: false, retries: 0}}",
-        *args.set, *overrides_for(setting),
+        *args.set,
+        *overrides_for(setting),
     ]
     command = [sys.executable, "-m", "rlzoo.cli", "train", str(CONFIG), *[x for s in sets for x in ("--set", s)]]
     env = {"OMP_WAIT_POLICY": args.omp_wait_policy} if args.omp_wait_policy else {}
@@ -112,8 +123,12 @@ def train_once(args: argparse.Namespace, setting: str, url: str, cold_start: Pat
         return {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
     timed = [(t, row) for t, row in measured.line_times if "reward/mean" in row and "final" not in row]
     kept = range(max(args.warmup, 1), len(timed) - 1)
-    return {"status": "ok", "step_seconds": [timed[k][0] - timed[k - 1][0] for k in kept],
-            "rows": [timed[k][1] for k in kept], "log": str(measured.log)}
+    return {
+        "status": "ok",
+        "step_seconds": [timed[k][0] - timed[k - 1][0] for k in kept],
+        "rows": [timed[k][1] for k in kept],
+        "log": str(measured.log),
+    }
 
 
 def summarise(setting: str, run: dict[str, Any]) -> dict[str, Any]:
@@ -130,25 +145,40 @@ def summarise(setting: str, run: dict[str, Any]) -> dict[str, Any]:
         wait = mean("time/prefetch_wait") if setting == "overlap" else mean("time/rollout_wait")
     exposed = verify if setting == "sync" else min(verify, wait)
     return {
-        "steps_timed": len(rows), "seconds_per_step": wall, "verify_s": verify, "rollout_s": mean("time/rollout"),
-        "train_s": mean("time/train"), "wait_for_batch_s": wait, "scoring_share": verify / wall,
-        "exposed_scoring_share": exposed / wall, "requests_per_step": mean("remote/requests"),
-        "latency_p50_s": mean("remote/latency_p50_s"), "reward_mean": mean("reward/mean"),
+        "steps_timed": len(rows),
+        "seconds_per_step": wall,
+        "verify_s": verify,
+        "rollout_s": mean("time/rollout"),
+        "train_s": mean("time/train"),
+        "wait_for_batch_s": wait,
+        "scoring_share": verify / wall,
+        "exposed_scoring_share": exposed / wall,
+        "requests_per_step": mean("remote/requests"),
+        "latency_p50_s": mean("remote/latency_p50_s"),
+        "reward_mean": mean("reward/mean"),
     }
 
 
 def report(result: dict[str, Any]) -> str:
     settings = list(result["summary"])
     first = settings[0] if settings else None
-    lines = [f"remote verifier latency {result['latency_s']:g} s a request; {result['steps']} steps, "
-             f"{result['warmup']} warm-up and the last dropped; medians of {result['repeats']} runs a setting; "
-             f"OMP_WAIT_POLICY {result.get('omp_wait_policy') or 'unset'}",
-             "| | " + " | ".join(settings) + (f" | ratio to {first}" * (len(settings) > 1) if first else "") + " |",
-             "|---|" + "---|" * (len(settings) + (len(settings) > 1))]
-    names = [("seconds_per_step", "s/step (wall)"), ("verify_s", "time/verify (s)"),
-             ("wait_for_batch_s", "waited for the batch (s)"), ("scoring_share", "scoring / step"),
-             ("exposed_scoring_share", "scoring the step waited on / step"), ("train_s", "time/train (s)"),
-             ("requests_per_step", "requests / step"), ("latency_p50_s", "request latency p50 (s)")]
+    lines = [
+        f"remote verifier latency {result['latency_s']:g} s a request; {result['steps']} steps, "
+        f"{result['warmup']} warm-up and the last dropped; medians of {result['repeats']} runs a setting; "
+        f"OMP_WAIT_POLICY {result.get('omp_wait_policy') or 'unset'}",
+        "| | " + " | ".join(settings) + (f" | ratio to {first}" * (len(settings) > 1) if first else "") + " |",
+        "|---|" + "---|" * (len(settings) + (len(settings) > 1)),
+    ]
+    names = [
+        ("seconds_per_step", "s/step (wall)"),
+        ("verify_s", "time/verify (s)"),
+        ("wait_for_batch_s", "waited for the batch (s)"),
+        ("scoring_share", "scoring / step"),
+        ("exposed_scoring_share", "scoring the step waited on / step"),
+        ("train_s", "time/train (s)"),
+        ("requests_per_step", "requests / step"),
+        ("latency_p50_s", "request latency p50 (s)"),
+    ]
     for key, label in names:
         values = [result["summary"][s][key] for s in settings]
         cells = [f"{v:.3f}" for v in values]
@@ -160,9 +190,14 @@ def report(result: dict[str, Any]) -> str:
             if run["status"] != "ok":
                 lines.append(f"{s}: failed (log {run['log']}): {run['error'][-300:]}")
     for s, done in result["per_run"].items():
-        lines.append(f"{s}, each run: " + "; ".join(
-            f"{one['seconds_per_step']:.3f} s/step, scoring {one['scoring_share']:.3f} of it, waited on "
-            f"{one['exposed_scoring_share']:.3f}" for one in done))
+        lines.append(
+            f"{s}, each run: "
+            + "; ".join(
+                f"{one['seconds_per_step']:.3f} s/step, scoring {one['scoring_share']:.3f} of it, waited on "
+                f"{one['exposed_scoring_share']:.3f}"
+                for one in done
+            )
+        )
     return "\n".join(lines)
 
 
@@ -171,9 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-s", type=float, default=0.5, help="seconds the server holds every request")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--settings", default="sync,overlap", help="sync, overlap, or a staleness bound k, comma-separated")
-    parser.add_argument("--omp-wait-policy", default="PASSIVE", help="OMP_WAIT_POLICY of every run ('' leaves "
-                        "libgomp's default; see the module docstring)")
+    parser.add_argument(
+        "--settings", default="sync,overlap", help="sync, overlap, or a staleness bound k, comma-separated"
+    )
+    parser.add_argument(
+        "--omp-wait-policy",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY of every run ('' leaves libgomp's default; see the module docstring)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, the settings taking turns")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every setting's config")
     parser.add_argument("--work", type=Path, default=None, help="run folders (default: a temporary folder, removed)")
@@ -194,14 +234,21 @@ def main(argv: list[str] | None = None) -> int:
         if temporary:
             shutil.rmtree(args.work, ignore_errors=True)
     result = {
-        "latency_s": args.latency_s, "steps": args.steps, "warmup": args.warmup, "settings": settings,
-        "repeats": args.repeats, "omp_wait_policy": args.omp_wait_policy or None,
+        "latency_s": args.latency_s,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "settings": settings,
+        "repeats": args.repeats,
+        "omp_wait_policy": args.omp_wait_policy or None,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_before": load_before},
         "runs": {s: [{k: v for k, v in run.items() if k != "rows"} for run in done] for s, done in runs.items()},
         "per_run": {s: [summarise(s, run) for run in done if run["status"] == "ok"] for s, done in runs.items()},
     }
-    result["summary"] = {s: {key: statistics.median(one[key] for one in done) for key in done[0]}
-                         for s, done in result["per_run"].items() if done}
+    result["summary"] = {
+        s: {key: statistics.median(one[key] for one in done) for key in done[0]}
+        for s, done in result["per_run"].items()
+        if done
+    }
     result["machine"]["load_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -31,8 +31,18 @@ from rlzoo.engines import EngineContext, SamplingSettings  # noqa: E402
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model  # noqa: E402
 from rlzoo.models.export import checkpoint_weights  # noqa: E402
 
-MOE = dict(architecture="qwen3_moe", hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-           head_dim=32, intermediate_size=128, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2)
+MOE = dict(
+    architecture="qwen3_moe",
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=128,
+    moe_intermediate_size=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
 KV = 32 * 2**20
 
 
@@ -43,8 +53,9 @@ def build(directory: Path, **shape) -> tuple[Path, torch.nn.Module, object]:
 
 
 def context(model_dir: Path, tokenizer, run_dir: Path) -> EngineContext:
-    return EngineContext(model_dir=model_dir, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         run_dir=run_dir)
+    return EngineContext(
+        model_dir=model_dir, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, run_dir=run_dir
+    )
 
 
 def steps(engine, model, prompts, args) -> tuple[float, float]:
@@ -67,8 +78,9 @@ def steps(engine, model, prompts, args) -> tuple[float, float]:
 def server_engine(count: int):
     from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine
 
-    return VllmServerRolloutEngine(VllmServerRolloutEngine.Params(
-        launch={"count": count, "max_model_len": 256, "kv_cache_memory_bytes": KV}))
+    return VllmServerRolloutEngine(
+        VllmServerRolloutEngine.Params(launch={"count": count, "max_model_len": 256, "kv_cache_memory_bytes": KV})
+    )
 
 
 def main() -> None:
@@ -82,14 +94,17 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rlzoo-bench-servers-"))
     model_dir, model, tokenizer = build(work / "moe", **MOE)
-    prompts = [tokenizer.encode(f"{a}+{b}=") for a, b in zip(range(10, 10 + args.prompts), range(50, 50 + args.prompts))]
+    prompts = [
+        tokenizer.encode(f"{a}+{b}=") for a, b in zip(range(10, 10 + args.prompts), range(50, 50 + args.prompts))
+    ]
 
     from rlzoo.engines.vllm.rollout import VLLMRolloutEngine
 
     results = {}
-    for name, engine in (("vllm-server", server_engine(args.servers)),
-                         ("vllm (in-process)", VLLMRolloutEngine(VLLMRolloutEngine.Params(kv_cache_memory_bytes=KV,
-                                                                                           max_model_len=256)))):
+    for name, engine in (
+        ("vllm-server", server_engine(args.servers)),
+        ("vllm (in-process)", VLLMRolloutEngine(VLLMRolloutEngine.Params(kv_cache_memory_bytes=KV, max_model_len=256))),
+    ):
         started = time.perf_counter()
         engine.start(context(model_dir, tokenizer, work / "run"))
         start_s = time.perf_counter() - started
@@ -97,21 +112,32 @@ def main() -> None:
             results[name] = (start_s, *steps(engine, model, prompts, args))
         finally:
             engine.close()
-    print(f"\nper step: {args.prompts} prompts x {args.group} responses, <= {args.max_new} new tokens, tiny MoE "
-          f"({sum(p.numel() for p in model.parameters()) * 4 / 2**20:.2f} MB fp32), median of {args.steps}")
+    print(
+        f"\nper step: {args.prompts} prompts x {args.group} responses, <= {args.max_new} new tokens, tiny MoE "
+        f"({sum(p.numel() for p in model.parameters()) * 4 / 2**20:.2f} MB fp32), median of {args.steps}"
+    )
     print(f"{'engine':<20}{'start s':>10}{'generate s':>12}{'sync s':>10}{'step s':>10}")
     for name, (start_s, gen, sync) in results.items():
         print(f"{name:<20}{start_s:>10.1f}{gen:>12.3f}{sync:>10.3f}{gen + sync:>10.3f}")
     server, local = results["vllm-server"], results["vllm (in-process)"]
-    print(f"{'ratio server/local':<20}{'':>10}{server[1] / local[1]:>12.2f}{server[2] / local[2]:>10.2f}"
-          f"{(server[1] + server[2]) / (local[1] + local[2]):>10.2f}")
+    print(
+        f"{'ratio server/local':<20}{'':>10}{server[1] / local[1]:>12.2f}{server[2] / local[2]:>10.2f}"
+        f"{(server[1] + server[2]) / (local[1] + local[2]):>10.2f}"
+    )
 
     print("\nweight push with gloo (one server, dense tiny models), median of 3 pushes")
     print(f"{'hidden':>8}{'MB fp32':>10}{'push s':>10}{'MB/s':>10}")
     for hidden in (int(h) for h in args.push_sizes.split(",")):
-        directory, dense, tok = build(work / f"dense{hidden}", architecture="qwen3", hidden_size=hidden,
-                                      num_hidden_layers=4, num_attention_heads=max(hidden // 64, 1),
-                                      num_key_value_heads=1, head_dim=64, intermediate_size=hidden * 3)
+        directory, dense, tok = build(
+            work / f"dense{hidden}",
+            architecture="qwen3",
+            hidden_size=hidden,
+            num_hidden_layers=4,
+            num_attention_heads=max(hidden // 64, 1),
+            num_key_value_heads=1,
+            head_dim=64,
+            intermediate_size=hidden * 3,
+        )
         engine = server_engine(1)
         engine.start(context(directory, tok, work / "run"))
         try:

@@ -32,21 +32,41 @@ COMBINATIONS = [
 ]
 
 
-def run_one(config: str, rollout: str, trainer: str, steps: int, cold_start: Path, out: Path, extra: list[str]) -> list[dict]:
+def run_one(
+    config: str, rollout: str, trainer: str, steps: int, cold_start: Path, out: Path, extra: list[str]
+) -> list[dict]:
     args = [
-        sys.executable, "-m", "rlzoo.cli", "train", config,
-        "--set", f"output_dir={out}",
-        "--set", f"cold_start.output_dir={cold_start}",
-        "--set", f"rollout.engine={ENGINES[rollout]}",
-        "--set", f"trainer.engine={ENGINES[trainer]}",
-        "--set", f"train.steps={steps}",
-        "--set", f"train.eval_every={steps + 1}",
-        "--set", f"train.checkpoint_every={steps}",
-        "--set", "train.eval_prompts=8",
+        sys.executable,
+        "-m",
+        "rlzoo.cli",
+        "train",
+        config,
+        "--set",
+        f"output_dir={out}",
+        "--set",
+        f"cold_start.output_dir={cold_start}",
+        "--set",
+        f"rollout.engine={ENGINES[rollout]}",
+        "--set",
+        f"trainer.engine={ENGINES[trainer]}",
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        f"train.eval_every={steps + 1}",
+        "--set",
+        f"train.checkpoint_every={steps}",
+        "--set",
+        "train.eval_prompts=8",
     ]
     for item in extra:
         args += ["--set", item]
-    done = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    done = subprocess.run(
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
+    )
     if done.returncode != 0:
         raise SystemExit(f"{rollout}+{trainer} failed:\n{done.stderr[-3000:]}")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward/mean"' in line]
@@ -75,7 +95,9 @@ def main() -> int:
     responses = config.rollout.prompts_per_step * config.rollout.group_size
     work = Path(tempfile.mkdtemp(prefix="rlzoo-bench-"))
     cold_start = work / "cold_start"
-    print(f"# {time.strftime('%Y-%m-%d')} {platform.machine()} {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(
+        f"# {time.strftime('%Y-%m-%d')} {platform.machine()} {os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
     print(f"# config {args.config}, {args.steps} steps ({args.warmup} warm-up dropped), {responses} responses/step")
     results: dict[str, dict[str, float]] = {}
     installed = {"vllm": available("vllm"), "deepspeed": available("deepspeed"), "hf": True, "torch": True}
@@ -90,7 +112,11 @@ def main() -> int:
     header = f"{'engines':<18}" + "".join(f"{p:>13}" for p in [*PHASES, "step"]) + f"{'tokens/s':>11}"
     print(header)
     for label, s in results.items():
-        print(f"{label:<18}" + "".join(f"{s[p]:>13.4f}" for p in [*PHASES, "step"]) + f"{s['rollout_tokens_per_s']:>11.0f}")
+        print(
+            f"{label:<18}"
+            + "".join(f"{s[p]:>13.4f}" for p in [*PHASES, "step"])
+            + f"{s['rollout_tokens_per_s']:>11.0f}"
+        )
     base = results.get("hf+torch")
     if base:
         print("\nratios against hf+torch (>1 = faster):")

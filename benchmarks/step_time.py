@@ -95,9 +95,13 @@ def main() -> int:
     loop.rl_step, Timer.__call__ = counted_step, phase
     out = Path(args.out or tempfile.mkdtemp(prefix="step-time-"))
     sets = {
-        "model.path": args.model_dir, "output_dir": str(out), "device": "auto",
-        "rollout.engine": "{name: hf, batch_size: 128}", "trainer.engine": "{name: torch}",
-        "train.steps": str(args.steps), "train.eval_every": str(args.steps + 1),
+        "model.path": args.model_dir,
+        "output_dir": str(out),
+        "device": "auto",
+        "rollout.engine": "{name: hf, batch_size: 128}",
+        "trainer.engine": "{name: torch}",
+        "train.steps": str(args.steps),
+        "train.eval_every": str(args.steps + 1),
         "train.checkpoint_every": str(args.steps + 1),
     }
     argv = ["train", str(Path(__file__).resolve().parents[1] / "examples" / "smollm2_arithmetic.yaml")]
@@ -115,7 +119,7 @@ def main() -> int:
         print("no step after the first to measure")
         return 1
     phases = sorted(phases)  # the timer's phases (other time/* keys are parts of them)
-    syncs = per_step[1:len(rows) + 1]
+    syncs = per_step[1 : len(rows) + 1]
     total = statistics.mean(sum(r.get("time/" + p, 0.0) for p in phases) for r in rows)
     print(f"steps 2-{len(rows) + 1}: mean s/step {total:.3f}")
     for p in phases:

@@ -49,8 +49,15 @@ def main() -> int:
     timings: dict[str, list[float]] = {"direct": [], "reload": []}
     with tempfile.TemporaryDirectory() as folder:
         engine = VLLMRolloutEngine(VLLMRolloutEngine.Params(weight_sync="direct"))
-        engine.start(EngineContext(model_dir=save_model(model, tokenizer, Path(folder)), dtype="float32", seed=0,
-                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+        engine.start(
+            EngineContext(
+                model_dir=save_model(model, tokenizer, Path(folder)),
+                dtype="float32",
+                seed=0,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
         try:
             calls = {"direct": "rlzoo_copy_weights", "reload": "rlzoo_load_weights"}
             for round_ in range(args.warmup + args.rounds):
@@ -69,8 +76,10 @@ def main() -> int:
 
     direct, reload = (statistics.median(timings[p]) for p in ("direct", "reload"))
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()[0]:.2f}")
-    print(f"# {args.scale}: {parameters / 1e6:.2f}M-parameter {config.model.tiny.architecture}, "
-          f"{len(weights)} checkpoint tensors, median of {args.rounds} rounds")
+    print(
+        f"# {args.scale}: {parameters / 1e6:.2f}M-parameter {config.model.tiny.architecture}, "
+        f"{len(weights)} checkpoint tensors, median of {args.rounds} rounds"
+    )
     print("| path | ms per sync |\n|---|---:|")
     print(f"| direct (copies into vLLM's fused tensors) | {direct * 1e3:.2f} |")
     print(f"| reload (vLLM's reload_weights) | {reload * 1e3:.2f} |")

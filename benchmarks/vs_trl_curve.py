@@ -153,9 +153,24 @@ def run_point(args: argparse.Namespace, length: int, sets: list[str], cold_start
     out = work / "result.json"
     out.unlink(missing_ok=True)
     command = [
-        sys.executable, str(HERE / "vs_trl.py"), "--scale", args.scale, "--steps", str(args.steps),
-        "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--systems", args.systems,
-        "--work", str(work), "--json", str(out), "--figure", str(work / "phases.png"),
+        sys.executable,
+        str(HERE / "vs_trl.py"),
+        "--scale",
+        args.scale,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--repeats",
+        str(args.repeats),
+        "--systems",
+        args.systems,
+        "--work",
+        str(work),
+        "--json",
+        str(out),
+        "--figure",
+        str(work / "phases.png"),
         *([] if args.eval else ["--skip-eval"]),
         *[item for s in [*sets, f"rollout.max_new_tokens={length}"] for item in ("--set", s)],
         *(["--config", args.config] if args.config else []),
@@ -181,24 +196,31 @@ def rows(points: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
             row = {"length": length, "system": name, "status": s["status"]}
             if s["status"] == "ok":
                 responses = point["batch"]["prompts"] * point["batch"]["group_size"]
-                row.update(step_s=s["step_s"], tokens_per_step=s["tokens_per_step"],
-                           tokens_per_response=s["tokens_per_step"] / responses if s["tokens_per_step"] else None,
-                           speed_vs_trl=point["derived"].get(name, {}).get("speed_vs_trl"),
-                           # per generated token: fair where the systems' sampled answers differ in length
-                           tokens_vs_trl=s["tokens_per_s"] / trl["tokens_per_s"]
-                           if name != "trl" and trl.get("status") == "ok" and trl.get("tokens_per_s") else None,
-                           phases_s=s["phases_s"], peak_mb=s["peak_tree_rss_mb"] or s["peak_process_rss_mb"],
-                           accuracy=[s.get("eval_accuracy_before"), s.get("eval_accuracy_after")])
+                row.update(
+                    step_s=s["step_s"],
+                    tokens_per_step=s["tokens_per_step"],
+                    tokens_per_response=s["tokens_per_step"] / responses if s["tokens_per_step"] else None,
+                    speed_vs_trl=point["derived"].get(name, {}).get("speed_vs_trl"),
+                    # per generated token: fair where the systems' sampled answers differ in length
+                    tokens_vs_trl=s["tokens_per_s"] / trl["tokens_per_s"]
+                    if name != "trl" and trl.get("status") == "ok" and trl.get("tokens_per_s")
+                    else None,
+                    phases_s=s["phases_s"],
+                    peak_mb=s["peak_tree_rss_mb"] or s["peak_process_rss_mb"],
+                    accuracy=[s.get("eval_accuracy_before"), s.get("eval_accuracy_after")],
+                )
             table.append(row)
     return table
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"# {result['scale']} ({result['model']}): {result['batch']}; {result['steps']} steps, "
-             f"{result['warmup']} warm-up, {result['repeats']} repeat(s); {result['date']}, {result['cpus']} CPUs, "
-             f"load before {result['load_before']}, after {result['load_after']}",
-             f"{'max tokens':>10}  {'system':<34}{'s/step':>8}{'tok/resp':>9}{'vs TRL':>8}{'tok/s vs':>9}{'rollout':>9}{'old':>8}"
-             f"{'train':>8}{'sync':>7}{'peak MB':>9}"]
+    lines = [
+        f"# {result['scale']} ({result['model']}): {result['batch']}; {result['steps']} steps, "
+        f"{result['warmup']} warm-up, {result['repeats']} repeat(s); {result['date']}, {result['cpus']} CPUs, "
+        f"load before {result['load_before']}, after {result['load_after']}",
+        f"{'max tokens':>10}  {'system':<34}{'s/step':>8}{'tok/resp':>9}{'vs TRL':>8}{'tok/s vs':>9}{'rollout':>9}{'old':>8}"
+        f"{'train':>8}{'sync':>7}{'peak MB':>9}",
+    ]
     for row in result["rows"]:
         if row["status"] != "ok":
             lines.append(f"{row['length']:>10}  {row['system']:<34}{row['status']} (log {row.get('log', '-')})")
@@ -207,11 +229,14 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"{row['length']:>10}  {row['system']:<34}{fmt(row['step_s'], '.2f'):>8}{fmt(row['tokens_per_response'], '.0f'):>9}"
             f"{fmt(row['speed_vs_trl'], '.2f'):>8}{fmt(row['tokens_vs_trl'], '.2f'):>9}{fmt(p.get('rollout'), '.2f'):>9}{fmt(p.get('old_logprobs'), '.2f'):>8}"
-            f"{fmt(p.get('train'), '.2f'):>8}{fmt(p.get('sync'), '.2f'):>7}{fmt(row['peak_mb'], '.0f'):>9}")
-    lines.append("s/step: median wall seconds per step after warm-up; tok/resp: mean generated tokens per response; "
-                 "vs TRL: TRL's s/step over the system's (> 1: rlzoo faster); tok/s vs: generated tokens per second over TRL's "
-                 "(the same, per token: fairer where the answers sampled differ in length); phases: medians (TRL has none but its "
-                 f"reward); whole curve {result['seconds']:.0f} s")
+            f"{fmt(p.get('train'), '.2f'):>8}{fmt(p.get('sync'), '.2f'):>7}{fmt(row['peak_mb'], '.0f'):>9}"
+        )
+    lines.append(
+        "s/step: median wall seconds per step after warm-up; tok/resp: mean generated tokens per response; "
+        "vs TRL: TRL's s/step over the system's (> 1: rlzoo faster); tok/s vs: generated tokens per second over TRL's "
+        "(the same, per token: fairer where the answers sampled differ in length); phases: medians (TRL has none but its "
+        f"reward); whole curve {result['seconds']:.0f} s"
+    )
     return "\n".join(lines)
 
 
@@ -229,9 +254,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ratios = [r for r in mine if r.get("speed_vs_trl")]
         if ratios:
             lengths = [r["length"] for r in ratios]
-            ratio_ax.plot(lengths, [r["speed_vs_trl"] for r in ratios], marker="o", color=color, label=f"{name}: per step")
-            ratio_ax.plot(lengths, [r["tokens_vs_trl"] for r in ratios], marker="x", linestyle="--", color=color,
-                          alpha=0.7, label=f"{name}: per generated token")
+            ratio_ax.plot(
+                lengths, [r["speed_vs_trl"] for r in ratios], marker="o", color=color, label=f"{name}: per step"
+            )
+            ratio_ax.plot(
+                lengths,
+                [r["tokens_vs_trl"] for r in ratios],
+                marker="x",
+                linestyle="--",
+                color=color,
+                alpha=0.7,
+                label=f"{name}: per generated token",
+            )
     ratio_ax.axhline(1.0, color="0.5", linestyle="--", linewidth=1)
     for ax, label in ((ratio_ax, "speed vs TRL (> 1: rlzoo faster)"), (step_ax, "median s/step")):
         ax.set_xscale("log", base=2)
@@ -249,18 +283,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="long")
     parser.add_argument("--config", help="another run config (default: examples/bench/<scale>.yaml)")
-    parser.add_argument("--lengths", default="64,128,256,512", help="rollout.max_new_tokens values (default 64,128,256,512)")
+    parser.add_argument(
+        "--lengths", default="64,128,256,512", help="rollout.max_new_tokens values (default 64,128,256,512)"
+    )
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"vs_trl.py systems (default {DEFAULT_SYSTEMS})")
     parser.add_argument("--steps", type=int, help="rollouts per run (default: vs_trl.py's for the scale)")
     parser.add_argument("--warmup", type=int, help="steps dropped at the start of each run")
     parser.add_argument("--repeats", type=int, default=1, help="runs per system and length (default 1)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)")
-    parser.add_argument("--eval", action="store_true", help="run vs_trl.py's held-out evaluation at every length "
-                        "(default: speed only; the accuracy columns stay empty)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override the config (repeatable)"
+    )
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="run vs_trl.py's held-out evaluation at every length "
+        "(default: speed only; the accuracy columns stay empty)",
+    )
     parser.add_argument("--work", help="folder for every invocation (default: a new temporary folder)")
     parser.add_argument("--out", help="write curve_<scale>.json, .txt and .png here")
-    parser.add_argument("--replot", metavar="JSON", help="run nothing: remake the table (and with --out the files) "
-                        "from an earlier curve_<scale>.json")
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        help="run nothing: remake the table (and with --out the files) from an earlier curve_<scale>.json",
+    )
     args = parser.parse_args(argv)
     try:
         args.lengths = sorted({int(x) for x in args.lengths.split(",") if x.strip()})
@@ -305,16 +350,30 @@ def main(argv: list[str] | None = None) -> int:
         cold_start = cold_start or Path(point["cold_start"]["path"])  # the first length's serves the rest
         for name, s in point["systems"].items():
             ratio = point["derived"].get(name, {}).get("speed_vs_trl")
-            print(f"  {name}: {fmt(s.get('step_s'), '.2f')} s/step, vs TRL {fmt(ratio, '.2f')}" if s["status"] == "ok"
-                  else f"  {name}: {s['status']}", flush=True)
+            print(
+                f"  {name}: {fmt(s.get('step_s'), '.2f')} s/step, vs TRL {fmt(ratio, '.2f')}"
+                if s["status"] == "ok"
+                else f"  {name}: {s['status']}",
+                flush=True,
+            )
     first = next((p for p in points.values() if p["status"] == "ok"), None)
     result = {
-        "scale": args.scale, "config": config_path, "sets": sets, "lengths": args.lengths, "systems": args.systems,
-        "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+        "scale": args.scale,
+        "config": config_path,
+        "sets": sets,
+        "lengths": args.lengths,
+        "systems": args.systems,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
         "model": first["model"]["description"] if first else "-",
         "batch": first["batch"]["description"].rsplit(",", 1)[0] if first else "-",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpus": os.cpu_count(), "load_before": load_before,
-        "load_after": [round(x, 2) for x in os.getloadavg()], "rows": rows(points), "points": points,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "rows": rows(points),
+        "points": points,
         "seconds": time.time() - started,
     }
     write(result, args.out)

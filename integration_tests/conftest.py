@@ -49,7 +49,7 @@ def cold_start_root(tmp_path_factory) -> Path:
 # a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them
 VERIFIER_FOR = {
     "gdpo": "verifier={name: weighted, verifiers: [{name: math, label: correct}, "
-            "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
+    "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
 }
 
 

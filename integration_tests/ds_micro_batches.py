@@ -47,7 +47,11 @@ def gradient(model_dir: Path, algorithm: dict, budget: int, batch, dist, engine_
     from rlzoo.rl.learner import Learner
 
     stage = ENGINES[engine_name]
-    engine = TorchTrainingEngine() if stage is None else DeepSpeedTrainingEngine(DeepSpeedTrainingEngine.Params(zero_stage=stage))
+    engine = (
+        TorchTrainingEngine()
+        if stage is None
+        else DeepSpeedTrainingEngine(DeepSpeedTrainingEngine.Params(zero_stage=stage))
+    )
     trainer = TrainerConfig(max_tokens_per_micro_batch=budget, grad_clip=None)
     engine.start(EngineContext(model_dir, pad_token_id=0, eos_token_id=1), trainer)
     dtype = torch.float64 if stage is None else torch.float32
@@ -101,8 +105,12 @@ def main() -> None:
         largest = max(float(v.abs().max()) for v in one.values())
         if dist.is_main:
             record = {
-                "loss_one": loss_one, "loss_many": loss_many, "micro_batches": [count_one, count_many],
-                "max_grad_gap": gap, "max_grad": largest, "same_keys": sorted(one) == sorted(many),
+                "loss_one": loss_one,
+                "loss_many": loss_many,
+                "micro_batches": [count_one, count_many],
+                "max_grad_gap": gap,
+                "max_grad": largest,
+                "same_keys": sorted(one) == sorted(many),
             }
             (out_dir / f"{name}-{engine}.json").write_text(json.dumps(record))
 

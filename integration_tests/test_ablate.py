@@ -27,7 +27,12 @@ RESUME_BACKEND = "ray" if importlib.util.find_spec("ray") is not None else "loca
 def ablate(out: Path, *extra: str) -> subprocess.CompletedProcess:
     sets = [x for s in [*FAST, "train.steps=2"] for x in ("--set", s)]
     command = [sys.executable, "-m", "rlzoo.cli", "ablate", str(EXAMPLE), *sets, "--vary", "trainer.lr=0.0001,0.0002"]
-    return subprocess.run([*command, "--seeds", "1", "--jobs", "2", "--out", str(out), *extra], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [*command, "--seeds", "1", "--jobs", "2", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")

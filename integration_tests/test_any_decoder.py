@@ -26,8 +26,10 @@ from rlzoo.runtime.run import train
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
-ENGINES = pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed")),
-                             reason="needs vLLM (bash scripts/install.sh --vllm) and DeepSpeed")
+ENGINES = pytest.mark.skipif(
+    any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed")),
+    reason="needs vLLM (bash scripts/install.sh --vllm) and DeepSpeed",
+)
 ALPHABET = "0123456789+-*="
 
 
@@ -36,10 +38,19 @@ def tiny_folder(root: Path, architecture: str, head: str = "causal") -> Path:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, Qwen3Config
 
     tokenizer = build_char_tokenizer(ALPHABET)
-    sizes = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=32, intermediate_size=128, max_position_embeddings=256,
-                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                 bos_token_id=tokenizer.eos_token_id)
+    sizes = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
     config = LlamaConfig(**sizes, tie_word_embeddings=True) if architecture == "llama" else Qwen3Config(**sizes)
     torch.manual_seed(0)
     if head == "reward":
@@ -54,10 +65,17 @@ def overrides(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
     """Two short steps; a random model never answers right, so a format reward (a ``+`` anywhere in the response,
     about a third of random responses) splits each group and every run has a gradient to follow."""
     return [
-        f"model.path={model_dir}", "cold_start.enabled=false", f"output_dir={run_dir}",
+        f"model.path={model_dir}",
+        "cold_start.enabled=false",
+        f"output_dir={run_dir}",
         "verifier={name: regex, pattern: '[+]', fullmatch: false}",
-        "rollout.prompts_per_step=4", "rollout.group_size=4", "train.steps=2", "train.eval_every=2",
-        "train.eval_prompts=8", "train.checkpoint_every=2", "algorithm.minibatches_per_rollout=2",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "train.steps=2",
+        "train.eval_every=2",
+        "train.eval_prompts=8",
+        "train.checkpoint_every=2",
+        "algorithm.minibatches_per_rollout=2",
         *extra,
     ]
 
@@ -70,8 +88,9 @@ def train_in_a_process(run_dir: Path, model_dir: Path, *extra: str) -> Path:
     """``rlzoo train`` as a subprocess: DeepSpeed ZeRO-3 keeps process-group state a later in-process ZeRO-3 run
     (another test module) would trip over."""
     sets = [arg for item in overrides(run_dir, model_dir, *extra) for arg in ("--set", item)]
-    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "train", str(EXAMPLE), *sets], capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", "train", str(EXAMPLE), *sets], capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
 
@@ -114,16 +133,32 @@ def test_tied_llama_trains_on_vllm_and_checkpoints_one_embedding(tmp_path, llama
 
 def test_dense_qwen3_and_tied_llama_on_hf_and_torch_with_lora_and_export(tmp_path, llama):
     qwen = tiny_folder(tmp_path, "qwen3")
-    assert_finite_metrics(train(run_config(tmp_path / "qwen", qwen, "rollout.engine={name: hf}",
-                                           "trainer.engine={name: torch}"), progress=False), 2)
-    run_dir = train(run_config(
-        tmp_path / "lora", llama, "rollout.engine={name: hf}", "trainer.engine={name: torch}", "trainer.lr=0.01",
-        "model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}",
-    ), progress=False)
+    assert_finite_metrics(
+        train(
+            run_config(tmp_path / "qwen", qwen, "rollout.engine={name: hf}", "trainer.engine={name: torch}"),
+            progress=False,
+        ),
+        2,
+    )
+    run_dir = train(
+        run_config(
+            tmp_path / "lora",
+            llama,
+            "rollout.engine={name: hf}",
+            "trainer.engine={name: torch}",
+            "trainer.lr=0.01",
+            "model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}",
+        ),
+        progress=False,
+    )
     assert_finite_metrics(run_dir, 2)
     out = tmp_path / "merged"
-    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "export", str(latest_checkpoint(run_dir)), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", "export", str(latest_checkpoint(run_dir)), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "lm_head.weight" not in saved_names(out)
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
@@ -137,15 +172,25 @@ def test_tied_llama_as_critic_teacher_and_reward_model(tmp_path, llama):
     critic = train(run_config(tmp_path / "ppo", llama, *base, "algorithm.preset=ppo"), progress=False)
     rows = assert_finite_metrics(critic, 2)
     assert all("critic/vf_loss" in r for r in rows if "reward/mean" in r)
-    teacher = train(run_config(
-        tmp_path / "distill", llama, *base, f"teacher.model={llama}", "algorithm.preset=null",
-        "algorithm.ratio={name: token}", "algorithm.advantage={name: reverse-kl, kl_coef: 1.0, task: null}",
-    ), progress=False)
+    teacher = train(
+        run_config(
+            tmp_path / "distill",
+            llama,
+            *base,
+            f"teacher.model={llama}",
+            "algorithm.preset=null",
+            "algorithm.ratio={name: token}",
+            "algorithm.advantage={name: reverse-kl, kl_coef: 1.0, task: null}",
+        ),
+        progress=False,
+    )
     rows = assert_finite_metrics(teacher, 2)
     # the teacher is the policy's own folder, so its log-probs equal the policy's (the tied head loaded as such)
     kl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]
     assert len(kl) == 2 and max(map(abs, kl)) < 1e-5, kl
-    scored = train(run_config(tmp_path / "rm", llama, *base, f"verifier={{name: reward-model, path: {reward_model}}}"),
-                   progress=False)
+    scored = train(
+        run_config(tmp_path / "rm", llama, *base, f"verifier={{name: reward-model, path: {reward_model}}}"),
+        progress=False,
+    )
     rows = assert_finite_metrics(scored, 2)
     assert len({r["reward/mean"] for r in rows if "reward/mean" in r}) > 1  # a real score, not a constant

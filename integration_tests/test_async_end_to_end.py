@@ -70,8 +70,9 @@ def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrid
 @pytest.mark.parametrize("partial", ["off", "continue"])
 def test_async_multi_turn_episodes_with_a_tool(tmp_path, cold_start_root, partial):
     run_dir = tmp_path / "tools"
-    config = make_config(run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", f"rollout.partial={partial}",
-                         task="calculator")
+    config = make_config(
+        run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", f"rollout.partial={partial}", task="calculator"
+    )
     train(config, progress=False)
     rows = assert_finite_metrics(run_dir, 3)
     assert _staleness(rows) == [0.0, 1.0, 1.0]
@@ -86,12 +87,17 @@ def test_async_on_vllm_and_deepspeed(tmp_path, cold_start_root):
     pytest.importorskip("deepspeed")
     from test_resume import rlzoo, write_config
 
-    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", [
-        "rollout.max_staleness=2", "train.steps=4",
-        "rollout.engine={name: vllm, kv_cache_memory_bytes: 67108864}",
-        "trainer.engine={name: deepspeed, zero_stage: 2, moe: deepspeed}",
-        "algorithm.router={name: replay-rollout}",
-    ])
+    config = write_config(
+        tmp_path / "run.yaml",
+        cold_start_root / "arithmetic",
+        [
+            "rollout.max_staleness=2",
+            "train.steps=4",
+            "rollout.engine={name: vllm, kv_cache_memory_bytes: 67108864}",
+            "trainer.engine={name: deepspeed, zero_stage: 2, moe: deepspeed}",
+            "algorithm.router={name: replay-rollout}",
+        ],
+    )
     run_dir = tmp_path / "vllm"
     run = rlzoo("train", str(config), "--set", f"output_dir={run_dir}")
     assert run.wait(timeout=600) == 0, run.stderr.read().decode()

@@ -80,9 +80,7 @@ def test_k0_on_two_ranks_killed_after_a_checkpoint_resumes_exactly(config_file, 
 
 def test_k2_partial_under_zero3_stays_within_two_versions(config_file, tmp_path):
     run_dir = tmp_path / "k2"
-    rows = _train_rows(_train(
-        config_file, run_dir, ZERO3, "rollout.max_staleness=2", "rollout.partial=continue"
-    ))
+    rows = _train_rows(_train(config_file, run_dir, ZERO3, "rollout.max_staleness=2", "rollout.partial=continue"))
     assert [r["step"] for r in rows] == list(range(STEPS))
     for r in rows:
         assert 0 <= r["rollout/staleness"] <= 2 and r["rollout/token_staleness"] <= 2, r
@@ -96,9 +94,9 @@ def test_k2_partial_under_zero3_stays_within_two_versions(config_file, tmp_path)
 
 @pytest.mark.slow
 def test_rank0_alone_samples_under_zero3(config_file, tmp_path):
-    rows = _train_rows(_train(
-        config_file, tmp_path / "rank0", ZERO3, "rollout.per_rank=false", "rollout.max_staleness=1"
-    ))
+    rows = _train_rows(
+        _train(config_file, tmp_path / "rank0", ZERO3, "rollout.per_rank=false", "rollout.max_staleness=1")
+    )
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert all(0 <= r["rollout/staleness"] <= 1 for r in rows), rows
     assert max(r["rollout/staleness"] for r in rows) == 1

@@ -352,8 +352,17 @@ def two_process_results(model_dir, tmp_path_factory) -> Path:
     env = {k: v for k, v in os.environ.items() if k not in launcher_owned}
     env["OMP_NUM_THREADS"] = "1"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-        str(HELPER), str(model_dir), str(out), json.dumps(TWO_PROCESS_RUNS),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        str(HELPER),
+        str(model_dir),
+        str(out),
+        json.dumps(TWO_PROCESS_RUNS),
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])

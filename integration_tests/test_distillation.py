@@ -88,8 +88,12 @@ def test_a_teacher_folder_composes_with_the_task_reward(distilled, tmp_path):
     run_dir, overrides = distilled
     folder = run_dir / "teacher_cold_start"
     composed = [
-        *overrides, f"output_dir={tmp_path / 'run'}", "teacher.tiny=null", f"teacher.model={folder}",
-        "algorithm.advantage={name: reverse-kl, kl_coef: 0.5, task: {name: group}}", "train.steps=2",
+        *overrides,
+        f"output_dir={tmp_path / 'run'}",
+        "teacher.tiny=null",
+        f"teacher.model={folder}",
+        "algorithm.advantage={name: reverse-kl, kl_coef: 0.5, task: {name: group}}",
+        "train.steps=2",
     ]
     rlzoo_train(tmp_path, composed)
     rows = _train_rows(tmp_path / "run")

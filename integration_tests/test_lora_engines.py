@@ -30,16 +30,25 @@ def _rows(run_dir):
 
 def _lora_config(run_dir, cold_start_root, engine: str, targets: str, *extra: str):
     return make_config(
-        run_dir, cold_start_root, f"trainer.engine={engine}", "trainer.lr=0.002", "algorithm.kl_coef=0.05",
-        f"model.lora={{rank: 4, alpha: 8, target_modules: {targets}}}", *extra,
+        run_dir,
+        cold_start_root,
+        f"trainer.engine={engine}",
+        "trainer.lr=0.002",
+        "algorithm.kl_coef=0.05",
+        f"model.lora={{rank: 4, alpha: 8, target_modules: {targets}}}",
+        *extra,
     )
 
 
-@pytest.mark.parametrize("engine, targets", [
-    ("{name: deepspeed, zero_stage: 2}", EXPERTS),
-    ("{name: deepspeed, zero_stage: 1}", ATTENTION),
-    ("{name: deepspeed, zero_stage: 0, moe: deepspeed}", ATTENTION),
-], ids=["zero2", "zero1", "ds-moe-zero0"])
+@pytest.mark.parametrize(
+    "engine, targets",
+    [
+        ("{name: deepspeed, zero_stage: 2}", EXPERTS),
+        ("{name: deepspeed, zero_stage: 1}", ATTENTION),
+        ("{name: deepspeed, zero_stage: 0, moe: deepspeed}", ATTENTION),
+    ],
+    ids=["zero2", "zero1", "ds-moe-zero0"],
+)
 def test_lora_on_deepspeed_matches_the_torch_engine(tmp_path, cold_start_root, engine, targets):
     pytest.importorskip("deepspeed")
     expected = _rows(train(_lora_config(tmp_path / "torch", cold_start_root, "{name: torch}", targets), progress=False))

@@ -88,7 +88,9 @@ def write_launch_config(folder: Path, cold_start_root: Path, steps: int, *overri
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory, cold_start_root) -> Path:
     # rank 0 samples with the 1-process seeds (per-rank: test_per_rank_rollout.py)
-    return write_launch_config(tmp_path_factory.mktemp("multiprocess"), cold_start_root, STEPS, "rollout.per_rank=false")
+    return write_launch_config(
+        tmp_path_factory.mktemp("multiprocess"), cold_start_root, STEPS, "rollout.per_rank=false"
+    )
 
 
 def _free_port() -> int:
@@ -103,8 +105,18 @@ def launch(processes: int, config: Path, *args: str) -> subprocess.Popen:
         command = [sys.executable, "-m", "rlzoo.cli", "train", str(config), *args]
     else:
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-            "--master_port", str(_free_port()), "-m", "rlzoo.cli", "train", str(config), *args,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "rlzoo.cli",
+            "train",
+            str(config),
+            *args,
         ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

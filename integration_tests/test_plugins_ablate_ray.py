@@ -46,8 +46,23 @@ TINY = {
 def test_ray_tasks_load_the_script_from_each_runs_config(tmp_path):
     (tmp_path / "my_loss.py").write_text(MY_LOSS)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(TINY))
-    command = [sys.executable, "-m", "rlzoo.cli", "ablate", "run.yaml", "--backend", "ray", "--plugin", "my_loss.py",
-               "--vary", "algorithm.clipper.name=my-clip", "--seeds", "1", "--out", "sweep"]
+    command = [
+        sys.executable,
+        "-m",
+        "rlzoo.cli",
+        "ablate",
+        "run.yaml",
+        "--backend",
+        "ray",
+        "--plugin",
+        "my_loss.py",
+        "--vary",
+        "algorithm.clipper.name=my-clip",
+        "--seeds",
+        "1",
+        "--out",
+        "sweep",
+    ]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "sweep" / "name-my-clip" / "seed0"

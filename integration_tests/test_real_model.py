@@ -28,8 +28,9 @@ needs_engines = pytest.mark.skipif(
 
 
 def rlzoo(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 def example(tmp_path: Path, model_dir: Path, **overrides) -> Path:
@@ -57,9 +58,16 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 def test_two_rl_steps_of_the_real_model_on_vllm_and_deepspeed(tmp_path, smollm2_dir):
     # a format reward (a digit anywhere in the first 8 tokens) splits each group, so the policy gets a gradient
     config = example(
-        tmp_path, smollm2_dir, verifier={"name": "regex", "pattern": "[0-9]", "fullmatch": False},
-        rollout__prompts_per_step=2, rollout__group_size=4, rollout__max_new_tokens=8,
-        train__steps=2, train__eval_every=2, train__eval_prompts=4, train__eval_samples_per_prompt=1,
+        tmp_path,
+        smollm2_dir,
+        verifier={"name": "regex", "pattern": "[0-9]", "fullmatch": False},
+        rollout__prompts_per_step=2,
+        rollout__group_size=4,
+        rollout__max_new_tokens=8,
+        train__steps=2,
+        train__eval_every=2,
+        train__eval_prompts=4,
+        train__eval_samples_per_prompt=1,
         train__checkpoint_every=2,
     )
     proc = rlzoo("train", str(config), cwd=tmp_path)

@@ -189,7 +189,11 @@ def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root,
             "algorithm.minibatches_per_rollout=2",
             *ALGORITHMS[algorithm],
             # LoRA: DeepSpeed without DeepSpeed-MoE (its ZeRO-2 needs trainable experts); attention adapters, which vLLM loads
-            *(["model.lora.target_modules=[q_proj, v_proj, o_proj]", "trainer.engine.moe=none"] if algorithm == "lora" else []),
+            *(
+                ["model.lora.target_modules=[q_proj, v_proj, o_proj]", "trainer.engine.moe=none"]
+                if algorithm == "lora"
+                else []
+            ),
         ],
     )
     config = tmp_path / "run.yaml"

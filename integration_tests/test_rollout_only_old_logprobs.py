@@ -74,8 +74,6 @@ def test_preflight_rejects_what_needs_the_skipped_pass(override, field, tmp_path
     preflight(config, default_registry())
 
 
-
-
 class LayerSubset(RouterPolicy):
     """A third party's policy: replays the rollout's experts in the layers named (a parameter with no default)."""
 
@@ -99,8 +97,13 @@ def test_preflight_suggests_only_router_policies_it_can_build(tmp_path, cold_sta
         preflight(config, registry)
     message = str(caught.value)
     assert "algorithm.router.name" in message and "'replay-rollout'" in message and "regtest-layers" not in message
-    dense = make_config(tmp_path / "dense", cold_start_root, "model.tiny.architecture=qwen3",
-                        "algorithm.router={name: replay-old}", task="arithmetic-dense")
+    dense = make_config(
+        tmp_path / "dense",
+        cold_start_root,
+        "model.tiny.architecture=qwen3",
+        "algorithm.router={name: replay-old}",
+        task="arithmetic-dense",
+    )
     with pytest.raises(ConfigError) as caught:
         preflight(dense, registry)
     assert "'none'" in str(caught.value) and "regtest-layers" not in str(caught.value)

@@ -25,7 +25,9 @@ def train_rows(tmp_path, cold_start_root, *overrides):
     # lr 1e-2 moves the router enough for experts to flip between minibatches. It can also collapse the tiny
     # policy so that dapo's dynamic sampling finds no informative group and skips an update: every step must train
     overrides = ("algorithm.batch_filter={name: none}", *overrides)
-    config = make_config(tmp_path, cold_start_root, "trainer.lr=1e-2", "algorithm.minibatches_per_rollout=4", *overrides)
+    config = make_config(
+        tmp_path, cold_start_root, "trainer.lr=1e-2", "algorithm.minibatches_per_rollout=4", *overrides
+    )
     run_dir = train(config, progress=False)
     return [r for r in assert_finite_metrics(run_dir, config.train.steps) if "reward/mean" in r]
 
@@ -35,7 +37,11 @@ def train_rows(tmp_path, cold_start_root, *overrides):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_with_router_policy(preset, policy, trainer, tmp_path, cold_start_root):
     rows = train_rows(
-        tmp_path, cold_start_root, f"algorithm.preset={preset}", f"algorithm.router.name={policy}", *TRAINERS[trainer],
+        tmp_path,
+        cold_start_root,
+        f"algorithm.preset={preset}",
+        f"algorithm.router.name={policy}",
+        *TRAINERS[trainer],
         *preset_needs(preset),
     )
     for row in rows:
@@ -63,7 +69,11 @@ def test_replay_on_a_dense_model_is_a_clear_error(tmp_path, cold_start_root):
     from rlzoo.errors import RlzooError
 
     config = make_config(
-        tmp_path, cold_start_root, "model.tiny.architecture=qwen3", "algorithm.router.name=replay-old", task="arithmetic-dense"
+        tmp_path,
+        cold_start_root,
+        "model.tiny.architecture=qwen3",
+        "algorithm.router.name=replay-old",
+        task="arithmetic-dense",
     )
     with pytest.raises(RlzooError, match="mixture-of-experts"):
         train(config, progress=False)
@@ -93,8 +103,14 @@ def test_a_plugin_policy_replays_only_some_layers(trainer, tmp_path, cold_start_
     registry = default_registry()
     registry.add_plugin(SecondHalfPlugin(), name="second-half", distribution="test-plugin")
     config = make_config(
-        tmp_path, cold_start_root, "trainer.lr=1e-2", "algorithm.minibatches_per_rollout=4", "train.steps=4",
-        "algorithm.router.name=replay-second-half", *TRAINERS[trainer], registry=registry,
+        tmp_path,
+        cold_start_root,
+        "trainer.lr=1e-2",
+        "algorithm.minibatches_per_rollout=4",
+        "train.steps=4",
+        "algorithm.router.name=replay-second-half",
+        *TRAINERS[trainer],
+        registry=registry,
     )
     run_dir = train(config, registry=registry, progress=False)
     rows = [r for r in assert_finite_metrics(run_dir, config.train.steps) if "reward/mean" in r]

@@ -37,8 +37,16 @@ from rlzoo.services.server import app_for
 STEPS, KILL_STEP, EVAL_EVERY = 4, 3, 2  # checkpoints after steps 1 and 3 (checkpoint_every 2): resume at step 2
 DELAY_S = 0.75
 RESPONSES, HELD_OUT = 16, 64  # a step's (4 prompts x 4); an evaluation's (16 prompts x 4 samples)
-VARIES = ("remote/latency_p50_s", "remote/latency_p95_s", "eval/remote_latency_p50_s", "eval/remote_latency_p95_s",
-          "remote/requests", "remote/cache_hits", "eval/remote_requests", "eval/remote_cache_hits")
+VARIES = (
+    "remote/latency_p50_s",
+    "remote/latency_p95_s",
+    "eval/remote_latency_p50_s",
+    "eval/remote_latency_p95_s",
+    "remote/requests",
+    "remote/cache_hits",
+    "eval/remote_requests",
+    "eval/remote_cache_hits",
+)
 
 
 def slow_math_server():
@@ -68,8 +76,10 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 def requests_before(rows: list[dict], step: int) -> int:
     """The POSTs a run makes before step ``step``'s scoring: the steps' before it and the evaluations' up to it."""
-    return int(sum(r.get("remote/requests", 0) for r in rows if r["step"] < step)
-               + sum(r.get("eval/remote_requests", 0) for r in rows if r["step"] <= step))
+    return int(
+        sum(r.get("remote/requests", 0) for r in rows if r["step"] < step)
+        + sum(r.get("eval/remote_requests", 0) for r in rows if r["step"] <= step)
+    )
 
 
 @pytest.fixture
@@ -87,11 +97,20 @@ def started():
 def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cache(tmp_path, cold_start_root, started):
     app = slow_math_server()
     with serving(app) as url:
-        verifier = (f"verifier={{name: remote, url: '{url}/verify_batch', batch_size: 4, min_reward: 0, "
-                    "max_reward: 1, retries: 0}")
-        config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", [
-            f"train.steps={STEPS}", f"train.eval_every={EVAL_EVERY}", "rollout.max_staleness=0", verifier,
-        ])
+        verifier = (
+            f"verifier={{name: remote, url: '{url}/verify_batch', batch_size: 4, min_reward: 0, "
+            "max_reward: 1, retries: 0}"
+        )
+        config = write_config(
+            tmp_path / "run.yaml",
+            cold_start_root / "arithmetic",
+            [
+                f"train.steps={STEPS}",
+                f"train.eval_every={EVAL_EVERY}",
+                "rollout.max_staleness=0",
+                verifier,
+            ],
+        )
         reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
         reference = rlzoo("train", str(config), "--set", f"output_dir={reference_dir}")
         started.append(reference)
@@ -105,7 +124,9 @@ def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cac
         deadline = time.monotonic() + 900
         # step KILL_STEP's requests reached the server and are not answered yet
         while not (app.state.received - base > before and app.state.in_flight > 0):
-            assert victim.poll() is None, f"the run ended before it could be killed: {victim.stderr.read().decode()[-3000:]}"
+            assert victim.poll() is None, (
+                f"the run ended before it could be killed: {victim.stderr.read().decode()[-3000:]}"
+            )
             assert time.monotonic() < deadline, "timed out waiting for the requests of the step to kill in"
             time.sleep(0.005)
         in_flight = app.state.in_flight
@@ -133,4 +154,6 @@ def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cac
     # and the keys that do differ are only those: the same counts, apart from the steps run again
     for row, ref in zip(actual, expected, strict=True):
         if row["step"] not in (2, 3):
-            assert {k: row.get(k) for k in VARIES if "latency" not in k} == {k: ref.get(k) for k in VARIES if "latency" not in k}
+            assert {k: row.get(k) for k in VARIES if "latency" not in k} == {
+                k: ref.get(k) for k in VARIES if "latency" not in k
+            }

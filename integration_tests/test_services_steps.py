@@ -19,8 +19,12 @@ from rlzoo.registry import default_registry  # noqa: E402
 from rlzoo.runtime.run import train  # noqa: E402
 from rlzoo.services.server import app_for  # noqa: E402
 
-CHAIN = ["algorithm.preset=gspo-token", "algorithm.advantage={name: process}", "task={name: chain, terms: 3}",
-         "rollout.max_new_tokens=12"]
+CHAIN = [
+    "algorithm.preset=gspo-token",
+    "algorithm.advantage={name: process}",
+    "task={name: chain, terms: 3}",
+    "rollout.max_new_tokens=12",
+]
 
 
 @pytest.mark.slow
@@ -28,8 +32,13 @@ def test_process_advantages_from_a_served_process_verifier_match_the_in_process_
     local = make_config(tmp_path / "local", cold_start_root, *CHAIN, "verifier={name: process}", task="chain")
     expected = assert_finite_metrics(train(local, progress=False), local.train.steps)
     with serving(app_for(default_registry().create("verifier", "process", {}))) as url:
-        served = make_config(tmp_path / "served", cold_start_root, *CHAIN,
-                             f"verifier={{name: remote, url: '{url}/verify_batch'}}", task="chain")
+        served = make_config(
+            tmp_path / "served",
+            cold_start_root,
+            *CHAIN,
+            f"verifier={{name: remote, url: '{url}/verify_batch'}}",
+            task="chain",
+        )
         actual = assert_finite_metrics(train(served, progress=False), served.train.steps)
     assert any(r["advantage/abs_mean"] > 0 for r in expected if "advantage/abs_mean" in r)  # step rewards moved it
 

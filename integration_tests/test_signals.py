@@ -71,7 +71,9 @@ def _descendants(pid: int) -> set[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                children.setdefault(int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+                children.setdefault(
+                    int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]), []
+                ).append(int(entry))
             except (OSError, IndexError, ValueError):
                 pass
     found, todo = set(), [pid]

@@ -91,9 +91,11 @@ def test_every_logger_gets_the_run_and_a_failing_one_is_dropped_with_one_warning
     registry = _registry()
     run_dir = tmp_path / "run"
     config = make_config(
-        run_dir, cold_start_root,
+        run_dir,
+        cold_start_root,
         "loggers=[{name: failing}, {name: recording, label: a}, {name: needs-missing}, {name: recording, label: b}]",
-        "tracking.tags={cell: c1, seed: 0}", "tracking.group=sweep",
+        "tracking.tags={cell: c1, seed: 0}",
+        "tracking.group=sweep",
         registry=registry,
     )
     with caplog.at_level(logging.WARNING):
@@ -141,7 +143,9 @@ def test_a_resumed_run_tells_its_loggers_where_it_resumes_and_what_they_were_giv
     # the last checkpoint is step 3's (the run's end); the first attempt gave the logger step 3's final row last
     assert run.resumed_at == 3 and run.logged_through == 3
     # what it was given at the step run again: the final evaluation's keys (read from the rows the resume dropped)
-    assert set(run.already_logged) == {3} and "final" in run.already_logged[3] and "eval/accuracy" in run.already_logged[3]
+    assert (
+        set(run.already_logged) == {3} and "final" in run.already_logged[3] and "eval/accuracy" in run.already_logged[3]
+    )
     assert "reward/mean" not in run.already_logged[3]
     assert run.unlogged(3, {"final": 1.0, "reward/mean": 0.5}) == {"reward/mean": 0.5}
     assert [c[1] for c in CALLS["a"] if c[0] == "metrics"] == [3, 4, 5]

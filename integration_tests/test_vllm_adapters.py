@@ -41,7 +41,10 @@ class Case:
         self.lora = LoraConfig(rank=4, alpha=8, target_modules=TARGETS[architecture])  # vLLM is built for rank 8
         self.prompts = [tokenizer.encode(p) for p in PROMPTS]
         self.context = EngineContext(
-            model_dir, seed=0, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            model_dir,
+            seed=0,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
             lora=self.lora,
         )
         self.engine = self.start(self.lora)
@@ -67,8 +70,15 @@ class Case:
 def case(request, tmp_path_factory):
     tokenizer = build_char_tokenizer("0123456789+-= ")
     tiny = TinyModelConfig(
-        architecture=request.param, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, intermediate_size=128, moe_intermediate_size=64, num_experts=8,
+        architecture=request.param,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_experts=8,
         num_experts_per_tok=2,
     )
     model_dir = save_model(build_tiny_model(tiny, tokenizer, seed=0), tokenizer, tmp_path_factory.mktemp(request.param))
@@ -109,8 +119,10 @@ def test_synced_adapters_sample_the_training_policy(case):
         case.engine.sync_adapter(adapter(trained, version))
         generations = flat(case.engine.generate(case.prompts, SAMPLING))
         gap = logp_gap(trained, generations)
-        print(f"\n[{case.architecture}] adapter v{version}: max |dlogp| vs peft {gap:.1e}, "
-              f"sync_adapter {case.engine.last_sync_seconds * 1e3:.0f} ms")
+        print(
+            f"\n[{case.architecture}] adapter v{version}: max |dlogp| vs peft {gap:.1e}, "
+            f"sync_adapter {case.engine.last_sync_seconds * 1e3:.0f} ms"
+        )
         assert gap < TOL
         logprobs = [g.response_logprobs for g in generations]
         assert logprobs != before  # the new adapter changed the samples
@@ -192,7 +204,9 @@ def test_the_merged_path_samples_the_same_policy(case):
     print(f"\n[{case.architecture}] sync_weights (merged) {case.engine.last_sync_seconds * 1e3:.0f} ms")
     by_weights = flat(case.engine.generate(case.prompts, SAMPLING))
     assert [g.response_ids for g in by_weights] == [g.response_ids for g in by_adapter]
-    gap = max((torch.tensor(a.response_logprobs) - torch.tensor(w.response_logprobs)).abs().max().item()
-              for a, w in zip(by_adapter, by_weights))
+    gap = max(
+        (torch.tensor(a.response_logprobs) - torch.tensor(w.response_logprobs)).abs().max().item()
+        for a, w in zip(by_adapter, by_weights)
+    )
     print(f"[{case.architecture}] merged vs adapter: max |dlogp| {gap:.1e}")
     assert gap < TOL

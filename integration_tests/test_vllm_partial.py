@@ -67,14 +67,26 @@ class ScriptedUpdate:
 
 def started(tmp_path_factory, architecture: str, params: VLLMRolloutEngine.Params):
     tokenizer = build_char_tokenizer("0123456789+-= ")
-    tiny = TinyModelConfig(architecture=architecture, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           num_key_value_heads=1, head_dim=32, intermediate_size=128, moe_intermediate_size=64,
-                           num_experts=8, num_experts_per_tok=2)
+    tiny = TinyModelConfig(
+        architecture=architecture,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
     model = build_tiny_model(tiny, tokenizer, seed=0)
     folder = save_model(model, tokenizer, tmp_path_factory.mktemp(architecture))
     engine = VLLMRolloutEngine(params)
-    engine.start(EngineContext(folder, dtype="float32", seed=0, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id))
+    engine.start(
+        EngineContext(
+            folder, dtype="float32", seed=0, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
+    )
     return engine, model, [tokenizer.encode(p) for p in PROMPTS]
 
 
@@ -170,11 +182,17 @@ def test_partial_rollouts_on_vllm_train_end_to_end(tmp_path, cold_start_root):
     """Through `rlzoo train` in a subprocess: vLLM in this process would leave state behind it."""
     from test_resume import rlzoo, write_config
 
-    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", [
-        "rollout.max_staleness=2", "rollout.partial=continue", "train.steps=4",
-        "algorithm.router={name: replay-rollout}",
-        "rollout.engine={name: vllm, kv_cache_memory_bytes: 67108864}",
-    ])
+    config = write_config(
+        tmp_path / "run.yaml",
+        cold_start_root / "arithmetic",
+        [
+            "rollout.max_staleness=2",
+            "rollout.partial=continue",
+            "train.steps=4",
+            "algorithm.router={name: replay-rollout}",
+            "rollout.engine={name: vllm, kv_cache_memory_bytes: 67108864}",
+        ],
+    )
     run_dir = tmp_path / "vllm"
     run = rlzoo("train", str(config), "--set", f"output_dir={run_dir}")
     assert run.wait(timeout=600) == 0, run.stderr.read().decode()

@@ -29,7 +29,9 @@ STEPS = 2
 def run_dir(tmp_path_factory, cold_start_root):
     root = tmp_path_factory.mktemp("vllm-per-rank")
     config = write_launch_config(
-        root, cold_start_root, STEPS,
+        root,
+        cold_start_root,
+        STEPS,
         "trainer.engine={name: deepspeed, zero_stage: 2}",
         "rollout.engine={name: vllm, kv_cache_memory_bytes: 16777216}",
     )
@@ -68,7 +70,9 @@ def test_two_ranks_with_vllm_and_a_producer_each(tmp_path, cold_start_root):
     producer thread (integration_tests/test_async_multiprocess.py has the hf runs); every batch within 2 versions."""
     steps = 3
     config = write_launch_config(
-        tmp_path, cold_start_root, steps,
+        tmp_path,
+        cold_start_root,
+        steps,
         "trainer.engine={name: deepspeed, zero_stage: 2}",
         "rollout.engine={name: vllm, kv_cache_memory_bytes: 16777216}",
         "rollout.max_staleness=2",

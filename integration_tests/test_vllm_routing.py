@@ -182,8 +182,10 @@ def test_routing_agrees_with_training_forward(case):
     agreement, slots = slot_agreement(rollout, fresh, batch.attention_mask)
     flips = flip_rate(rollout, fresh, batch.attention_mask)
     gap = (logp - rollout_logp(generations, logp.shape[1])).abs().max().item()
-    print(f"\n[vllm R3] initial weights: (token, layer) agreement {agreement:.4%} of {slots} slots; "
-          f"flip rate {flips:.2e}; max |dlogp| fresh routing {gap:.2e}")
+    print(
+        f"\n[vllm R3] initial weights: (token, layer) agreement {agreement:.4%} of {slots} slots; "
+        f"flip rate {flips:.2e}; max |dlogp| fresh routing {gap:.2e}"
+    )
     assert agreement >= AGREEMENT
 
 
@@ -198,8 +200,10 @@ def test_routing_follows_synced_weights(case):
     old, _ = training_routing(old_model, batch)
     agreement_new, slots = slot_agreement(rollout, new, batch.attention_mask)
     agreement_old, _ = slot_agreement(rollout, old, batch.attention_mask)
-    print(f"\n[vllm R3] after sync: agreement with the new weights' routing {agreement_new:.4%} of {slots} slots, "
-          f"with the old weights' routing {agreement_old:.4%}")
+    print(
+        f"\n[vllm R3] after sync: agreement with the new weights' routing {agreement_new:.4%} of {slots} slots, "
+        f"with the old weights' routing {agreement_old:.4%}"
+    )
     assert agreement_new >= AGREEMENT
     assert agreement_old < agreement_new - 0.02, "the perturbation should move the routing visibly"
 

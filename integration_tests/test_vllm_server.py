@@ -99,10 +99,19 @@ def tmp_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(plugin_path, model_dir, tmp_path):
     tokenizer = load_tokenizer(model_dir)
-    engine = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(
-        launch={"count": 2, "max_model_len": 128, "kv_cache_memory_bytes": 16 * 2**20}, requests_per_server=4))
-    engine.start(EngineContext(model_dir=model_dir, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id, run_dir=tmp_path / "run"))
+    engine = VllmServerRolloutEngine(
+        VllmServerRolloutEngine.Params(
+            launch={"count": 2, "max_model_len": 128, "kv_cache_memory_bytes": 16 * 2**20}, requests_per_server=4
+        )
+    )
+    engine.start(
+        EngineContext(
+            model_dir=model_dir,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            run_dir=tmp_path / "run",
+        )
+    )
     engine.tokenizer = tokenizer
     groups = [s.launched.process.pid for s in engine.pool.servers]
     yield engine
@@ -122,7 +131,7 @@ def max_logp_gap(model, groups) -> float:
     for g in (g for group in groups for g in group):
         ids = torch.tensor([g.prompt_ids + g.response_ids])
         logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
-        reference = logp.gather(1, ids[0, 1:, None])[:, 0][len(g.prompt_ids) - 1:]
+        reference = logp.gather(1, ids[0, 1:, None])[:, 0][len(g.prompt_ids) - 1 :]
         worst = max(worst, (reference - torch.tensor(g.response_logprobs)).abs().max().item())
     return worst
 
@@ -220,8 +229,11 @@ TRAINER = textwrap.dedent("""
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_trainer_killed_leaves_no_server_behind(model_dir, tmp_path, signum):
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(model_dir), str(tmp_path / f"killed{signum}")],
-                               stdout=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(model_dir), str(tmp_path / f"killed{signum}")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     group = int(trainer.stdout.readline())
     deadline = time.monotonic() + 60
     while len(group_processes(group)) < 2 and time.monotonic() < deadline:  # the supervisor and vLLM's server
@@ -235,14 +247,22 @@ def test_a_trainer_killed_leaves_no_server_behind(model_dir, tmp_path, signum):
 def test_a_url_that_answers_nothing_stops_the_run_before_training(cold_start_root, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     config = tmp_path / "dead_url.yaml"
-    data = apply_overrides(read_yaml(EXAMPLE), [
-        *FAST, f"cold_start.output_dir={cold_start_root / 'arithmetic'}",
-        f"rollout.engine={{name: vllm-server, servers: ['{url}']}}",
-    ])
+    data = apply_overrides(
+        read_yaml(EXAMPLE),
+        [
+            *FAST,
+            f"cold_start.output_dir={cold_start_root / 'arithmetic'}",
+            f"rollout.engine={{name: vllm-server, servers: ['{url}']}}",
+        ],
+    )
     config.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "dead_url_run"
-    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "train", str(config), "--set", f"output_dir={run_dir}"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", "train", str(config), "--set", f"output_dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -264,8 +284,11 @@ def test_a_training_run_samples_from_the_servers(engine, cold_start_root, tmp_pa
 @pytest.mark.slow  # the run starts its own server
 def test_a_run_launches_its_servers_logs_them_in_its_folder_and_stops_them(plugin_path, cold_start_root, tmp_path):
     run_dir = tmp_path / "launched"
-    config = make_config(run_dir, cold_start_root, "rollout.engine={name: vllm-server, launch: {count: 1, "
-                         "max_model_len: 128, kv_cache_memory_bytes: 16777216}}")
+    config = make_config(
+        run_dir,
+        cold_start_root,
+        "rollout.engine={name: vllm-server, launch: {count: 1, max_model_len: 128, kv_cache_memory_bytes: 16777216}}",
+    )
     train(config, progress=False)
     assert_finite_metrics(run_dir, 3)
     log = (run_dir / "rollout_servers" / "server_0.log").read_text()
@@ -285,9 +308,14 @@ TOOLS = [
 @pytest.mark.slow  # its own cold start and server
 def test_multi_turn_tool_episodes_run_asynchronously_on_a_launched_server(plugin_path, cold_start_root, tmp_path):
     run_dir = tmp_path / "tools"
-    config = make_config(run_dir, cold_start_root, *TOOLS, "rollout.max_staleness=1", "rollout.engine={name: "
-                         "vllm-server, launch: {count: 1, kv_cache_memory_bytes: 33554432}}",
-                         task="calculator")
+    config = make_config(
+        run_dir,
+        cold_start_root,
+        *TOOLS,
+        "rollout.max_staleness=1",
+        "rollout.engine={name: vllm-server, launch: {count: 1, kv_cache_memory_bytes: 33554432}}",
+        task="calculator",
+    )
     train(config, progress=False)
     rows = [r for r in assert_finite_metrics(run_dir, 3) if "reward/mean" in r]
     assert [r["rollout/staleness"] for r in rows] == [0.0, 1.0, 1.0]
@@ -313,8 +341,13 @@ def test_a_port_in_use_starts_the_server_on_another_port(plugin_path, model_dir,
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = launcher.LaunchedServer(0, LaunchParams(max_model_len=128, kv_cache_memory_bytes=16 * 2**20),
-                                         EngineContext(model_dir=model_dir), tmp_path / "port", port=port)
+        server = launcher.LaunchedServer(
+            0,
+            LaunchParams(max_model_len=128, kv_cache_memory_bytes=16 * 2**20),
+            EngineContext(model_dir=model_dir),
+            tmp_path / "port",
+            port=port,
+        )
         try:
             launcher.launch([server], 900)
             assert server.port != port and ServerClient(server.url, 5.0).healthy()

@@ -39,8 +39,14 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     registry = _registry()
     load_plugins(args.plugin or [], registry, "--plugin", Path.cwd())
     rows = [
-        {"kind": i.kind, "name": i.name, "distribution": i.distribution, "plugin": i.plugin, "summary": i.summary,
-         "duplicate": i.duplicate}
+        {
+            "kind": i.kind,
+            "name": i.name,
+            "distribution": i.distribution,
+            "plugin": i.plugin,
+            "summary": i.summary,
+            "duplicate": i.duplicate,
+        }
         for i in registry.components()
     ]
     if args.json:
@@ -50,7 +56,9 @@ def cmd_plugins_list(args: argparse.Namespace) -> int:
     print(f"{'kind':<{widths[0]}}  {'name':<{widths[1]}}  {'distribution':<{widths[2]}}  summary")
     for r in rows:
         mark = "[registered twice: a config naming it fails] " if r["duplicate"] else ""
-        print(f"{r['kind']:<{widths[0]}}  {r['name']:<{widths[1]}}  {r['distribution']:<{widths[2]}}  {mark}{r['summary']}")
+        print(
+            f"{r['kind']:<{widths[0]}}  {r['name']:<{widths[1]}}  {r['distribution']:<{widths[2]}}  {mark}{r['summary']}"
+        )
     return 0
 
 
@@ -70,8 +78,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     # the same checks `rlzoo train` makes before it starts (train reads the process count from its launcher)
     runlock.check_run_folder(Path(args.resume or config.output_dir), resume=args.resume is not None)
     memory = preflight(
-        config, _registry(), resume=Path(args.resume) if args.resume else None, world=args.processes,
-        model_config=Path(args.model_config) if args.model_config else None, device_memory=device_memory,
+        config,
+        _registry(),
+        resume=Path(args.resume) if args.resume else None,
+        world=args.processes,
+        model_config=Path(args.model_config) if args.model_config else None,
+        device_memory=device_memory,
         allow_changes=args.allow_changes or [],
     )
     limit = device_memory_limit(config, device_memory)
@@ -182,8 +194,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if (source.parent / MANIFEST).is_file():  # a checkpoint's model/ folder: only its files are read
         check = verify_checkpoint(source.parent, within=source.name)
         if not check.intact:
-            raise RlzooError(f"export: checkpoint {source.parent} is damaged ({'; '.join(check.problems)}); export "
-                             "an earlier checkpoint, or restore the files from a copy")
+            raise RlzooError(
+                f"export: checkpoint {source.parent} is damaged ({'; '.join(check.problems)}); export "
+                "an earlier checkpoint, or restore the files from a copy"
+            )
     if output.exists() and not output.is_dir():
         raise RlzooError(f"export: {output} is a file; choose a new or empty folder")
     if output.exists() and any(output.iterdir()):
@@ -213,7 +227,10 @@ def cmd_serve_verifier(args: argparse.Namespace) -> int:
     config = _load(args)
     verifier = verifier_for(config, make_task(config, _registry()), _registry())
     app = app_for(verifier, args.concurrency)  # says which extra to install if fastapi is missing
-    print(f"serving verifier {verifier.name} on http://{args.host}:{args.port} (GET /health, POST /verify_batch)", flush=True)
+    print(
+        f"serving verifier {verifier.name} on http://{args.host}:{args.port} (GET /health, POST /verify_batch)",
+        flush=True,
+    )
     serve(app, args.host, args.port)
     return 0
 
@@ -230,9 +247,18 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from rlzoo.sweep.ablate import AblateOptions, ablate, report
 
     options = AblateOptions(
-        config=args.config, vary=args.vary or [], seeds=args.seeds, out=Path(args.out), sets=args.set or [],
-        jobs=args.jobs, backend=args.backend, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run,
-        max_runs=args.max_runs, yes=args.yes, plugins=args.plugin or [],
+        config=args.config,
+        vary=args.vary or [],
+        seeds=args.seeds,
+        out=Path(args.out),
+        sets=args.set or [],
+        jobs=args.jobs,
+        backend=args.backend,
+        ray_address=args.ray_address,
+        cpus_per_run=args.cpus_per_run,
+        max_runs=args.max_runs,
+        yes=args.yes,
+        plugins=args.plugin or [],
     )
     sweep, status = ablate(options, _registry())
     try:
@@ -242,8 +268,11 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         print(f"no summary: {err}", file=sys.stderr)
     failed = sorted(name for name, code in status.items() if code != 0)
     if failed:
-        print(f"{len(failed)} job(s) failed: {', '.join(failed)} (logs: <run folder>/process.log); rerun the same "
-              "command to retry them", file=sys.stderr)
+        print(
+            f"{len(failed)} job(s) failed: {', '.join(failed)} (logs: <run folder>/process.log); rerun the same "
+            "command to retry them",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -298,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     # train and sft set up their own console and log file (rlzoo.reporting.console); the other commands only need this
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except RlzooError as err:

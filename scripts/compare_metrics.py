@@ -31,8 +31,11 @@ def differences(before: Path, after: Path) -> list[str]:
     found = [f"rows: {len(a)} before, {len(b)} after"] if len(a) != len(b) else []
     for index, (x, y) in enumerate(zip(a, b)):
         # as written: a float's shortest repr is its bits (NaN equals NaN here, -0.0 differs from 0.0)
-        found += [f"row {index} {key}: {x.get(key)!r} -> {y.get(key)!r}" for key in sorted(set(x) | set(y))
-                  if json.dumps(x.get(key)) != json.dumps(y.get(key))]
+        found += [
+            f"row {index} {key}: {x.get(key)!r} -> {y.get(key)!r}"
+            for key in sorted(set(x) | set(y))
+            if json.dumps(x.get(key)) != json.dumps(y.get(key))
+        ]
         if not found and list(x) != list(y):
             found.append(f"row {index}: the same keys in another order")
     return found

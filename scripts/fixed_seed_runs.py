@@ -42,8 +42,10 @@ LORA = [
     "trainer.lr=0.001",
     "algorithm.kl_coef=0.01",
 ]
-CORRECTION = ["algorithm.correction={name: rejection, criteria: [{statistic: k3, level: seq_max, high: 0.01}], "
-              "importance: {threshold: 1.5, normalize: true}}"]
+CORRECTION = [
+    "algorithm.correction={name: rejection, criteria: [{statistic: k3, level: seq_max, high: 0.01}], "
+    "importance: {threshold: 1.5, normalize: true}}"
+]
 #: a reward most responses earn and some miss (the fast cold start's model answers no sum right): advantages, losses
 #: and the critic's values that are not all zero
 DENSE = ["verifier={name: regex, pattern: '[0-9]+', fullmatch: false}"]

@@ -19,8 +19,17 @@ from rlzoo.registry import ComponentInfo, Registry
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "components.md"
 KINDS = [
-    "ratio", "advantage", "clipper", "aggregation", "kl", "correction", "batch_filter", "reward_shaper", "regulariser",
-    "value_loss", "kl_controller",
+    "ratio",
+    "advantage",
+    "clipper",
+    "aggregation",
+    "kl",
+    "correction",
+    "batch_filter",
+    "reward_shaper",
+    "regulariser",
+    "value_loss",
+    "kl_controller",
 ]
 FIRST_PARTY = {"rlzoo", "rlzoo-estimators"}
 
@@ -71,12 +80,7 @@ def row(info: ComponentInfo) -> str:
 
 def render(registry: Registry | None = None) -> str:
     registry = registry or Registry.discover()
-    rows = [
-        row(info)
-        for kind in KINDS
-        for info in registry.components(kind)
-        if info.distribution in FIRST_PARTY
-    ]
+    rows = [row(info) for kind in KINDS for info in registry.components(kind) if info.distribution in FIRST_PARTY]
     return HEADER + "\n".join(rows) + "\n"
 
 

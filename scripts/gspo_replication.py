@@ -62,11 +62,13 @@ def per_run(run: Path) -> dict[str, float]:
         "acc": evals[max(evals)],
         "gain": evals[max(evals)] - evals[min(evals)],
         "clip": float(series(steps, "clip/fraction").mean()),
-        "reward_last20": float(reward[int(len(reward) * 0.8):].mean()),
+        "reward_last20": float(reward[int(len(reward) * 0.8) :].mean()),
         "reward_jitter": float(np.diff(reward).std()),
         "collapses": collapses(reward),
         "flip": float(series(steps, "moe/flip_rate").mean()),
-        "fresh_flip": float(np.mean(series(steps, "moe/fresh_flip_rate") if "moe/fresh_flip_rate" in steps[0] else 0.0)),
+        "fresh_flip": float(
+            np.mean(series(steps, "moe/fresh_flip_rate") if "moe/fresh_flip_rate" in steps[0] else 0.0)
+        ),
     }
 
 
@@ -89,8 +91,10 @@ def main() -> None:
     diff = lambda a, b, key: [runs[a][s][key] - runs[b][s][key] for s in seeds]  # noqa: E731
 
     print(f"seeds: {len(seeds)} ({', '.join(seeds)}); mean ± 95% CI over seeds\n")
-    print("| cell | clip/fraction | eval accuracy step 0 | final | gain | reward (last 20%) | reward jitter | "
-          "collapses | moe/flip_rate |")
+    print(
+        "| cell | clip/fraction | eval accuracy step 0 | final | gain | reward (last 20%) | reward jitter | "
+        "collapses | moe/flip_rate |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for cell in CELLS:
         keys = ["clip", "acc0", "acc", "gain", "reward_last20", "reward_jitter", "collapses", "flip"]
@@ -103,11 +107,15 @@ def main() -> None:
     print(f"- reward (last 20%) GSPO - GRPO: {ci(diff('GSPO', 'GRPO', 'reward_last20'))}")
     print("\n(b) 4 minibatches per rollout: GRPO vs GRPO + replay vs GSPO, paired by seed")
     for a, b in [("GRPO + replay", "GRPO"), ("GSPO", "GRPO")]:
-        print(f"- {a} - {b}: final accuracy {ci(diff(a, b, 'acc'))}, reward (last 20%) "
-              f"{ci(diff(a, b, 'reward_last20'))}, reward jitter {ci(diff(a, b, 'reward_jitter'))}, "
-              f"collapses {ci(diff(a, b, 'collapses'))}")
-    print("\n(c) expert flip rate per step: share of (token, layer, k) slots whose expert in an update pass differs"
-          " from the old pass's; under replay, moe/fresh_flip_rate is what the router would have chosen instead")
+        print(
+            f"- {a} - {b}: final accuracy {ci(diff(a, b, 'acc'))}, reward (last 20%) "
+            f"{ci(diff(a, b, 'reward_last20'))}, reward jitter {ci(diff(a, b, 'reward_jitter'))}, "
+            f"collapses {ci(diff(a, b, 'collapses'))}"
+        )
+    print(
+        "\n(c) expert flip rate per step: share of (token, layer, k) slots whose expert in an update pass differs"
+        " from the old pass's; under replay, moe/fresh_flip_rate is what the router would have chosen instead"
+    )
     for cell in CELLS:
         fresh = f", moe/fresh_flip_rate {ci(col(cell, 'fresh_flip'))}" if "replay" in cell else ""
         print(f"- {cell}: moe/flip_rate {ci(col(cell, 'flip'))}{fresh}")
@@ -122,25 +130,31 @@ def plot(sweep: Path, seeds: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("clip/fraction", "clip fraction (log)"), ("reward/mean", f"reward - the seed's first {WINDOW} steps ({WINDOW}-step mean)"),
-              ("moe/flip_rate", "expert flip rate")]
+    panels = [
+        ("clip/fraction", "clip fraction (log)"),
+        ("reward/mean", f"reward - the seed's first {WINDOW} steps ({WINDOW}-step mean)"),
+        ("moe/flip_rate", "expert flip rate"),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for cell, folder in CELLS.items():
         for ax, (key, title) in zip(axes, panels):
             data = np.array([series(load(sweep / folder / s)[0], key) for s in seeds])
             if key == "reward/mean":
                 # each seed has its own cold start: its level differs, so show its change from its own start
-                data = np.array([np.convolve(row, np.ones(WINDOW) / WINDOW, mode="valid") - row[:WINDOW].mean()
-                                 for row in data])
+                data = np.array(
+                    [np.convolve(row, np.ones(WINDOW) / WINDOW, mode="valid") - row[:WINDOW].mean() for row in data]
+                )
             x = np.arange(data.shape[1])
-            line, = ax.plot(x, data.mean(0), label=cell, lw=1.2)
+            (line,) = ax.plot(x, data.mean(0), label=cell, lw=1.2)
             ax.fill_between(x, data.min(0), data.max(0), color=line.get_color(), alpha=0.15)
             ax.set_title(title)
             ax.set_xlabel("step")
     axes[0].set_yscale("log")
     axes[0].legend()
-    fig.suptitle(f"GSPO vs GRPO, Routing Replay off/on: tiny Qwen3-MoE, 4 minibatches per rollout, "
-                 f"{len(seeds)} seeds (mean, min-max band)")
+    fig.suptitle(
+        f"GSPO vs GRPO, Routing Replay off/on: tiny Qwen3-MoE, 4 minibatches per rollout, "
+        f"{len(seeds)} seeds (mean, min-max band)"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -131,8 +131,13 @@ def _policy_cases():
         _policy_case("sapo", "sapo", "seq-mean-token-mean", {"tau_pos": 1.0, "tau_neg": 1.05}, 14, spread=0.6),
         _policy_case("gpg", "gpg", "token-mean", {}, 15),
         _policy_case(
-            "geo_mean", "geo_mean", "seq-mean-token-mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}, 16,
-            empty_row=False, spread=0.5,
+            "geo_mean",
+            "geo_mean",
+            "seq-mean-token-mean",
+            {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4},
+            16,
+            empty_row=False,
+            spread=0.5,
         ),
         _policy_case(
             "kl_cov", "kl_cov", "token-mean", {"policy_loss": {"kl_cov_ratio": 0.1, "ppo_kl_coef": 1.0}}, 17, spread=0.5
@@ -246,7 +251,9 @@ def _correction_cases():
                     "id": f"rollout_is-{level}-{threshold}",
                     "verl": {"rollout_is": level, "rollout_is_threshold": threshold},
                     "inputs": {
-                        "old_train": old_train.tolist(), "old_rollout": old_rollout.tolist(), "mask": mask.tolist()
+                        "old_train": old_train.tolist(),
+                        "old_rollout": old_rollout.tolist(),
+                        "mask": mask.tolist(),
                     },
                     "outputs": {"weights": weights.tolist()},
                 }
@@ -334,8 +341,12 @@ def _value_loss_cases():
             {
                 "id": f"value_loss-{clip}-{agg}",
                 "verl": {"cliprange_value": clip, "loss_agg_mode": agg},
-                "inputs": {"vpreds": vpreds.tolist(), "values": old.tolist(), "returns": returns.tolist(),
-                           "mask": mask.tolist()},
+                "inputs": {
+                    "vpreds": vpreds.tolist(),
+                    "values": old.tolist(),
+                    "returns": returns.tolist(),
+                    "mask": mask.tolist(),
+                },
                 "outputs": {"vf_loss": loss.item(), "vf_clipfrac": clipfrac, "grad": x.grad.tolist()},
             }
         )
@@ -440,12 +451,21 @@ def _rollout_is_cases():
     from verl.trainer.ppo import rollout_corr_helper as rc
 
     cases = []
-    specs = [("token", 2.0, False, 0.6), ("token", "0.5_5.0", False, 0.9), ("token", 1.5, True, 0.6),
-             ("sequence", 2.0, False, 0.4), ("sequence", "0.5_5.0", False, 0.5), ("sequence", 3.0, True, 0.4)]
+    specs = [
+        ("token", 2.0, False, 0.6),
+        ("token", "0.5_5.0", False, 0.9),
+        ("token", 1.5, True, 0.6),
+        ("sequence", 2.0, False, 0.4),
+        ("sequence", "0.5_5.0", False, 0.5),
+        ("sequence", 3.0, True, 0.4),
+    ]
     for seed, (level, threshold, normalize, spread) in enumerate(specs):
         train, rollout, mask, _ = _mismatch_batch(600 + seed, spread)
         weights, metrics = rc.compute_rollout_correction_weights(
-            train - rollout, mask, rollout_is=level, rollout_is_threshold=threshold,
+            train - rollout,
+            mask,
+            rollout_is=level,
+            rollout_is_threshold=threshold,
             rollout_is_batch_normalize=normalize,
         )
         plain, _ = rc.compute_rollout_correction_weights(
@@ -456,12 +476,18 @@ def _rollout_is_cases():
         )
         case_id = f"rollout_is-{level}-{threshold}" + ("-normalize" if normalize else "")
         _exercised(case_id, plain == raw, mask)
-        cases.append({
-            "id": case_id,
-            "verl": {"rollout_is": level, "rollout_is_threshold": threshold, "rollout_is_batch_normalize": normalize},
-            "inputs": _batch_json(train, rollout, mask),
-            "outputs": {"weights": weights.tolist(), "metrics": _scalars(metrics)},
-        })
+        cases.append(
+            {
+                "id": case_id,
+                "verl": {
+                    "rollout_is": level,
+                    "rollout_is_threshold": threshold,
+                    "rollout_is_batch_normalize": normalize,
+                },
+                "inputs": _batch_json(train, rollout, mask),
+                "outputs": {"weights": weights.tolist(), "metrics": _scalars(metrics)},
+            }
+        )
     return cases
 
 
@@ -470,11 +496,20 @@ def _rollout_rs_cases():
 
     # one per option, thresholds that reject some of these inputs; then chains (every criterion must pass)
     specs = [
-        ("token_k1", "0.7_1.3"), ("token_k1", 1.4), ("token_k2", 0.05), ("token_k3", 0.05),
-        ("seq_sum_k1", "0.5_2.0"), ("seq_sum_k2", 0.3), ("seq_sum_k3", 0.3),
-        ("seq_mean_k1", "0.9_1.1"), ("seq_mean_k2", 0.04), ("seq_mean_k3", 0.04),
-        ("seq_max_k2", 0.2), ("seq_max_k3", 0.2),
-        ("token_k1,seq_max_k3", "0.6_1.5,0.3"), ("seq_sum_k2,seq_mean_k1,token_k3", "0.6,0.85_1.2,0.1"),
+        ("token_k1", "0.7_1.3"),
+        ("token_k1", 1.4),
+        ("token_k2", 0.05),
+        ("token_k3", 0.05),
+        ("seq_sum_k1", "0.5_2.0"),
+        ("seq_sum_k2", 0.3),
+        ("seq_sum_k3", 0.3),
+        ("seq_mean_k1", "0.9_1.1"),
+        ("seq_mean_k2", 0.04),
+        ("seq_mean_k3", 0.04),
+        ("seq_max_k2", 0.2),
+        ("seq_max_k3", 0.2),
+        ("token_k1,seq_max_k3", "0.6_1.5,0.3"),
+        ("seq_sum_k2,seq_mean_k1,token_k3", "0.6,0.85_1.2,0.1"),
         ("seq_mean_k1,token_k2", 1.25),
     ]
     cases = []
@@ -485,22 +520,32 @@ def _rollout_rs_cases():
         )
         case_id = f"rollout_rs-{options}-{threshold}"
         _exercised(case_id, kept > 0, mask)
-        cases.append({
-            "id": case_id,
-            "verl": {"rollout_rs": options, "rollout_rs_threshold": threshold},
-            "inputs": _batch_json(train, rollout, mask),
-            "outputs": {"mask": kept.tolist(), "metrics": _scalars(metrics)},
-        })
+        cases.append(
+            {
+                "id": case_id,
+                "verl": {"rollout_rs": options, "rollout_rs_threshold": threshold},
+                "inputs": _batch_json(train, rollout, mask),
+                "outputs": {"mask": kept.tolist(), "metrics": _scalars(metrics)},
+            }
+        )
     return cases
 
 
 # verl's presets of RolloutCorrectionConfig whose correction the rollout correction computes (the bypass_pg_* ones
 # change the policy loss, not the correction); the spread of each case's mismatch suits its thresholds
 ROLLOUT_CORR_PRESETS = {
-    "decoupled_token_is": 0.6, "decoupled_seq_is": 0.4, "decoupled_token_icepop": 0.9, "decoupled_seq_is_rs": 0.4,
-    "decoupled_geo_rs": 0.002, "decoupled_geo_rs_seq_tis": 0.002, "decoupled_geo_rs_token_tis": 0.002,
-    "decoupled_k3_rs": 0.15, "decoupled_k3_rs_seq_tis": 0.15, "decoupled_k3_rs_token_tis": 0.15,
-    "bypass_ppo_clip_geo_rs": 0.002, "bypass_ppo_clip_k3_rs": 0.15,
+    "decoupled_token_is": 0.6,
+    "decoupled_seq_is": 0.4,
+    "decoupled_token_icepop": 0.9,
+    "decoupled_seq_is_rs": 0.4,
+    "decoupled_geo_rs": 0.002,
+    "decoupled_geo_rs_seq_tis": 0.002,
+    "decoupled_geo_rs_token_tis": 0.002,
+    "decoupled_k3_rs": 0.15,
+    "decoupled_k3_rs_seq_tis": 0.15,
+    "decoupled_k3_rs_token_tis": 0.15,
+    "bypass_ppo_clip_geo_rs": 0.002,
+    "bypass_ppo_clip_k3_rs": 0.15,
 }
 
 
@@ -513,8 +558,15 @@ def _rollout_corr_preset_cases():
         config = getattr(RolloutCorrectionConfig, preset)()
         fields = {
             key: getattr(config, key)
-            for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
-                        "rollout_rs_threshold", "bypass_mode", "loss_type")
+            for key in (
+                "rollout_is",
+                "rollout_is_threshold",
+                "rollout_is_batch_normalize",
+                "rollout_rs",
+                "rollout_rs_threshold",
+                "bypass_mode",
+                "loss_type",
+            )
         }
         train, rollout, mask, _ = _mismatch_batch(800 + seed, spread)
         weights, kept, metrics = rc.compute_rollout_correction_and_rejection_mask(
@@ -523,16 +575,18 @@ def _rollout_corr_preset_cases():
         weights = weights.batch["rollout_is_weights"] if weights is not None else None
         if fields["rollout_rs"] is not None:
             _exercised(preset, kept > 0, mask)
-        cases.append({
-            "id": preset,
-            "verl": fields,
-            "inputs": _batch_json(train, rollout, mask),
-            "outputs": {
-                "weights": None if weights is None else weights.tolist(),
-                "mask": kept.tolist(),
-                "metrics": _scalars(metrics),
-            },
-        })
+        cases.append(
+            {
+                "id": preset,
+                "verl": fields,
+                "inputs": _batch_json(train, rollout, mask),
+                "outputs": {
+                    "weights": None if weights is None else weights.tolist(),
+                    "mask": kept.tolist(),
+                    "metrics": _scalars(metrics),
+                },
+            }
+        )
     return cases
 
 
@@ -547,18 +601,23 @@ def _trl_opsm_cases():
             g = torch.Generator().manual_seed(950 + seed)
             adv = torch.randn(adv.shape, generator=g, dtype=torch.float64) * mask
         kept = GRPOTrainer.get_off_policy_mask(
-            advantages=adv if per_token else adv[:, :1], per_token_logps=train, sampling_per_token_logps=rollout,
-            mask=mask, off_policy_threshold=threshold,
+            advantages=adv if per_token else adv[:, :1],
+            per_token_logps=train,
+            sampling_per_token_logps=rollout,
+            mask=mask,
+            off_policy_threshold=threshold,
         )
         kept = kept.expand_as(mask)
         case_id = f"opsm-{threshold}" + ("-per-token" if per_token else "")
         _exercised(case_id, kept > 0, mask)
-        cases.append({
-            "id": case_id,
-            "trl": {"off_policy_mask_threshold": threshold},
-            "inputs": _batch_json(train, rollout, mask, adv),
-            "outputs": {"mask": kept.tolist()},
-        })
+        cases.append(
+            {
+                "id": case_id,
+                "trl": {"off_policy_mask_threshold": threshold},
+                "inputs": _batch_json(train, rollout, mask, adv),
+                "outputs": {"mask": kept.tolist()},
+            }
+        )
     return cases
 
 
@@ -589,14 +648,22 @@ def _policy_cases_2026():
     cases = [
         _policy_case("dppo_tv-token-mean", "dppo_tv", "token-mean", {**tv, "clip_ratio_c": 1.5}, 40, spread=0.5),
         _policy_case(
-            "dppo_tv-asym-seq-mean-token-sum-norm", "dppo_tv", "seq-mean-token-sum-norm",
-            {"clip_ratio": 0.1, "clip_ratio_low": 0.05, "clip_ratio_high": 0.2, "clip_ratio_c": 20.0}, 41, spread=0.6,
+            "dppo_tv-asym-seq-mean-token-sum-norm",
+            "dppo_tv",
+            "seq-mean-token-sum-norm",
+            {"clip_ratio": 0.1, "clip_ratio_low": 0.05, "clip_ratio_high": 0.2, "clip_ratio_c": 20.0},
+            41,
+            spread=0.6,
         ),
         _policy_case("dppo_kl-token-mean", "dppo_kl", "token-mean", {**kl, "clip_ratio_c": 1.5}, 42, spread=0.5),
         _policy_case(
-            "dppo_kl-asym-seq-mean-token-mean", "dppo_kl", "seq-mean-token-mean",
-            {"clip_ratio": 0.05, "clip_ratio_low": 0.02, "clip_ratio_high": 0.08, "clip_ratio_c": 20.0}, 43,
-            empty_row=False, spread=0.6,
+            "dppo_kl-asym-seq-mean-token-mean",
+            "dppo_kl",
+            "seq-mean-token-mean",
+            {"clip_ratio": 0.05, "clip_ratio_low": 0.02, "clip_ratio_high": 0.08, "clip_ratio_c": 20.0},
+            43,
+            empty_row=False,
+            spread=0.6,
         ),
         _policy_case("dro-token-mean", "dro", "token-mean", {"policy_loss": {"dro_beta": 0.1}}, 44, spread=0.5),
         _policy_case("dro-seq-mean-token-sum", "dro", "seq-mean-token-sum", {"policy_loss": {"dro_beta": 0.5}}, 45),
@@ -624,12 +691,19 @@ def _vespo_cases():
         phi = GRPOTrainer.get_gamma_weights(adv[:, :1], x - old, mask, None, **params)  # [B, 1], no gradient
         loss = (-phi * adv[:, :1] * x * mask).sum() / mask.sum().clamp(min=1.0)
         loss.backward()
-        cases.append({
-            "id": f"vespo-{seed}",
-            "trl": {"loss_type": "vespo", "params": params},
-            "inputs": {"logp": logp.tolist(), "old_logp": old.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()},
-            "outputs": {"phi": phi.flatten().tolist(), "loss": loss.item(), "grad": x.grad.tolist()},
-        })
+        cases.append(
+            {
+                "id": f"vespo-{seed}",
+                "trl": {"loss_type": "vespo", "params": params},
+                "inputs": {
+                    "logp": logp.tolist(),
+                    "old_logp": old.tolist(),
+                    "advantages": adv.tolist(),
+                    "mask": mask.tolist(),
+                },
+                "outputs": {"phi": phi.flatten().tolist(), "loss": loss.item(), "grad": x.grad.tolist()},
+            }
+        )
     return cases
 
 
@@ -653,8 +727,9 @@ def _advantage_cases_2026():
 
     def add(case_id, name, params, inputs, adv, returns=None):
         outputs = {"advantages": adv.tolist(), **({"returns": returns.tolist()} if returns is not None else {})}
-        cases.append({"id": case_id, "verl": {"adv_estimator": name, "params": params}, "inputs": inputs,
-                      "outputs": outputs})
+        cases.append(
+            {"id": case_id, "verl": {"adv_estimator": name, "params": params}, "inputs": inputs, "outputs": outputs}
+        )
 
     # remax: token rewards (the outcome at the last token, a small dense term) and one greedy baseline per response
     rewards, index, mask, token_rewards = _reward_batch(700)
@@ -662,8 +737,19 @@ def _advantage_cases_2026():
     token_rewards = token_rewards + torch.randn(token_rewards.shape, generator=g, dtype=torch.float64) * 0.05 * mask
     baselines = torch.rand(len(rewards), generator=g, dtype=torch.float64)
     adv, returns = core_algos.get_adv_estimator_fn("remax")(token_rewards, baselines, mask, config=AlgoConfig())
-    add("remax", "remax", {}, {"token_rewards": token_rewards.tolist(), "reward_baselines": baselines.tolist(),
-                              "mask": mask.tolist(), "group_index": index.tolist()}, adv, returns)
+    add(
+        "remax",
+        "remax",
+        {},
+        {
+            "token_rewards": token_rewards.tolist(),
+            "reward_baselines": baselines.tolist(),
+            "mask": mask.tolist(),
+            "group_index": index.tolist(),
+        },
+        adv,
+        returns,
+    )
 
     # grpo_passk: graded rewards, then binary ones with a tie for the best in a group
     binary = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
@@ -694,12 +780,26 @@ def _advantage_cases_2026():
         batch = {"prompts": torch.zeros(rows, prompt, dtype=torch.long), "attention_mask": attention}
         config = AlgoConfig(norm_adv_by_std_in_grpo=std, gdpo_reward_keys=keys, gdpo_reward_weights=weights)
         adv, _ = core_algos.get_adv_estimator_fn("gdpo")(
-            torch.zeros_like(mask), mask, index, norm_adv_by_std_in_grpo=std, config=config,
-            non_tensor_batch={k: v.numpy() for k, v in parts.items()}, batch=batch,
+            torch.zeros_like(mask),
+            mask,
+            index,
+            norm_adv_by_std_in_grpo=std,
+            config=config,
+            non_tensor_batch={k: v.numpy() for k, v in parts.items()},
+            batch=batch,
         )
-        inputs = {"parts": {k: v.tolist() for k, v in parts.items()}, "group_index": index.tolist(), "mask": mask.tolist()}
-        add(f"gdpo-{seed}", "gdpo", {"gdpo_reward_keys": keys, "gdpo_reward_weights": weights,
-                                    "norm_adv_by_std_in_grpo": std}, inputs, adv)
+        inputs = {
+            "parts": {k: v.tolist() for k, v in parts.items()},
+            "group_index": index.tolist(),
+            "mask": mask.tolist(),
+        }
+        add(
+            f"gdpo-{seed}",
+            "gdpo",
+            {"gdpo_reward_keys": keys, "gdpo_reward_weights": weights, "norm_adv_by_std_in_grpo": std},
+            inputs,
+            adv,
+        )
 
     # optimal token baselines: left-aligned responses (groups of 4, 4 and 1, an empty response), then holes
     def otb_inputs(g, mask):
@@ -726,8 +826,13 @@ def _advantage_cases_2026():
                 adv, returns = core_algos.get_adv_estimator_fn(name)(
                     tr, m, idx, old_log_probs=lp, sum_pi_squared=s2, handle_zero_tail=zero_tail
                 )
-                inputs = {"token_rewards": tr.tolist(), "mask": m.tolist(), "group_index": idx.tolist(),
-                          "old_logprobs": lp.tolist(), "sum_pi_squared": s2.tolist()}
+                inputs = {
+                    "token_rewards": tr.tolist(),
+                    "mask": m.tolist(),
+                    "group_index": idx.tolist(),
+                    "old_logprobs": lp.tolist(),
+                    "sum_pi_squared": s2.tolist(),
+                }
                 add(f"{name}-{data_id}-{zero_tail}", name, {"handle_zero_tail": zero_tail}, inputs, adv, returns)
     return cases
 

@@ -152,8 +152,10 @@ def _captured() -> Iterator[tuple[io.StringIO, io.StringIO]]:
     saved_fds = {fd: os.dup(fd) for fd in (1, 2)}
     saved_streams = sys.stdout, sys.stderr
     files = {fd: tempfile.TemporaryFile(mode="w+b") for fd in (1, 2)}
-    streams = {fd: open(os.dup(fd_file.fileno()), "w", encoding="utf-8", errors="replace", buffering=1)
-               for fd, fd_file in files.items()}
+    streams = {
+        fd: open(os.dup(fd_file.fileno()), "w", encoding="utf-8", errors="replace", buffering=1)
+        for fd, fd_file in files.items()
+    }
     try:
         for fd, fd_file in files.items():
             os.dup2(fd_file.fileno(), fd)

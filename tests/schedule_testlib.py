@@ -81,14 +81,18 @@ class Rig:
 
 def start_rig(tmp_path, steps: int, **rollout: Any) -> Rig:
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    tiny = TinyModelConfig(
+        hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64
+    )
     save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
-    config = RunConfig.model_validate({
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4, **rollout},
-        "trainer": {"lr": 3e-2},
-        "algorithm": {"minibatches_per_rollout": 2},
-        "train": {"steps": steps},
-    })
+    config = RunConfig.model_validate(
+        {
+            "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 4, **rollout},
+            "trainer": {"lr": 3e-2},
+            "algorithm": {"minibatches_per_rollout": 2},
+            "train": {"steps": steps},
+        }
+    )
     context = EngineContext(tmp_path / "m", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     trainer = TorchTrainingEngine()
     trainer.start(context, config.trainer)

@@ -21,8 +21,9 @@ TEN_MB = 10 * 1024 * 1024
 def serving(app, port: int = 0) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 (``port`` 0: a free one) in a thread; yields the base URL; stopped on every exit
     path (uvicorn's should_exit, then the thread joined)."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off",
-                            timeout_graceful_shutdown=1)  # a hung request must not hold the stop
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="error", lifespan="off", timeout_graceful_shutdown=1
+    )  # a hung request must not hold the stop
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-service", daemon=True)
     thread.start()
@@ -42,8 +43,15 @@ def serving(app, port: int = 0) -> Iterator[str]:
 def rlzoo_results(body: dict, reward=None) -> dict:
     """rlzoo's protocol: reward 1 when the response equals the answer, else 0 (or ``reward`` for every item)."""
     items = body["items"]
-    return {"results": [{"reward": reward if reward is not None else float(i["response"] == i["answer"]),
-                         "info": {"seen": i["metadata"]}} for i in items]}
+    return {
+        "results": [
+            {
+                "reward": reward if reward is not None else float(i["response"] == i["answer"]),
+                "info": {"seen": i["metadata"]},
+            }
+            for i in items
+        ]
+    }
 
 
 def faulty_app() -> FastAPI:
@@ -123,8 +131,12 @@ def faulty_app() -> FastAPI:
 
     @app.post("/steps/{kind}")
     async def bad_steps(kind: str, request: Request) -> Response:
-        steps = {"nan": '[{"reward": NaN, "span": [0, 1]}]', "no_span": '[{"reward": 1.0}]',
-                 "backwards": '[{"reward": 1.0, "span": [3, 1]}]', "not_a_list": '{"reward": 1.0}'}[kind]
+        steps = {
+            "nan": '[{"reward": NaN, "span": [0, 1]}]',
+            "no_span": '[{"reward": 1.0}]',
+            "backwards": '[{"reward": 1.0, "span": [3, 1]}]',
+            "not_a_list": '{"reward": 1.0}',
+        }[kind]
         count = len((await request.json())["items"])
         item = '{"reward": 1.0, "steps": ' + steps + "}"
         return Response('{"results": [' + ",".join([item] * count) + "]}", media_type="application/json")

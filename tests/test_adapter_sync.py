@@ -33,8 +33,9 @@ class Case:
         engine = HFRolloutEngine(HFRolloutEngine.Params(**params))
         lora = None if sync is None else self.lora.model_copy(update={"sync": sync})
         adapters = sends_adapters(engine, lora, moe=self.architecture == "qwen3_moe")  # the run's rule
-        engine.start(EngineContext(self.model_dir, seed=5, eos_token_id=1, pad_token_id=0, lora=lora,
-                                   sends_adapters=adapters))
+        engine.start(
+            EngineContext(self.model_dir, seed=5, eos_token_id=1, pad_token_id=0, lora=lora, sends_adapters=adapters)
+        )
         return engine
 
     def trained(self, seed: int):
@@ -51,7 +52,11 @@ class Case:
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
 def case(request, tmp_path_factory):
     tiny = TinyModelConfig(
-        architecture=request.param, hidden_size=32, intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+        architecture=request.param,
+        hidden_size=32,
+        intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
         moe_intermediate_size=32,
     )
     model = build_tiny_model(tiny, TOKENIZER, seed=1)
@@ -97,9 +102,15 @@ def test_synced_adapters_sample_the_training_policy(case):
         greedy = flat(engine.generate(PROMPTS, GREEDY))
         for prompt, g in zip(PROMPTS, greedy):
             ids = torch.tensor([prompt])
-            out = trained.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
-                                   do_sample=False, eos_token_id=1, pad_token_id=0)
-            reference = out[0, len(prompt):].tolist()
+            out = trained.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=10,
+                do_sample=False,
+                eos_token_id=1,
+                pad_token_id=0,
+            )
+            reference = out[0, len(prompt) :].tolist()
             assert g.response_ids == reference[: len(g.response_ids)]
         gap = max(logp_gap(trained, greedy), logp_gap(trained, flat(engine.generate(PROMPTS, SAMPLED))))
         print(f"\n[{case.architecture}] adapter v{version}: max |dlogp| vs peft = {gap:.1e}")

@@ -60,7 +60,6 @@ def _without_times(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not k.startswith("time/") and k not in added}
 
 
-
 def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
     sync_trainer, _, _, sync_metrics = _run(tmp_path / "sync", None)
     async_trainer, _, _, async_metrics = _run(tmp_path / "async", 0)
@@ -70,8 +69,9 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
     for sync, produced in zip(sync_metrics, async_metrics, strict=True):
         a, b = _without_times(sync), _without_times(produced)
         assert a.keys() == b.keys()
-        assert all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a), \
-            {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+        assert all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a), {
+            k: (a[k], b[k]) for k in a if a[k] != b[k]
+        }
     assert same(state(sync_trainer.model), state(async_trainer.model))
 
 
@@ -175,7 +175,11 @@ def test_preflight_refuses_what_the_producer_cannot_honour(overrides, world, loc
 def test_preflight_takes_a_producer_on_every_rank_of_several_processes(tmp_path):
     """Several processes: a producer thread on each rank that samples (integration_tests/test_async_multiprocess.py)."""
     registry = default_registry()
-    overrides = ["rollout.max_staleness=2", "rollout.partial=continue", "trainer.engine={name: deepspeed, zero_stage: 3}"]
+    overrides = [
+        "rollout.max_staleness=2",
+        "rollout.partial=continue",
+        "trainer.engine={name: deepspeed, zero_stage: 3}",
+    ]
     config = build_config({}, [*overrides, f"output_dir={tmp_path / 'run'}"], registry)
     preflight(config, registry, world=2)
 
@@ -211,8 +215,10 @@ class BetweenBatches(HFRolloutEngine):
     [
         (["rollout.max_staleness=-1"], "rollout.max_staleness"),
         (["rollout.max_staleness=2", "rollout.queue_size=8"], "rollout.queue_size"),
-        (["rollout.max_staleness=2", "rollout.partial=continue", "rollout.engine={name: between-batches}"],
-         "rollout.partial"),
+        (
+            ["rollout.max_staleness=2", "rollout.partial=continue", "rollout.engine={name: between-batches}"],
+            "rollout.partial",
+        ),
     ],
 )
 def test_rlzoo_train_refuses_bad_async_settings_in_one_line(tmp_path, overrides, field):
@@ -226,8 +232,13 @@ def test_rlzoo_train_refuses_bad_async_settings_in_one_line(tmp_path, overrides,
     command = [found] if found else [sys.executable, "-m", "rlzoo.cli"]
     (tmp_path / "between_batches.py").write_text(BETWEEN_BATCHES)
     sets = [arg for o in [*overrides, f"output_dir={tmp_path / 'run'}"] for arg in ("--set", o)]
-    proc = subprocess.run([*command, "train", str(example), *sets, "--plugin", "between_batches.py"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [*command, "train", str(example), *sets, "--plugin", "between_batches.py"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and field in proc.stderr
     assert not (tmp_path / "run").exists()  # refused before anything is written

@@ -46,7 +46,9 @@ class Case:
     processes: int = 1  # train: WORLD_SIZE as a launcher sets it; config check: --processes
 
 
-def hf_folder(root: Path, *, config: dict | None = None, tokenizer: bool = True, vocab: int = 5, weights: bool = True) -> str:
+def hf_folder(
+    root: Path, *, config: dict | None = None, tokenizer: bool = True, vocab: int = 5, weights: bool = True
+) -> str:
     """A folder shaped like a Hugging Face model (the preflight reads files; nothing loads these weights)."""
     folder = root / "model"
     folder.mkdir()
@@ -56,7 +58,9 @@ def hf_folder(root: Path, *, config: dict | None = None, tokenizer: bool = True,
         tok = {"model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(vocab)}}, "added_tokens": []}
         (folder / "tokenizer.json").write_text(json.dumps(tok))
     if weights:  # the tensors config.json describes (zeros), or none where transformers cannot build it
-        write_weights(folder) if config is not None else (folder / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")
+        write_weights(folder) if config is not None else (folder / "model.safetensors").write_bytes(
+            b"\x02\0\0\0\0\0\0\0{}"
+        )
     return str(folder)
 
 
@@ -86,125 +90,300 @@ def old_run(root: Path) -> dict:
 
 
 CASES = [
-    Case("head-dim-vllm", {"model": {"tiny": {"head_dim": 16}}, "rollout": {"engine": {"name": "vllm"}}},
-         ("model.tiny.head_dim", "not supported by vLLM", "32, 64, 80")),
+    Case(
+        "head-dim-vllm",
+        {"model": {"tiny": {"head_dim": 16}}, "rollout": {"engine": {"name": "vllm"}}},
+        ("model.tiny.head_dim", "not supported by vLLM", "32, 64, 80"),
+    ),
     Case("head-dim-odd", {"model": {"tiny": {"head_dim": 15}}}, ("model.tiny.head_dim", "even")),
-    Case("kv-cache-too-small", {"rollout": {"engine": {"name": "vllm", "kv_cache_memory_bytes": 10}}},
-         ("rollout.engine.kv_cache_memory_bytes", "10 bytes cannot hold one sequence of the 256-token context",
-          "use at least 131072")),
-    Case("kv-heads", {"model": {"tiny": {"num_attention_heads": 4, "num_key_value_heads": 3}}},
-         ("model.tiny.num_key_value_heads", "does not divide", "[1, 2, 4]")),
-    Case("top-k", {"model": {"tiny": {"num_experts": 4, "num_experts_per_tok": 6}}},
-         ("model.tiny.num_experts_per_tok", "use 1..4")),
-    Case("hidden-zero", {"model": {"tiny": {"hidden_size": 0}}}, ("model.tiny.hidden_size", "greater than or equal to 1")),
+    Case(
+        "kv-cache-too-small",
+        {"rollout": {"engine": {"name": "vllm", "kv_cache_memory_bytes": 10}}},
+        (
+            "rollout.engine.kv_cache_memory_bytes",
+            "10 bytes cannot hold one sequence of the 256-token context",
+            "use at least 131072",
+        ),
+    ),
+    Case(
+        "kv-heads",
+        {"model": {"tiny": {"num_attention_heads": 4, "num_key_value_heads": 3}}},
+        ("model.tiny.num_key_value_heads", "does not divide", "[1, 2, 4]"),
+    ),
+    Case(
+        "top-k",
+        {"model": {"tiny": {"num_experts": 4, "num_experts_per_tok": 6}}},
+        ("model.tiny.num_experts_per_tok", "use 1..4"),
+    ),
+    Case(
+        "hidden-zero", {"model": {"tiny": {"hidden_size": 0}}}, ("model.tiny.hidden_size", "greater than or equal to 1")
+    ),
     Case("path-missing", {"model": {"path": "no/such/model"}}, ("model.path", "does not exist", "or null")),
     Case("path-no-config", setup=lambda d: {"model": {"path": hf_folder(d)}}, expect=("model.path", "no config.json")),
-    Case("path-no-tokenizer", setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, tokenizer=False)}},
-         expect=("model.path", "no tokenizer", "tokenizer.json")),
-    Case("path-no-weights", setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, weights=False)}},
-         expect=("model.path", "holds no weights", "*.safetensors")),
-    Case("vocab", setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=40)}},
-         expect=("model.path", "reach 39", "vocab_size is 20", "0..19")),
-    Case("path-head-dim-vllm",
-         setup=lambda d: {"model": {"path": hf_folder(d, config={**QWEN3, "head_dim": 48})}},
-         config={"rollout": {"engine": {"name": "vllm"}}}, expect=("model.path", "head_dim 48", "32, 64")),
+    Case(
+        "path-no-tokenizer",
+        setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, tokenizer=False)}},
+        expect=("model.path", "no tokenizer", "tokenizer.json"),
+    ),
+    Case(
+        "path-no-weights",
+        setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, weights=False)}},
+        expect=("model.path", "holds no weights", "*.safetensors"),
+    ),
+    Case(
+        "vocab",
+        setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=40)}},
+        expect=("model.path", "reach 39", "vocab_size is 20", "0..19"),
+    ),
+    Case(
+        "path-head-dim-vllm",
+        setup=lambda d: {"model": {"path": hf_folder(d, config={**QWEN3, "head_dim": 48})}},
+        config={"rollout": {"engine": {"name": "vllm"}}},
+        expect=("model.path", "head_dim 48", "32, 64"),
+    ),
     Case("no-model", {"cold_start": {"enabled": False}}, ("cold_start.enabled", "true", "model.path")),
-    Case("minibatches", {"rollout": {"prompts_per_step": 3, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 4}},
-         ("algorithm.minibatches_per_rollout", "does not divide a step's 6 rows", "[1, 2, 3, 6]")),
-    Case("jsonl-missing", {"task": {"name": "jsonl", "path": "no/such.jsonl"}},
-         ("task.path", "data file not found", "JSON-lines")),
-    Case("jsonl-eval-missing",
-         setup=data_file,
-         config={"task": {"name": "jsonl", "path": "train.jsonl", "eval_path": "eval.jsonl"}},
-         expect=("task.eval_path", "data file not found")),
-    Case("jsonl-verifier", {"task": {"name": "jsonl", "path": "train.jsonl", "verifier": "nope"}}, setup=data_file,
-         expect=("verifier", "'nope'", "not installed", "exact")),
-    Case("vllm-missing", {"rollout": {"engine": {"name": "vllm"}}}, ("rollout.engine.name", "'vllm'", "usable here: hf"),
-         hide=("vllm",)),
-    Case("deepspeed-missing", {"trainer": {"engine": {"name": "deepspeed"}}},
-         ("trainer.engine.name", "'deepspeed'", "usable here: torch"), hide=("deepspeed",)),
-    Case("router-dense", {"model": {"tiny": {"architecture": "qwen3"}}, "algorithm": {"router": {"name": "replay-old"}}},
-         ("algorithm.router.name", "dense", "'none'", "model.tiny.architecture: qwen3_moe")),
-    Case("ds-moe-dense", {"model": {"tiny": {"architecture": "qwen3"}}, "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed"}}},
-         ("trainer.engine.moe", "dense", "use 'none'")),
-    Case("ds-moe-zero3", {"trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "zero_stage": 3}}},
-         ("trainer.engine.zero_stage", "use 0, 1 or 2")),
-    Case("ds-ep-size", {"trainer": {"engine": {"name": "deepspeed", "ep_size": 2}}},
-         ("trainer.engine.ep_size", "needs moe: deepspeed", "use 1")),
-    Case("greedy-samples", {"train": {"eval_samples_per_prompt": 4, "eval_temperature": 0.0}},
-         ("train.eval_samples_per_prompt", "use 1", "eval_temperature > 0")),
-    Case("vllm-context", {"rollout": {"engine": {"name": "vllm", "max_model_len": 512}}},
-         ("rollout.engine.max_model_len", "max_position_embeddings 256", "at most 256")),
+    Case(
+        "minibatches",
+        {"rollout": {"prompts_per_step": 3, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 4}},
+        ("algorithm.minibatches_per_rollout", "does not divide a step's 6 rows", "[1, 2, 3, 6]"),
+    ),
+    Case(
+        "jsonl-missing",
+        {"task": {"name": "jsonl", "path": "no/such.jsonl"}},
+        ("task.path", "data file not found", "JSON-lines"),
+    ),
+    Case(
+        "jsonl-eval-missing",
+        setup=data_file,
+        config={"task": {"name": "jsonl", "path": "train.jsonl", "eval_path": "eval.jsonl"}},
+        expect=("task.eval_path", "data file not found"),
+    ),
+    Case(
+        "jsonl-verifier",
+        {"task": {"name": "jsonl", "path": "train.jsonl", "verifier": "nope"}},
+        setup=data_file,
+        expect=("verifier", "'nope'", "not installed", "exact"),
+    ),
+    Case(
+        "vllm-missing",
+        {"rollout": {"engine": {"name": "vllm"}}},
+        ("rollout.engine.name", "'vllm'", "usable here: hf"),
+        hide=("vllm",),
+    ),
+    Case(
+        "deepspeed-missing",
+        {"trainer": {"engine": {"name": "deepspeed"}}},
+        ("trainer.engine.name", "'deepspeed'", "usable here: torch"),
+        hide=("deepspeed",),
+    ),
+    Case(
+        "router-dense",
+        {"model": {"tiny": {"architecture": "qwen3"}}, "algorithm": {"router": {"name": "replay-old"}}},
+        ("algorithm.router.name", "dense", "'none'", "model.tiny.architecture: qwen3_moe"),
+    ),
+    Case(
+        "ds-moe-dense",
+        {
+            "model": {"tiny": {"architecture": "qwen3"}},
+            "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed"}},
+        },
+        ("trainer.engine.moe", "dense", "use 'none'"),
+    ),
+    Case(
+        "ds-moe-zero3",
+        {"trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "zero_stage": 3}}},
+        ("trainer.engine.zero_stage", "use 0, 1 or 2"),
+    ),
+    Case(
+        "ds-ep-size",
+        {"trainer": {"engine": {"name": "deepspeed", "ep_size": 2}}},
+        ("trainer.engine.ep_size", "needs moe: deepspeed", "use 1"),
+    ),
+    Case(
+        "greedy-samples",
+        {"train": {"eval_samples_per_prompt": 4, "eval_temperature": 0.0}},
+        ("train.eval_samples_per_prompt", "use 1", "eval_temperature > 0"),
+    ),
+    Case(
+        "vllm-context",
+        {"rollout": {"engine": {"name": "vllm", "max_model_len": 512}}},
+        ("rollout.engine.max_model_len", "max_position_embeddings 256", "at most 256"),
+    ),
     Case("resume-missing", args=("--resume", "no/such/run"), expect=("--resume", "not a folder")),
-    Case("resume-empty", setup=lambda d: (d / "empty").mkdir() or {}, args=("--resume", "empty"),
-         expect=("--resume", "no complete checkpoint", "without --resume")),
-    Case("output-holds-run", setup=old_run, expect=("output_dir", "already holds a run", "--resume", "another output_dir")),
-    Case("launcher-vllm", {"rollout": {"engine": {"name": "vllm"}, "per_rank": False}},
-         ("rollout.engine.name", "multi-process", "{name: hf}", "rollout.per_rank: true"), processes=2),
-    Case("launcher-rows", {"rollout": {"prompts_per_step": 1, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}},
-         ("algorithm.minibatches_per_rollout", "4 processes need at least 4 rows"), processes=4),
-    Case("gae-no-critic", {"algorithm": {"advantage": {"name": "gae"}}},
-         ("algorithm.critic", "advantage 'gae'", "reads a critic's values", "preset: ppo", "group")),
-    Case("critic-no-returns", {"algorithm": {"critic": {}}},
-         ("algorithm.critic", "advantage 'group' reads no values", "gae", "critic: null")),
-    Case("critic-dense-for-moe", setup=lambda d: {"algorithm": {"preset": "ppo", "critic": {"model": hf_folder(d, config=QWEN3)}}},
-         expect=("algorithm.critic.model", "is a dense model but the policy is a mixture-of-experts one")),
-    Case("critic-missing", {"algorithm": {"preset": "ppo", "critic": {"model": "no/such/critic"}}},
-         ("algorithm.critic.model", "does not exist", "null for a copy of the policy")),
-    Case("kl-controller-unknown", {"algorithm": {"kl_in_reward": {"name": "adaptiv"}}},
-         ("algorithm.kl_in_reward.name", "did you mean 'adaptive'")),
-    Case("kl-in-reward-per-response", {"algorithm": {"kl_in_reward": {"name": "fixed"}}},
-         ("algorithm.kl_in_reward", "advantage 'group'", "one reward per response", "gae", "algorithm.kl_coef")),
+    Case(
+        "resume-empty",
+        setup=lambda d: (d / "empty").mkdir() or {},
+        args=("--resume", "empty"),
+        expect=("--resume", "no complete checkpoint", "without --resume"),
+    ),
+    Case(
+        "output-holds-run",
+        setup=old_run,
+        expect=("output_dir", "already holds a run", "--resume", "another output_dir"),
+    ),
+    Case(
+        "launcher-vllm",
+        {"rollout": {"engine": {"name": "vllm"}, "per_rank": False}},
+        ("rollout.engine.name", "multi-process", "{name: hf}", "rollout.per_rank: true"),
+        processes=2,
+    ),
+    Case(
+        "launcher-rows",
+        {"rollout": {"prompts_per_step": 1, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}},
+        ("algorithm.minibatches_per_rollout", "4 processes need at least 4 rows"),
+        processes=4,
+    ),
+    Case(
+        "gae-no-critic",
+        {"algorithm": {"advantage": {"name": "gae"}}},
+        ("algorithm.critic", "advantage 'gae'", "reads a critic's values", "preset: ppo", "group"),
+    ),
+    Case(
+        "critic-no-returns",
+        {"algorithm": {"critic": {}}},
+        ("algorithm.critic", "advantage 'group' reads no values", "gae", "critic: null"),
+    ),
+    Case(
+        "critic-dense-for-moe",
+        setup=lambda d: {"algorithm": {"preset": "ppo", "critic": {"model": hf_folder(d, config=QWEN3)}}},
+        expect=("algorithm.critic.model", "is a dense model but the policy is a mixture-of-experts one"),
+    ),
+    Case(
+        "critic-missing",
+        {"algorithm": {"preset": "ppo", "critic": {"model": "no/such/critic"}}},
+        ("algorithm.critic.model", "does not exist", "null for a copy of the policy"),
+    ),
+    Case(
+        "kl-controller-unknown",
+        {"algorithm": {"kl_in_reward": {"name": "adaptiv"}}},
+        ("algorithm.kl_in_reward.name", "did you mean 'adaptive'"),
+    ),
+    Case(
+        "kl-in-reward-per-response",
+        {"algorithm": {"kl_in_reward": {"name": "fixed"}}},
+        ("algorithm.kl_in_reward", "advantage 'group'", "one reward per response", "gae", "algorithm.kl_coef"),
+    ),
     Case("lora-rank", {"model": {"lora": {"rank": 0}}}, ("model.lora.rank", "greater than 0")),
-    Case("lora-targets", {"model": {"lora": {"target_modules": ["q_proj", "qkv"]}}},
-         ("model.lora.target_modules", "['qkv']", "q_proj", "experts.gate_up_proj")),
-    Case("lora-dense-experts", {"model": {"tiny": {"architecture": "qwen3"}, "lora": {"target_modules": ["experts.down_proj"]}}},
-         ("model.lora.target_modules", "['experts.down_proj']", "gate_proj")),
-    Case("lora-ds-moe-zero2", {"model": {"lora": {}}, "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "zero_stage": 2}}},
-         ("trainer.engine.zero_stage", "needs trainable experts", "moe: none", "zero_stage 0")),
-    Case("lora-zero3", {"model": {"lora": {}}, "trainer": {"engine": {"name": "deepspeed", "zero_stage": 3}}},
-         ("trainer.engine.zero_stage", "3 under model.lora is not supported", "use 0, 1 or 2")),
-    Case("lora-ds-moe-experts", {"model": {"lora": {"target_modules": ["q_proj", "experts.gate_up_proj"]}},
-                                 "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed"}}},
-         ("model.lora.target_modules", "DeepSpeed-MoE", "target attention only", "moe: none")),
-    Case("ep-size-world", {"trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "ep_size": 2}}},
-         ("trainer.engine.ep_size", "does not divide the 3 process(es)", "use one of [1, 3]"), processes=3),
-    Case("teacher-both", {"teacher": {"model": "t", "tiny": {}}, **DISTILL}, ("teacher", "exactly one of teacher.model")),
-    Case("teacher-unread", {"teacher": {"tiny": {"hidden_size": 128}}},
-         ("teacher", "advantage 'group'", "reads no teacher", "reverse-kl", "teacher: null")),
-    Case("distill-no-teacher", DISTILL, ("teacher", "null, but advantage 'reverse-kl'", "teacher's log-probs", "group")),
-    Case("distill-nested-unknown", {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gruop"}}}},
-         ("algorithm.advantage.task.name", "did you mean 'group'")),
-    Case("distill-nested-gae", {"teacher": {"tiny": {}}, "algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gae"}}}},
-         ("algorithm.critic", "advantage 'gae' (algorithm.advantage.task)", "reads a critic's values")),
-    Case("teacher-missing", {"teacher": {"model": "no/such/teacher"}, **DISTILL},
-         ("teacher.model", "does not exist", "teacher.tiny")),
-    Case("teacher-not-hf", setup=lambda d: {"teacher": {"model": teacher_folder(d)}, **DISTILL},
-         expect=("teacher.model", "no config.json")),
-    Case("teacher-no-tokenizer",
-         setup=lambda d: {"teacher": {"model": teacher_folder(d, config=QWEN3, tokenizer=False)}, **DISTILL},
-         expect=("teacher.model", "has no tokenizer.json to compare with the policy's")),
-    Case("teacher-tokenizer", setup=lambda d: {"teacher": {"model": teacher_folder(d, config=QWEN3)}, **DISTILL},
-         expect=("teacher.model", "differs from the policy's (the task's character tokenizer", "22 tokens differ",
-                 "'*': absent in the teacher's, id 3 in the policy's", "built on the policy's tokenizer")),
-    Case("teacher-tokenizer-ids",
-         setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=20)}, **DISTILL,
-                          "teacher": {"model": teacher_folder(d, config={**QWEN3, "vocab_size": 10}, vocab=20)}},
-         expect=("teacher.model", "reach 19", "vocab_size is 10", "does not belong to this model")),
-    Case("teacher-vocab-size",  # one tokenizer, but the policy's padded embedding lets it sample ids 20..23
-         setup=lambda d: {"model": {"path": hf_folder(d, config={**QWEN3, "vocab_size": 24}, vocab=20)}, **DISTILL,
-                          "teacher": {"model": teacher_folder(d, config=QWEN3, vocab=20)}},
-         expect=("teacher.model", "has vocab_size 20 but the policy's is 24", "every id up to 23",
-                 "at least 24")),
+    Case(
+        "lora-targets",
+        {"model": {"lora": {"target_modules": ["q_proj", "qkv"]}}},
+        ("model.lora.target_modules", "['qkv']", "q_proj", "experts.gate_up_proj"),
+    ),
+    Case(
+        "lora-dense-experts",
+        {"model": {"tiny": {"architecture": "qwen3"}, "lora": {"target_modules": ["experts.down_proj"]}}},
+        ("model.lora.target_modules", "['experts.down_proj']", "gate_proj"),
+    ),
+    Case(
+        "lora-ds-moe-zero2",
+        {"model": {"lora": {}}, "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "zero_stage": 2}}},
+        ("trainer.engine.zero_stage", "needs trainable experts", "moe: none", "zero_stage 0"),
+    ),
+    Case(
+        "lora-zero3",
+        {"model": {"lora": {}}, "trainer": {"engine": {"name": "deepspeed", "zero_stage": 3}}},
+        ("trainer.engine.zero_stage", "3 under model.lora is not supported", "use 0, 1 or 2"),
+    ),
+    Case(
+        "lora-ds-moe-experts",
+        {
+            "model": {"lora": {"target_modules": ["q_proj", "experts.gate_up_proj"]}},
+            "trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed"}},
+        },
+        ("model.lora.target_modules", "DeepSpeed-MoE", "target attention only", "moe: none"),
+    ),
+    Case(
+        "ep-size-world",
+        {"trainer": {"engine": {"name": "deepspeed", "moe": "deepspeed", "ep_size": 2}}},
+        ("trainer.engine.ep_size", "does not divide the 3 process(es)", "use one of [1, 3]"),
+        processes=3,
+    ),
+    Case(
+        "teacher-both", {"teacher": {"model": "t", "tiny": {}}, **DISTILL}, ("teacher", "exactly one of teacher.model")
+    ),
+    Case(
+        "teacher-unread",
+        {"teacher": {"tiny": {"hidden_size": 128}}},
+        ("teacher", "advantage 'group'", "reads no teacher", "reverse-kl", "teacher: null"),
+    ),
+    Case(
+        "distill-no-teacher", DISTILL, ("teacher", "null, but advantage 'reverse-kl'", "teacher's log-probs", "group")
+    ),
+    Case(
+        "distill-nested-unknown",
+        {"algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gruop"}}}},
+        ("algorithm.advantage.task.name", "did you mean 'group'"),
+    ),
+    Case(
+        "distill-nested-gae",
+        {"teacher": {"tiny": {}}, "algorithm": {"advantage": {"name": "reverse-kl", "task": {"name": "gae"}}}},
+        ("algorithm.critic", "advantage 'gae' (algorithm.advantage.task)", "reads a critic's values"),
+    ),
+    Case(
+        "teacher-missing",
+        {"teacher": {"model": "no/such/teacher"}, **DISTILL},
+        ("teacher.model", "does not exist", "teacher.tiny"),
+    ),
+    Case(
+        "teacher-not-hf",
+        setup=lambda d: {"teacher": {"model": teacher_folder(d)}, **DISTILL},
+        expect=("teacher.model", "no config.json"),
+    ),
+    Case(
+        "teacher-no-tokenizer",
+        setup=lambda d: {"teacher": {"model": teacher_folder(d, config=QWEN3, tokenizer=False)}, **DISTILL},
+        expect=("teacher.model", "has no tokenizer.json to compare with the policy's"),
+    ),
+    Case(
+        "teacher-tokenizer",
+        setup=lambda d: {"teacher": {"model": teacher_folder(d, config=QWEN3)}, **DISTILL},
+        expect=(
+            "teacher.model",
+            "differs from the policy's (the task's character tokenizer",
+            "22 tokens differ",
+            "'*': absent in the teacher's, id 3 in the policy's",
+            "built on the policy's tokenizer",
+        ),
+    ),
+    Case(
+        "teacher-tokenizer-ids",
+        setup=lambda d: {
+            "model": {"path": hf_folder(d, config=QWEN3, vocab=20)},
+            **DISTILL,
+            "teacher": {"model": teacher_folder(d, config={**QWEN3, "vocab_size": 10}, vocab=20)},
+        },
+        expect=("teacher.model", "reach 19", "vocab_size is 10", "does not belong to this model"),
+    ),
+    Case(
+        "teacher-vocab-size",  # one tokenizer, but the policy's padded embedding lets it sample ids 20..23
+        setup=lambda d: {
+            "model": {"path": hf_folder(d, config={**QWEN3, "vocab_size": 24}, vocab=20)},
+            **DISTILL,
+            "teacher": {"model": teacher_folder(d, config=QWEN3, vocab=20)},
+        },
+        expect=("teacher.model", "has vocab_size 20 but the policy's is 24", "every id up to 23", "at least 24"),
+    ),
     Case("teacher-tiny-shape", {"teacher": {"tiny": {"head_dim": 15}}, **DISTILL}, ("teacher.tiny.head_dim", "even")),
-    Case("teacher-tiny-tokenizer",
-         setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=20)}, "teacher": {"tiny": {}}, **DISTILL},
-         expect=("teacher.tiny", "the task's character tokenizer, which differs from the policy's (model.path)",
-                 "use teacher.model")),
+    Case(
+        "teacher-tiny-tokenizer",
+        setup=lambda d: {"model": {"path": hf_folder(d, config=QWEN3, vocab=20)}, "teacher": {"tiny": {}}, **DISTILL},
+        expect=(
+            "teacher.tiny",
+            "the task's character tokenizer, which differs from the policy's (model.path)",
+            "use teacher.model",
+        ),
+    ),
 ]
 # train as well as config check: the cases whose inputs reach train's preflight by another way than check's
-TRAIN_IDS = ("launcher-vllm", "launcher-rows", "ep-size-world", "resume-missing", "resume-empty", "output-holds-run",
-             "vllm-missing")
+TRAIN_IDS = (
+    "launcher-vllm",
+    "launcher-rows",
+    "ep-size-world",
+    "resume-missing",
+    "resume-empty",
+    "output-holds-run",
+    "vllm-missing",
+)
 IN_PROCESS = [(c, "check") for c in CASES] + [(c, "train") for c in CASES if c.id in TRAIN_IDS]
 # a real subprocess costs seconds (torch's import): one per command, the exit path as a user sees it
 SMOKES = (("check", "vllm-missing"), ("train", "output-holds-run"))
@@ -240,7 +419,9 @@ def launcher_env(case: Case, command: str) -> dict[str, str]:
 
 def run_case(case: Case, command: str, folder: Path) -> subprocess.CompletedProcess:
     argv = [*cli_args(case, command), *prepare(case, folder)]
-    prefix = [sys.executable, "-c", HIDING_MAIN, ",".join(case.hide)] if case.hide else [sys.executable, "-m", "rlzoo.cli"]
+    prefix = (
+        [sys.executable, "-c", HIDING_MAIN, ",".join(case.hide)] if case.hide else [sys.executable, "-m", "rlzoo.cli"]
+    )
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
     env.update(launcher_env(case, command))
     return subprocess.run([*prefix, *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
@@ -364,8 +545,12 @@ def test_a_complete_model_folder_passes(tmp_path):
 def test_a_teacher_on_the_policys_tokenizer_passes(tmp_path):
     path = hf_folder(tmp_path, config=QWEN3, vocab=20)
     teacher = teacher_folder(tmp_path, config={**QWEN3, "vocab_size": 24}, vocab=20)  # a padded embedding is fine
-    _preflight(merge(BASE, {"output_dir": str(tmp_path / "out"), "model": {"path": path}, "teacher": {"model": teacher},
-                            **DISTILL}))
+    _preflight(
+        merge(
+            BASE,
+            {"output_dir": str(tmp_path / "out"), "model": {"path": path}, "teacher": {"model": teacher}, **DISTILL},
+        )
+    )
     _preflight(merge(BASE, {"output_dir": str(tmp_path / "out"), "teacher": {"tiny": {"hidden_size": 128}}, **DISTILL}))
 
 
@@ -374,8 +559,14 @@ def test_router_replay_reads_moe_from_the_model_folder(tmp_path, experts, ok):
     from rlzoo.errors import ConfigError
 
     hf = {**QWEN3, "model_type": "qwen3_moe", "num_experts": experts} if experts else QWEN3
-    data = merge(BASE, {"output_dir": str(tmp_path / "out"), "model": {"path": hf_folder(tmp_path, config=hf, vocab=20)},
-                        "algorithm": {"router": {"name": "replay-old"}}})
+    data = merge(
+        BASE,
+        {
+            "output_dir": str(tmp_path / "out"),
+            "model": {"path": hf_folder(tmp_path, config=hf, vocab=20)},
+            "algorithm": {"router": {"name": "replay-old"}},
+        },
+    )
     if ok:
         _preflight(data)
     else:
@@ -393,7 +584,9 @@ def test_the_data_parallel_rule_counts_processes():
     from rlzoo.config.resolution import build_config
     from rlzoo.preflight.batches import data_parallel_problem
 
-    config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}})
+    config = build_config(
+        {"rollout": {"prompts_per_step": 2, "group_size": 2}, "algorithm": {"minibatches_per_rollout": 2}}
+    )
     assert data_parallel_problem(config, 2) is None  # 2 rows per minibatch: one each
     assert "3 processes need at least 3 rows" in data_parallel_problem(config, 3)
     assert data_parallel_problem(config, 2, prompts=1) is not None  # a task with one train prompt

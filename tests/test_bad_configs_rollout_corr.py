@@ -19,25 +19,49 @@ GEO = {"statistic": "k1", "level": "seq_mean", "high": 1.001}
 CASES = [
     Case("tis-level", correction(name="tis", level="tokens"), ("algorithm.correction.level", "'token' or 'sequence'")),
     Case("tis-threshold", correction(name="tis", threshold=0), ("algorithm.correction.threshold", "greater than 0")),
-    Case("tis-low-above-cap", correction(name="tis", threshold=2.0, low=3.0),
-         ("algorithm.correction.low", "must not exceed threshold (2.0)")),
-    Case("rejection-statistic", correction(name="rejection", criteria=[{**GEO, "statistic": "kl"}]),
-         ("algorithm.correction.criteria.0.statistic", "'k1', 'k2' or 'k3'")),
-    Case("rejection-max-of-k1", correction(name="rejection", criteria=[{**GEO, "level": "seq_max"}]),
-         ("algorithm.correction.criteria.0.level", "use k2 or k3")),
-    Case("rejection-k1-bounds", correction(name="rejection", criteria=[{**GEO, "low": 1.5}]),
-         ("algorithm.correction.criteria.0.low", "must not exceed high (1.001)")),
-    Case("rejection-k3-threshold",
-         correction(name="rejection", criteria=[{"statistic": "k3", "level": "token", "high": -0.1}]),
-         ("algorithm.correction.criteria.0.high", "greater than 0")),
-    Case("rejection-none", correction(name="rejection", criteria=[]),
-         ("algorithm.correction.criteria", "at least one criterion")),
-    Case("opsm-threshold", correction(name="opsm", threshold=-0.5),
-         ("algorithm.correction.threshold", "greater than 0")),
-    Case("opsm-importance", correction(name="opsm", importance={"action": "clip"}),
-         ("algorithm.correction.importance.action", "'truncate' or 'mask'")),
-    Case("rejection-rollout-only", {"algorithm": {"correction": {"name": "rejection"}, "old_logprobs": "rollout-only"}},
-         ("algorithm.correction.name", "rollout-only", "'none'")),
+    Case(
+        "tis-low-above-cap",
+        correction(name="tis", threshold=2.0, low=3.0),
+        ("algorithm.correction.low", "must not exceed threshold (2.0)"),
+    ),
+    Case(
+        "rejection-statistic",
+        correction(name="rejection", criteria=[{**GEO, "statistic": "kl"}]),
+        ("algorithm.correction.criteria.0.statistic", "'k1', 'k2' or 'k3'"),
+    ),
+    Case(
+        "rejection-max-of-k1",
+        correction(name="rejection", criteria=[{**GEO, "level": "seq_max"}]),
+        ("algorithm.correction.criteria.0.level", "use k2 or k3"),
+    ),
+    Case(
+        "rejection-k1-bounds",
+        correction(name="rejection", criteria=[{**GEO, "low": 1.5}]),
+        ("algorithm.correction.criteria.0.low", "must not exceed high (1.001)"),
+    ),
+    Case(
+        "rejection-k3-threshold",
+        correction(name="rejection", criteria=[{"statistic": "k3", "level": "token", "high": -0.1}]),
+        ("algorithm.correction.criteria.0.high", "greater than 0"),
+    ),
+    Case(
+        "rejection-none",
+        correction(name="rejection", criteria=[]),
+        ("algorithm.correction.criteria", "at least one criterion"),
+    ),
+    Case(
+        "opsm-threshold", correction(name="opsm", threshold=-0.5), ("algorithm.correction.threshold", "greater than 0")
+    ),
+    Case(
+        "opsm-importance",
+        correction(name="opsm", importance={"action": "clip"}),
+        ("algorithm.correction.importance.action", "'truncate' or 'mask'"),
+    ),
+    Case(
+        "rejection-rollout-only",
+        {"algorithm": {"correction": {"name": "rejection"}, "old_logprobs": "rollout-only"}},
+        ("algorithm.correction.name", "rollout-only", "'none'"),
+    ),
     Case("correction-name", correction(name="rejections"), ("algorithm.correction.name", "did you mean 'rejection'")),
 ]
 

@@ -51,23 +51,38 @@ def test_the_pipeline_is_bounded_by_its_slower_phase_and_gains_with_staleness(k)
 
 def test_streaming_removes_the_long_tail():
     lengths = np.array([10.0] * 63 + [1000.0])
-    assert sim.decode_iterations(lengths, 1, 1e9, stream=True) < sim.decode_iterations(lengths, 1, 1e9, stream=False) / 10
+    assert (
+        sim.decode_iterations(lengths, 1, 1e9, stream=True) < sim.decode_iterations(lengths, 1, 1e9, stream=False) / 10
+    )
 
 
 def test_throughput_ratios_are_against_runs_of_the_same_invocation():
     def run(seconds, tokens, staleness):
         return {"status": "ok", "step_seconds": seconds, "tokens": tokens, "staleness": staleness, "phases": {}}
 
-    result = {"runs": {"sync": run([2.0, 2.0], [100, 100], [0, 0]), "0": run([2.5, 2.5], [100, 100], [0, 0]),
-                       "2": run([1.0, 1.0], [100, 100], [1, 2]), "4": {"status": "failed", "log": "x"}}}
+    result = {
+        "runs": {
+            "sync": run([2.0, 2.0], [100, 100], [0, 0]),
+            "0": run([2.5, 2.5], [100, 100], [0, 0]),
+            "2": run([1.0, 1.0], [100, 100], [1, 2]),
+            "4": {"status": "failed", "log": "x"},
+        }
+    }
     bench.summarise(result)
     runs = result["runs"]
     assert runs["2"]["steps_ratio_vs_0"] == pytest.approx(2.5)
     assert runs["2"]["tokens_ratio_vs_sync"] == pytest.approx(2.0)
     assert runs["2"]["mean_staleness"] == 1.5
     assert "steps_ratio_vs_0" not in runs["4"]
-    assert "| 4 | failed" in bench.report({**result, "scale": "long", "steps": 3, "warmup": 1,
-                                           "machine": {"platform": "p", "cpus": 2, "load_before": [0.1], "date": "d"}})
+    assert "| 4 | failed" in bench.report(
+        {
+            **result,
+            "scale": "long",
+            "steps": 3,
+            "warmup": 1,
+            "machine": {"platform": "p", "cpus": 2, "load_before": [0.1], "date": "d"},
+        }
+    )
 
 
 def test_a_setting_that_is_no_schedule_is_refused():
@@ -81,13 +96,28 @@ def test_a_partial_rollout_setting_is_its_bound_and_its_mode():
     assert bench.overrides_for("2:continue") == ["rollout.max_staleness=2", "rollout.partial=continue"]
     assert bench.overrides_for("1") == ["rollout.max_staleness=1"]
     assert [bench.staleness_of(s) for s in ("sync", "overlap", "0", "4:restart")] == [None, None, 0, 4]
-    partial = {"status": "ok", "step_seconds": [1.0, 1.0], "tokens": [10, 10], "staleness": [1, 1], "phases": {},
-               "token_staleness": [0.5, 0.25], "interrupted": [1.0, 0.5]}
+    partial = {
+        "status": "ok",
+        "step_seconds": [1.0, 1.0],
+        "tokens": [10, 10],
+        "staleness": [1, 1],
+        "phases": {},
+        "token_staleness": [0.5, 0.25],
+        "interrupted": [1.0, 0.5],
+    }
     result = {"runs": {"1:continue": partial}}
     bench.summarise(result)
     assert partial["mean_token_staleness"] == 0.375 and partial["mean_interrupted"] == 0.75
-    table = bench.report({**result, "scale": "long", "steps": 3, "warmup": 1, "set": ["algorithm.minibatches=1"],
-                          "machine": {"platform": "p", "cpus": 2, "load_before": [0.1], "date": "d"}})
+    table = bench.report(
+        {
+            **result,
+            "scale": "long",
+            "steps": 3,
+            "warmup": 1,
+            "set": ["algorithm.minibatches=1"],
+            "machine": {"platform": "p", "cpus": 2, "load_before": [0.1], "date": "d"},
+        }
+    )
     assert "| 1:continue | 1.00 |" in table and "1.00, 0.38 | 75% |" in table
     assert "Config changes: `algorithm.minibatches=1`" in table
 
@@ -97,8 +127,12 @@ def test_the_openmp_benchmark_prints_each_variant_against_alone():
     import subprocess
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "openmp_threads.py"
-    run = subprocess.run([sys.executable, str(script), "--repeats", "1", "--iterations", "2"], capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(script), "--repeats", "1", "--iterations", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     rows = [line for line in run.stdout.splitlines() if line.startswith(("alone", "idle second thread"))]
     assert len(rows) == 4 and rows[0].split()[2] == "1.00x"

@@ -23,7 +23,10 @@ def slow_judge() -> FastAPI:
         body = await request.json()
         assert body["structured_outputs"] == bench.FORMAT["structured_outputs"]
         await asyncio.sleep(0.1)
-        return {"choices": [{"message": {"content": "SCORE: 7"}}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
+        return {
+            "choices": [{"message": {"content": "SCORE: 7"}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 3},
+        }
 
     return app
 

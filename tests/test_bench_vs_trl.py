@@ -18,10 +18,31 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_vs_trl_tiny_minimal(tmp_path):
     out = tmp_path / "result.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--scale", "tiny", "--steps", "3", "--warmup", "1",
-         "--repeats", "1", "--systems", "hf+torch,trl", "--work", str(tmp_path / "work"), "--json", str(out),
-         "--set", "cold_start.steps=20", "--set", "train.eval_prompts=8"],
-        capture_output=True, text=True, timeout=1800,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "vs_trl.py"),
+            "--scale",
+            "tiny",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--systems",
+            "hf+torch,trl",
+            "--work",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+            "--set",
+            "cold_start.steps=20",
+            "--set",
+            "train.eval_prompts=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -77,11 +77,17 @@ def reference(tmp_path_factory) -> tuple[Path, Path]:
     run_dir = root / "reference"
     proc = subprocess.run(
         [*_rlzoo_command(), "train", str(config), "--set", f"output_dir={run_dir}"],
-        capture_output=True, text=True, timeout=600, cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "latest", "step_000001", "step_000002", "step_000003",
+        "latest",
+        "step_000001",
+        "step_000002",
+        "step_000003",
     ]
     return config, run_dir
 
@@ -226,7 +232,9 @@ def test_no_intact_checkpoint_is_refused_listing_each(reference, tmp_path):
     with pytest.raises(CheckpointDamaged) as err:
         choose_checkpoint(run_dir)
     lines = str(err.value).splitlines()
-    assert lines[0] == f"no intact checkpoint to resume in {run_dir / 'checkpoints'}; every one is damaged or incomplete:"
+    assert (
+        lines[0] == f"no intact checkpoint to resume in {run_dir / 'checkpoints'}; every one is damaged or incomplete:"
+    )
     assert lines[1] == "  step_000003: rng.safetensors: content differs from its recorded sha256 digest"
     assert lines[2] == "  step_000002: state.json: missing"
     assert lines[3].startswith("  step_000001: optimizer.safetensors: truncated (")
@@ -250,7 +258,9 @@ def test_a_checkpoint_without_digests_is_checked_for_structure_and_loaded_with_a
     assert check.intact and not check.verified
     with caplog.at_level(logging.WARNING, logger="rlzoo"):
         assert choose_checkpoint(run_dir) == checkpoint(run_dir, 3)
-    assert any("has no digests.json" in r.getMessage() and "cannot be verified" in r.getMessage() for r in caplog.records)
+    assert any(
+        "has no digests.json" in r.getMessage() and "cannot be verified" in r.getMessage() for r in caplog.records
+    )
 
     flip(checkpoint(run_dir, 3) / "model" / "model.safetensors")  # without digests: not detectable (documented)
     assert verify_checkpoint(checkpoint(run_dir, 3)).intact
@@ -317,7 +327,10 @@ def test_the_digests_are_written_last_and_newer_checkpoints_of_an_abandoned_run_
 def _resume(config: Path, run_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*_rlzoo_command(), "train", str(config), "--resume", str(run_dir)],
-        capture_output=True, text=True, timeout=600, cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=run_dir.parent,
     )
 
 
@@ -352,7 +365,7 @@ def test_cli_resume_with_every_checkpoint_damaged_is_refused(reference, tmp_path
     proc = _resume(config, run_dir)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    err = proc.stderr[proc.stderr.index("error: "):]
+    err = proc.stderr[proc.stderr.index("error: ") :]
     assert err.startswith(f"error: no intact checkpoint to resume in {run_dir / 'checkpoints'}"), err
     assert "  step_000003: model/model.safetensors: truncated (" in err, err
     assert "  step_000002: optimizer.json: content differs from its recorded sha256 digest" in err, err

@@ -89,7 +89,9 @@ def test_config_check_example(capsys):
 
     # the example's engines need vLLM and DeepSpeed; the check refuses an engine whose package is missing
     swaps = {"vllm": "rollout.engine={name: hf}", "deepspeed": "trainer.engine={name: torch}"}
-    overrides = [arg for package, swap in swaps.items() if importlib.util.find_spec(package) is None for arg in ("--set", swap)]
+    overrides = [
+        arg for package, swap in swaps.items() if importlib.util.find_spec(package) is None for arg in ("--set", swap)
+    ]
     assert main(["config", "check", str(REPO / "examples" / "gspo_tiny_moe.yaml"), *overrides]) == 0
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["algorithm"]["ratio"]["name"] == "sequence"
@@ -155,8 +157,11 @@ def test_config_check_processes_must_be_positive(tmp_path, capsys):
 
 
 def test_config_check_for_several_processes(tmp_path, capsys):
-    path = write(tmp_path, f"output_dir: {tmp_path / 'out'}\nrollout: {{prompts_per_step: 1, group_size: 2}}\n"
-                           "algorithm: {minibatches_per_rollout: 2}\n")
+    path = write(
+        tmp_path,
+        f"output_dir: {tmp_path / 'out'}\nrollout: {{prompts_per_step: 1, group_size: 2}}\n"
+        "algorithm: {minibatches_per_rollout: 2}\n",
+    )
     assert main(["config", "check", str(path)]) == 0
     capsys.readouterr()
     assert main(["config", "check", str(path), "--processes", "2"]) == 1

@@ -17,10 +17,18 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gspo_tiny_moe.yaml
 
 
 def sft(run_dir: Path) -> subprocess.CompletedProcess:
-    overrides = [arg for item in [*TINY_RUN, f"output_dir={run_dir}", "rollout.engine={name: hf}",
-                                  "trainer.engine={name: torch}"] for arg in ("--set", item)]
-    return subprocess.run([*_rlzoo_command(), "sft", str(EXAMPLE), *overrides], capture_output=True, text=True,
-                          timeout=600, cwd=run_dir.parent)
+    overrides = [
+        arg
+        for item in [*TINY_RUN, f"output_dir={run_dir}", "rollout.engine={name: hf}", "trainer.engine={name: torch}"]
+        for arg in ("--set", item)
+    ]
+    return subprocess.run(
+        [*_rlzoo_command(), "sft", str(EXAMPLE), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=run_dir.parent,
+    )
 
 
 def truncate_weights(folder: Path) -> str:
@@ -37,7 +45,9 @@ def tear_report(folder: Path) -> str:
 
 
 @pytest.mark.parametrize(  # both are a digest mismatch to the check; the torn report in the slow suite
-    "damage", [truncate_weights, pytest.param(tear_report, marks=pytest.mark.slow)], ids=["truncated-weights", "torn-report"]
+    "damage",
+    [truncate_weights, pytest.param(tear_report, marks=pytest.mark.slow)],
+    ids=["truncated-weights", "torn-report"],
 )
 def test_a_damaged_cold_start_is_built_again(tmp_path, damage):
     run_dir = tmp_path / "run"

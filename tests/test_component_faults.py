@@ -72,8 +72,11 @@ def script(folder: Path, name: str, preflight: bool) -> str:
     (folder / f"{name}.py").write_text(
         CLIPPER.replace("NAME", name).replace("PREFLIGHT", str(preflight)).replace("FLAG", str(folder / "boom.flag"))
     )
-    config = {**BASE, "algorithm": {"clipper": {"name": name}}, "cold_start": {**BASE["cold_start"],
-                                                                              "output_dir": str(folder / "cold")}}
+    config = {
+        **BASE,
+        "algorithm": {"clipper": {"name": name}},
+        "cold_start": {**BASE["cold_start"], "output_dir": str(folder / "cold")},
+    }
     (folder / "run.yaml").write_text(yaml.safe_dump(config))
     return f"{name}.py"
 
@@ -92,8 +95,10 @@ def test_a_preflight_that_raises_is_one_line_naming_the_component_and_its_file(t
     with caplog.at_level(logging.INFO, logger="rlzoo.preflight.rules"):
         assert main(["config", "check", "run.yaml", "--plugin", plugin]) == 1
     err = one_error(capsys)
-    assert ("  algorithm.clipper: clipper 'boom_preflight' (script boom_preflight.py) raised RuntimeError: no GPU here "
-            "in preflight (boom_preflight.py, line 14)") in err, err
+    assert (
+        "  algorithm.clipper: clipper 'boom_preflight' (script boom_preflight.py) raised RuntimeError: no GPU here "
+        "in preflight (boom_preflight.py, line 14)"
+    ) in err, err
     [record] = [r for r in caplog.records if "algorithm.clipper's preflight" in r.getMessage()]
     assert record.levelno == logging.INFO and record.exc_info[0] is RuntimeError  # the traceback: log / --verbose
 
@@ -111,8 +116,10 @@ def test_any_components_preflight_is_held_alike(tmp_path, monkeypatch, capsys):
     assert main(["config", "check", "run.yaml"]) == 1
     err = one_error(capsys)
     # its method lives in this file, not in the class's: the frame of the component's own method is named
-    assert ("  algorithm.advantage: advantage 'gdpo' (rlzoo-estimators) raised ZeroDivisionError: division by zero in "
-            f"broken ({__file__}, line") in err, err
+    assert (
+        "  algorithm.advantage: advantage 'gdpo' (rlzoo-estimators) raised ZeroDivisionError: division by zero in "
+        f"broken ({__file__}, line"
+    ) in err, err
 
 
 def test_a_component_that_raises_mid_run_ends_train_in_one_line_its_checkpoint_intact(tmp_path, monkeypatch, capsys):
@@ -131,9 +138,11 @@ def test_a_component_that_raises_mid_run_ends_train_in_one_line_its_checkpoint_i
     assert main(["train", "run.yaml", "--plugin", plugin]) == 1
     err = one_error(capsys)
     checkpoint = Path("out") / "checkpoints" / "step_000001"
-    expected = (f"error: stopped at step 1: clipper 'boom_step' (script boom_step.py) raised KeyError: 'missing' in clip "
-                f"(boom_step.py, line 19); its traceback is in the run's log.txt; the last checkpoint, {checkpoint}, is "
-                "intact: fix the cause, then continue with `rlzoo train CONFIG --resume out`")
+    expected = (
+        f"error: stopped at step 1: clipper 'boom_step' (script boom_step.py) raised KeyError: 'missing' in clip "
+        f"(boom_step.py, line 19); its traceback is in the run's log.txt; the last checkpoint, {checkpoint}, is "
+        "intact: fix the cause, then continue with `rlzoo train CONFIG --resume out`"
+    )
     assert expected in err, err
     log = (tmp_path / "out" / "log.txt").read_text()
     assert "the traceback of that failure" in log and 'Traceback (most recent call last)' in log
@@ -168,14 +177,17 @@ def test_only_a_registered_components_exception_is_named(tmp_path):
     assert component_failure(raised(Unnamed().replays_routing), registry, tmp_path, 3) is None
     gdpo = registry.create("advantage", "gdpo", {})
     assert component_failure(raised(lambda: gdpo.compute(None)), registry, tmp_path, 3) is not None
+
     class Telling(type(gdpo)):
         def compute(self, batch):
             raise RlzooError("already clear")
 
     assert component_failure(raised(lambda: Telling().compute(None)), registry, tmp_path, 3) is None
     failure = component_failure(raised(lambda: gdpo.compute(None)), registry, tmp_path, None)
-    assert str(failure).startswith("stopped while the run was set up: advantage 'gdpo' (rlzoo-estimators) raised "
-                                   "AttributeError: 'NoneType' object has no attribute 'reward_parts' in compute (")
+    assert str(failure).startswith(
+        "stopped while the run was set up: advantage 'gdpo' (rlzoo-estimators) raised "
+        "AttributeError: 'NoneType' object has no attribute 'reward_parts' in compute ("
+    )
     assert str(failure).endswith("no checkpoint had been written yet")
 
 
@@ -204,11 +216,16 @@ def test_a_component_raising_in_sft_is_one_line_naming_it(tmp_path, monkeypatch,
     one line naming the component, its file and line, and the exception; the traceback in the log."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken_task.py").write_text(TASK.replace("NAME", "broken-task-sft"))
-    config = {**BASE, "task": {"name": "broken-task-sft"}, "cold_start": {**BASE["cold_start"],
-                                                                         "output_dir": str(tmp_path / "cold")}}
+    config = {
+        **BASE,
+        "task": {"name": "broken-task-sft"},
+        "cold_start": {**BASE["cold_start"], "output_dir": str(tmp_path / "cold")},
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     assert main(["sft", "run.yaml", "--plugin", "broken_task.py"]) == 1
     err = one_error(capsys)
-    assert ("task 'broken-task-sft' (script broken_task.py) raised ValueError: the data file is gone in samples "
-            "(broken_task.py, line 12)") in err, err
+    assert (
+        "task 'broken-task-sft' (script broken_task.py) raised ValueError: the data file is gone in samples "
+        "(broken_task.py, line 12)"
+    ) in err, err
     assert "Traceback" in (tmp_path / "out" / "log.txt").read_text()

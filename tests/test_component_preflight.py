@@ -43,7 +43,9 @@ class QuotaFilter(BatchFilter):
         SEEN.append(run)
         prompts = run.config.rollout.prompts_per_step
         if prompts > self.params.quota:
-            return [(f"{at}.quota", f"{self.params.quota} is below rollout.prompts_per_step {prompts}; use >= {prompts}")]
+            return [
+                (f"{at}.quota", f"{self.params.quota} is below rollout.prompts_per_step {prompts}; use >= {prompts}")
+            ]
         return []
 
 
@@ -70,8 +72,11 @@ def registry_with_plugins():
 
 def test_a_components_rule_is_reported_by_field_with_the_runs_facts(tmp_path):
     registry = registry_with_plugins()
-    data = {"output_dir": str(tmp_path / "run"), "rollout": {"prompts_per_step": 8},
-            "algorithm": {"preset": "grpo", "batch_filter": {"name": "quota-filter", "quota": 2}}}
+    data = {
+        "output_dir": str(tmp_path / "run"),
+        "rollout": {"prompts_per_step": 8},
+        "algorithm": {"preset": "grpo", "batch_filter": {"name": "quota-filter", "quota": 2}},
+    }
     SEEN.clear()
     with pytest.raises(ConfigError) as err:
         preflight(build_config(data, registry=registry), registry, world=1)
@@ -97,11 +102,13 @@ def test_the_memory_estimate_asks_the_training_engine_for_its_layout():
 
 def test_a_kv_cache_too_small_for_one_sequence_is_the_vllm_engines_problem(tmp_path):
     registry = default_registry()
-    config = build_config({"output_dir": str(tmp_path / "run"),
-                           "rollout": {"engine": {"name": "vllm", "kv_cache_memory_bytes": 10}}}, registry=registry)
+    config = build_config(
+        {"output_dir": str(tmp_path / "run"), "rollout": {"engine": {"name": "vllm", "kv_cache_memory_bytes": 10}}},
+        registry=registry,
+    )
     with pytest.raises(ConfigError) as err:
         preflight(config, registry)
-    (field, message), = err.value.problems
+    ((field, message),) = err.value.problems
     assert field == "rollout.engine.kv_cache_memory_bytes" and "use at least" in message
 
 
@@ -124,7 +131,11 @@ def _engine_references(tree: ast.AST, engines: set[str]) -> list[tuple[int, str]
             for arg in node.args:
                 if isinstance(arg, ast.Constant) and arg.value in engines and "create" in ast.unparse(node.func):
                     found.append((node.lineno, f"creates engine {arg.value!r}"))
-            if isinstance(node.func, ast.Attribute) and node.func.attr == "get" and "params" in ast.unparse(node.func.value):
+            if (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and "params" in ast.unparse(node.func.value)
+            ):
                 found.append((node.lineno, f"reads {ast.unparse(node)}"))
         elif isinstance(node, ast.Subscript) and "params" in ast.unparse(node.value):
             if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
@@ -135,8 +146,11 @@ def _engine_references(tree: ast.AST, engines: set[str]) -> list[tuple[int, str]
 def test_the_core_names_no_engine_and_reads_no_engine_parameter():
     registry = default_registry()
     engines = set(registry.names("rollout_engine")) | set(registry.names("training_engine"))
-    found = [f"{path.relative_to(ROOT)}:{line} {what}"
-             for path in _core_modules() for line, what in _engine_references(ast.parse(path.read_text()), engines)]
+    found = [
+        f"{path.relative_to(ROOT)}:{line} {what}"
+        for path in _core_modules()
+        for line, what in _engine_references(ast.parse(path.read_text()), engines)
+    ]
     assert not found, "\n".join(found)
     # the check sees what it must: the code this test replaced would have been caught
     old = 'if spec.name == "vllm" and spec.params.get("gpu_memory_utilization") is not None: pass'

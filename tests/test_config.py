@@ -89,10 +89,13 @@ def test_parse_override_yaml_typed(text, path, value):
 
 
 def test_overrides_apply_with_yaml_types(tmp_path):
-    path = write(tmp_path, (
+    path = write(
+        tmp_path,
+        (
             "train: {steps: 3}\ncold_start: {enabled: true}\nverifier: {name: exact}\n"
             "algorithm: {clipper: {name: ppo}}\n"
-        ))
+        ),
+    )
     config = load_config(
         path,
         [
@@ -156,7 +159,14 @@ DOCUMENTED = {
     "dr-grpo": ("token", ("group", {"std_normalize": False}), (0.2, 0.2), "seq-mean-token-sum-norm", "k3", 0.0),
     "dapo": ("token", ("group", {"std_normalize": True}), (0.2, 0.28), "token-mean", "k3", 0.0),
     "gspo": ("sequence", ("group", {"std_normalize": True}), (3e-4, 4e-4), "seq-mean-token-mean", "k3", 0.0),
-    "gspo-token": ("sequence-token", ("group", {"std_normalize": True}), (3e-4, 4e-4), "seq-mean-token-mean", "k3", 0.0),
+    "gspo-token": (
+        "sequence-token",
+        ("group", {"std_normalize": True}),
+        (3e-4, 4e-4),
+        "seq-mean-token-mean",
+        "k3",
+        0.0,
+    ),
     "rloo": ("token", ("rloo", {}), (0.2, 0.2), "seq-mean-token-mean", "k3", 0.0),
     "reinforce++": ("token", ("reinforce++", {"gamma": 1.0}), (0.2, 0.2), "token-mean", "k3", 0.0),
     "reinforce++-baseline": ("token", ("reinforce++-baseline", {}), (0.2, 0.2), "token-mean", "k3", 0.0),
@@ -175,16 +185,37 @@ DOCUMENTED_ZOO = {
     "ppo": ("token", "gae", {"name": "ppo", "eps_low": 0.2, "eps_high": 0.2}, "token-mean", 0.0, 4),
     "kl-cov": ("token", "group", {"name": "kl-cov", "select_fraction": 0.0002, "kl_coef": 1.0}, "token-mean", 0.0, 4),
     "clip-cov": (
-        "token", "group",
+        "token",
+        "group",
         {"name": "clip-cov", "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0},
-        "token-mean", 0.0, 4,
+        "token-mean",
+        0.0,
+        4,
     ),
-    "dppo-tv": ("token", "group", {"name": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15, "c": 20.0},
-                "seq-mean-token-sum-norm", 0.0, 4),
-    "dppo-kl": ("token", "group", {"name": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05, "c": 20.0},
-                "seq-mean-token-sum-norm", 0.0, 4),
-    "vespo": ("token", "group", {"name": "vespo", "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
-              "token-mean", 0.0, 4),
+    "dppo-tv": (
+        "token",
+        "group",
+        {"name": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15, "c": 20.0},
+        "seq-mean-token-sum-norm",
+        0.0,
+        4,
+    ),
+    "dppo-kl": (
+        "token",
+        "group",
+        {"name": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05, "c": 20.0},
+        "seq-mean-token-sum-norm",
+        0.0,
+        4,
+    ),
+    "vespo": (
+        "token",
+        "group",
+        {"name": "vespo", "k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+        "token-mean",
+        0.0,
+        4,
+    ),
 }
 
 
@@ -196,7 +227,11 @@ def test_ppo_preset_has_a_critic_and_the_kl_in_the_reward():
     algorithm = build_config({"algorithm": {"preset": "ppo", "critic": {"lr": 3e-5}}}).algorithm
     assert algorithm.critic is not None and algorithm.critic.lr == 3e-5  # the user's keys merge into the preset's
     assert algorithm.critic.value_loss.name == "clipped" and algorithm.critic.value_loss.params == {"clip_range": 0.5}
-    assert (algorithm.kl_in_reward.name, algorithm.kl_in_reward.params, algorithm.kl.name) == ("fixed", {"coef": 0.001}, "k1")
+    assert (algorithm.kl_in_reward.name, algorithm.kl_in_reward.params, algorithm.kl.name) == (
+        "fixed",
+        {"coef": 0.001},
+        "k1",
+    )
     assert build_config({"algorithm": {"preset": "ppo", "critic": None}}).algorithm.critic is None
 
 

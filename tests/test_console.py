@@ -45,7 +45,14 @@ raise SystemExit(0)
 
 CONSOLE_ONLY = {"SUMMARY-LINE", "OUR-BAR", "PRINTED-TO-STDERR"}
 LOG_ONLY = {
-    "LIB-WARNING", "LIB-INFO", "HF-WARNING", "PY-WARNING", "PRINTED-TO-STDOUT", "C-LEVEL-FD1", "C-LEVEL-FD2", "LIBC-PUTS"
+    "LIB-WARNING",
+    "LIB-INFO",
+    "HF-WARNING",
+    "PY-WARNING",
+    "PRINTED-TO-STDOUT",
+    "C-LEVEL-FD1",
+    "C-LEVEL-FD2",
+    "LIBC-PUTS",
 }
 BOTH = {"LIB-ERROR", "OUR-WARNING", "PLUGIN-WARNING"}  # actionable: shown, and kept in the log
 

@@ -24,7 +24,11 @@ TOKENIZER = build_char_tokenizer("0123456789+=")
 @pytest.fixture(scope="module", params=["qwen3_moe", "qwen3"])
 def policy_dir(request, tmp_path_factory):
     tiny = TinyModelConfig(
-        architecture=request.param, hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        architecture=request.param,
+        hidden_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
         intermediate_size=64,
     )
     return save_model(build_tiny_model(tiny, TOKENIZER), TOKENIZER, tmp_path_factory.mktemp(request.param) / "m")
@@ -32,7 +36,9 @@ def policy_dir(request, tmp_path_factory):
 
 def _critic_engine(model_dir, **trainer) -> TorchTrainingEngine:
     engine = TorchTrainingEngine()
-    engine.start(EngineContext(model_dir, pad_token_id=0, eos_token_id=1, seed=3, head="value"), TrainerConfig(**trainer))
+    engine.start(
+        EngineContext(model_dir, pad_token_id=0, eos_token_id=1, seed=3, head="value"), TrainerConfig(**trainer)
+    )
     return engine
 
 
@@ -78,8 +84,11 @@ class _Squared(ValueLoss):
 def test_critic_updates_regress_the_values_onto_the_returns(policy_dir):
     batch = _batch()
     mask = batch.response_mask
-    critic = Critic(Learner(_critic_engine(policy_dir, lr=1e-2, max_tokens_per_micro_batch=12)), _Squared(),
-                    default_registry().create("aggregation", "token-mean"))
+    critic = Critic(
+        Learner(_critic_engine(policy_dir, lr=1e-2, max_tokens_per_micro_batch=12)),
+        _Squared(),
+        default_registry().create("aggregation", "token-mean"),
+    )
     returns = torch.tensor([[1.0, 0.5, 0.0], [-1.0, 0.0, 2.0], [0.3, 0.3, 0.3], [1.0, 1.0, -1.0]])[:, : mask.shape[1]]
     returns = returns * mask
     before = critic.values(batch)

@@ -22,9 +22,16 @@ def model_folder(root: Path, vocab: dict[str, int], vocab_size: int | None = Non
     """A model folder with a character-level ``tokenizer.json`` and the weights its ``config.json`` describes (the
     preflight reads their headers, and compares them with the config)."""
     root.mkdir(parents=True)
-    hf = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
-          "num_hidden_layers": 2, "intermediate_size": 128, "max_position_embeddings": 256,
-          "vocab_size": len(vocab) if vocab_size is None else vocab_size}
+    hf = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 256,
+        "vocab_size": len(vocab) if vocab_size is None else vocab_size,
+    }
     hf.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)  # MoE, as the default tiny policy
     (root / "config.json").write_text(json.dumps(hf))
     write_weights(root)
@@ -47,8 +54,10 @@ def test_a_tiny_policys_critic_on_another_tokenizer_is_refused(tmp_path):
     other = char_vocab("abcdefghijklmn")  # as many tokens as the policy's, other characters
     assert len(other) == len(char_vocab(ARITHMETIC))
     (message,) = critic_problems(tmp_path, model_folder(tmp_path / "critic", other))
-    assert "differs from the policy's (the tiny model's character tokenizer, built from the alphabet of task " \
-           "'arithmetic')" in message
+    assert (
+        "differs from the policy's (the tiny model's character tokenizer, built from the alphabet of task "
+        "'arithmetic')" in message
+    )
     assert "28 tokens differ, e.g. '*': absent in the critic's, id 3 in the policy's" in message
 
 
@@ -71,7 +80,9 @@ def test_a_folder_policys_critic_is_compared_token_by_token(tmp_path):
     vocab = char_vocab("abcdefghijklmn")
     swapped = model_folder(tmp_path / "swapped", {**vocab, "a": vocab["n"], "n": vocab["a"]})  # two ids swapped
     (message,) = critic_problems(tmp_path, swapped, **extra)
-    assert f"the tokenizer of {swapped} differs from the policy's (the tokenizer.json of {policy}): 2 tokens differ" \
+    assert (
+        f"the tokenizer of {swapped} differs from the policy's (the tokenizer.json of {policy}): 2 tokens differ"
         in message
+    )
     bigger = model_folder(tmp_path / "bigger", char_vocab("abcdefghijklmn"), vocab_size=30)
     assert "has vocab_size 30 but the policy 17" in critic_problems(tmp_path, bigger, **extra)[0]

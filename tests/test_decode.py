@@ -93,8 +93,13 @@ def test_training_and_evaluation_score_identical_strings(bpe):
     verifier, rollout = Recording(), FixedRollout(ids)
     samples = [Sample("q: ", TEXT)]
     parts = Components(
-        objective=None, advantage=Zero(), verifier=verifier, correction=None, rollout=rollout,
-        learner=Learner(None), tokenizer=bpe,
+        objective=None,
+        advantage=Zero(),
+        verifier=verifier,
+        correction=None,
+        rollout=rollout,
+        learner=Learner(None),
+        tokenizer=bpe,
     )  # type: ignore[arg-type]
     collected = collect(0, samples, parts.rollout_parts(config), Timer())
     scored_in_training = list(verifier.seen)

@@ -43,7 +43,7 @@ def test_the_preflight_refuses_device_cuda_without_a_gpu_by_field(tmp_path):
 def test_a_bad_device_value_names_the_allowed_ones(tmp_path):
     with pytest.raises(ConfigError) as err:
         build_config({"device": "tpu"}, registry=Registry.discover())
-    (field, message), = err.value.problems
+    ((field, message),) = err.value.problems
     assert field == "device" and "'auto', 'cpu' or 'cuda'" in message
 
 
@@ -64,15 +64,18 @@ def test_a_component_whose_package_is_missing_is_refused_before_the_run(tmp_path
     module.rlzoo_verifiers = rlzoo.hookimpl(lambda: [NeedsMissingLibrary])
     module.rlzoo_verifiers.__name__ = "rlzoo_verifiers"
     registry.add_plugin(module, name="device-test", distribution="device-test-dist")
-    config = build_config({"output_dir": str(tmp_path / "run"), "verifier": {"name": "needs-missing"}},
-                          registry=registry)
+    config = build_config(
+        {"output_dir": str(tmp_path / "run"), "verifier": {"name": "needs-missing"}}, registry=registry
+    )
     with pytest.raises(ConfigError) as err:
         preflight(config, registry)
-    assert err.value.problems == [(
-        "verifier",
-        "'needs-missing' needs the Python package 'no_such_module_for_rlzoo_tests', which is not installed "
-        "(pip install no-such-module)",
-    )]
+    assert err.value.problems == [
+        (
+            "verifier",
+            "'needs-missing' needs the Python package 'no_such_module_for_rlzoo_tests', which is not installed "
+            "(pip install no-such-module)",
+        )
+    ]
 
 
 def test_a_tokenizer_without_a_pad_token_pads_with_its_eos(tmp_path):

@@ -94,10 +94,12 @@ def components(rollout: ByPrompt, engine: TrainingEngine, dist: Dist | None = No
     return parts, train_set
 
 
-CONFIG = RunConfig.model_validate({
-    "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 2},
-    "algorithm": {"minibatches_per_rollout": 2},
-})
+CONFIG = RunConfig.model_validate(
+    {
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 2},
+        "algorithm": {"minibatches_per_rollout": 2},
+    }
+)
 
 
 def test_engine_reports_reach_the_step_metrics_namespaced_and_reduced():
@@ -148,8 +150,9 @@ def test_engines_that_report_nothing_add_no_key():
     reported = rl_step(0, train_set[:2], reporting, CONFIG)
     # the same step with reporting engines differs by their keys alone, the others in the same order
     assert [k for k in reported if not k.startswith(("rollout_engine/", "training_engine/"))] == list(metrics)
-    assert {k: v for k, v in reported.items() if not k.startswith(("rollout_engine/", "training_engine/", "time/"))} \
-        == {k: v for k, v in metrics.items() if not k.startswith("time/")}
+    assert {
+        k: v for k, v in reported.items() if not k.startswith(("rollout_engine/", "training_engine/", "time/"))
+    } == {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
 def test_a_critic_engines_reports_stay_under_critic():

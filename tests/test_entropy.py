@@ -109,7 +109,9 @@ def test_extra_memory_is_bounded_by_one_chunk(grad):
 
 def test_torch_engine_returns_entropy_in_both_passes(tmp_path):
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    tiny = TinyModelConfig(
+        hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64
+    )
     save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
     engine = TorchTrainingEngine()
     engine.start(EngineContext(tmp_path / "m", pad_token_id=0, eos_token_id=1), TrainerConfig(lr=1e-4))

@@ -45,8 +45,16 @@ MAX_TOKENS = 96  # room for every turn uncut: 6 + 3 x 10 + 2 x 4 tokens at most
 SEED = 0
 LOGP_TOL = 1e-4  # |replayed training log-prob - rollout log-prob| per policy token, fp32 (as tests/test_moe_routing.py)
 MODEL = TinyModelConfig(  # a tiny Qwen3-MoE; head_dim 32 is one of vLLM's head sizes
-    architecture="qwen3_moe", hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-    head_dim=32, intermediate_size=128, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+    architecture="qwen3_moe",
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=128,
+    moe_intermediate_size=64,
+    num_experts=8,
+    num_experts_per_tok=2,
 )
 
 
@@ -300,7 +308,9 @@ def replay_episodes(context: EngineContext, tokenizer, episodes: list[Generation
     trainer = TorchTrainingEngine()
     trainer.start(context, TrainerConfig())
     batch = make_token_batch(
-        [e.prompt_ids for e in episodes], [e.response_ids for e in episodes], tokenizer.pad_token_id,
+        [e.prompt_ids for e in episodes],
+        [e.response_ids for e in episodes],
+        tokenizer.pad_token_id,
         policy_masks=[e.policy_mask for e in episodes],
     )
     layout = trainer.moe_layout()

@@ -90,8 +90,14 @@ def test_a_tool_name_the_alphabet_lacks_is_named(tmp_path):
 
     plugin.rlzoo_tools = rlzoo.hookimpl(rlzoo_tools)
     registry.add_plugin(plugin, name="umlaut", distribution="tests")
-    config = build_config({"output_dir": str(tmp_path / "run"), "task": {"name": "calculator-arithmetic"},
-                           "episode": {**TOOLS, "tools": [{"name": "zähler"}]}}, registry=registry)
+    config = build_config(
+        {
+            "output_dir": str(tmp_path / "run"),
+            "task": {"name": "calculator-arithmetic"},
+            "episode": {**TOOLS, "tools": [{"name": "zähler"}]},
+        },
+        registry=registry,
+    )
     with pytest.raises(ConfigError) as info:
         preflight(config, registry)
     ((loc, message),) = info.value.problems
@@ -101,11 +107,20 @@ def test_a_tool_name_the_alphabet_lacks_is_named(tmp_path):
 def _folder(root: Path, vocab: dict[str, int]) -> str:
     """A model folder whose tokenizer.json has ``vocab`` (the preflight reads files; nothing loads the weights)."""
     root.mkdir()
-    hf = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
-          "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": max(vocab.values()) + 1,
-          "max_position_embeddings": 256}
+    hf = {
+        "model_type": "qwen3",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": max(vocab.values()) + 1,
+        "max_position_embeddings": 256,
+    }
     (root / "config.json").write_text(json.dumps(hf))
-    (root / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []}))
+    (root / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []})
+    )
     write_weights(root)  # the tensors config.json describes, zeros
     return str(root)
 
@@ -136,9 +151,13 @@ def test_the_rule_is_silent_without_a_tool_environment_or_a_known_tokenizer(tmp_
 
     registry = default_registry()
     config = build_config({"model": {"path": str(tmp_path / "absent")}, "episode": TOOLS}, registry=registry)
-    components = {loc: registry.create("tool_parser" if "parser" in loc else "environment", spec.name)
-                  for loc, spec in (("episode.environment", config.episode.environment),
-                                    ("episode.tool_parser", config.episode.tool_parser))}
+    components = {
+        loc: registry.create("tool_parser" if "parser" in loc else "environment", spec.name)
+        for loc, spec in (
+            ("episode.environment", config.episode.environment),
+            ("episode.tool_parser", config.episode.tool_parser),
+        )
+    }
     facts = RunFacts(config, ModelFacts(moe=None, head_dim=None, max_positions=None), 1, registry, components)
     assert tool_markup_rule(facts) == []  # no tokenizer.json to read (a --model-config check): not guessed
     single = build_config({}, registry=registry)

@@ -186,13 +186,15 @@ def test_an_episode_is_one_token_sequence_with_masked_observations():
 
 def test_turns_are_batched_over_live_episodes():
     env = ScriptedEnv({"call": obs("R"), "ans": Observation(done=True)})
-    engine = ScriptedEngine({
-        "A:": ["ans$", "call$", "call$"],
-        "B:": ["call$", "ans$", "call$"],
-        "A:call$R\n": ["call$"],
-        "B:call$R\n": ["ans$"],
-        "A:call$R\ncall$R\n": ["ans$"],
-    })
+    engine = ScriptedEngine(
+        {
+            "A:": ["ans$", "call$", "call$"],
+            "B:": ["call$", "ans$", "call$"],
+            "A:call$R\n": ["call$"],
+            "B:call$R\n": ["ans$"],
+            "A:call$R\ncall$R\n": ["ans$"],
+        }
+    )
     ran = run(EpisodeRunner(env, TOK, max_turns=4, max_tokens=100), engine, ["A:", "B:"], n=3, seed=7)
     first, second, third = engine.calls  # one call per turn, no more
     assert (first.contexts, first.n, first.seed) == (["A:", "B:"], 3, 7)  # turn 1: group_size for every prompt
@@ -231,16 +233,22 @@ def test_limits_end_episodes_truncated_and_metrics_count_them():
         ToolOutcome("calculator", "timeout", "Error: calculator timed out after 2 s"),
         ToolOutcome("calculator", "error", "Error: calculator: division by zero"),
     ]
-    env = ScriptedEnv({
-        "call": obs("R1", tool_outcomes=[ok]),
-        "bad": obs("E", tool_outcomes=failed),
-        "ans": Observation(done=True),
-    })
-    engine = ScriptedEngine({
-        "Q:": ["call$"], "Q:call$R1\n": ["call$"],  # never stops calling: ended at max_turns
-        "U:": ["cal"],  # no end-of-sequence: ended after its first turn
-        "M:": ["bad$"], "M:bad$E\n": ["ans$"],  # ends by itself
-    })
+    env = ScriptedEnv(
+        {
+            "call": obs("R1", tool_outcomes=[ok]),
+            "bad": obs("E", tool_outcomes=failed),
+            "ans": Observation(done=True),
+        }
+    )
+    engine = ScriptedEngine(
+        {
+            "Q:": ["call$"],
+            "Q:call$R1\n": ["call$"],  # never stops calling: ended at max_turns
+            "U:": ["cal"],  # no end-of-sequence: ended after its first turn
+            "M:": ["bad$"],
+            "M:bad$E\n": ["ans$"],  # ends by itself
+        }
+    )
     ran = run(EpisodeRunner(env, TOK, max_turns=2, max_tokens=100), engine, ["Q:", "U:", "M:"])
     (q,), (u,), (m,) = ran.groups
     assert pieces(q) == [("call$", 1), ("R1\n", 0), ("call$", 1)]  # no observation after the last allowed turn
@@ -248,27 +256,34 @@ def test_limits_end_episodes_truncated_and_metrics_count_them():
     assert pieces(u) == [("cal", 1)] and u.truncated and not u.finished and u.turn_rewards == [0.0]
     assert m.finished and not m.truncated and len(m.turns) == 2
     assert all(text != "cal" for _, text in env.seen)  # an unfinished turn is not answered
-    assert values(ran.metrics) == pytest.approx({
-        "episode/turns_mean": 5 / 3,
-        "episode/truncated": 2 / 3,
-        "episode/observation_tokens_mean": (3 + 2) / 3,
-        "tool/calls": 6.0,  # the last turn of q was answered too (its call ran): 2 + 4
-        "tool/calls_per_episode": 2.0,
-        "tool/errors": 3.0,  # malformed + unknown + error
-        "tool/timeouts": 1.0,
-    })  # per-tool counts only for the environment's own tools (this one has none)
+    assert values(ran.metrics) == pytest.approx(
+        {
+            "episode/turns_mean": 5 / 3,
+            "episode/truncated": 2 / 3,
+            "episode/observation_tokens_mean": (3 + 2) / 3,
+            "tool/calls": 6.0,  # the last turn of q was answered too (its call ran): 2 + 4
+            "tool/calls_per_episode": 2.0,
+            "tool/errors": 3.0,  # malformed + unknown + error
+            "tool/timeouts": 1.0,
+        }
+    )  # per-tool counts only for the environment's own tools (this one has none)
     env.tools = {"calculator": None}
     ran = run(EpisodeRunner(env, TOK, max_turns=2, max_tokens=100), engine, ["Q:", "U:", "M:"])
     assert {k: v for k, v in values(ran.metrics).items() if k.count("/") == 2} == {
-        "tool/calculator/calls": 4.0, "tool/calculator/errors": 1.0, "tool/calculator/timeouts": 1.0,
+        "tool/calculator/calls": 4.0,
+        "tool/calculator/errors": 1.0,
+        "tool/calculator/timeouts": 1.0,
     }  # the made-up "search" has no keys of its own: it is an unknown call in tool/errors
 
 
-@pytest.mark.parametrize(("max_tokens", "expected", "call_limit"), [
-    (12, [("call$", 1), ("R1\n", 0), ("ca", 1)], 2),  # the engine is asked for the room left: 2 tokens
-    (10, [("call$", 1)], None),  # the observation would leave no room for a policy token: ended before it
-    (5, [("cal", 1)], None),  # the first turn is cut where it passes the budget
-])
+@pytest.mark.parametrize(
+    ("max_tokens", "expected", "call_limit"),
+    [
+        (12, [("call$", 1), ("R1\n", 0), ("ca", 1)], 2),  # the engine is asked for the room left: 2 tokens
+        (10, [("call$", 1)], None),  # the observation would leave no room for a policy token: ended before it
+        (5, [("cal", 1)], None),  # the first turn is cut where it passes the budget
+    ],
+)
 def test_the_token_budget_cuts_an_episode(max_tokens, expected, call_limit):
     env = ScriptedEnv({"call": obs("R1", reward=0.25), "ans": Observation(done=True)})
     engine = ScriptedEngine({"Q:": ["call$"], "Q:call$R1\n": ["call$"]})
@@ -349,11 +364,14 @@ def test_the_tools_environment_runs_real_calls_and_never_crashes():
         assert g.finished and not g.truncated  # the second turn called nothing: the episode ended itself
         observations[prompt] = observation
     assert observations["good:"] == "<tool_response>\n15\n</tool_response>\n"
-    assert observations["bad:"].startswith("<tool_response>\nError: malformed tool call: the body of <tool_call> is "
-                                           "not valid JSON")
+    assert observations["bad:"].startswith(
+        "<tool_response>\nError: malformed tool call: the body of <tool_call> is not valid JSON"
+    )
     assert observations["bad:"].endswith("\n</tool_response>\n")
-    assert observations["who:"] == "<tool_response>\nError: unknown tool 'search'; available tools: calculator\n" \
-                                   "</tool_response>\n"
+    assert (
+        observations["who:"] == "<tool_response>\nError: unknown tool 'search'; available tools: calculator\n"
+        "</tool_response>\n"
+    )
     assert observations["div:"] == "<tool_response>\nError: calculator: division by zero\n</tool_response>\n"
     m = values(ran.metrics)
     assert (m["tool/calls"], m["tool/errors"], m["tool/timeouts"]) == (4.0, 3.0, 0.0)
@@ -502,14 +520,22 @@ def _turn_reward_components(max_new_tokens: int, shapers=()):
     )
     engine = ScriptedEngine({"Q:": ["call$", "no$"], "Q:call$R1\n": ["ans$"]})
     config = RunConfig.model_validate(
-        {"rollout": {"prompts_per_step": 1, "group_size": 2, "max_new_tokens": max_new_tokens},
-         "episode": {"max_turns": 3}}  # as the runner's (the scripted environment is not a registered one)
+        {
+            "rollout": {"prompts_per_step": 1, "group_size": 2, "max_new_tokens": max_new_tokens},
+            "episode": {"max_turns": 3},
+        }  # as the runner's (the scripted environment is not a registered one)
     )
     parts = Components(
-        objective=None, advantage=registry.create("advantage", "process", {"std_normalize": False}),
-        verifier=LastTurnIs(), correction=None, rollout=engine, learner=Learner(None), tokenizer=TOK,
-        shapers=[registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"})
-                 for s in shapers],
+        objective=None,
+        advantage=registry.create("advantage", "process", {"std_normalize": False}),
+        verifier=LastTurnIs(),
+        correction=None,
+        rollout=engine,
+        learner=Learner(None),
+        tokenizer=TOK,
+        shapers=[
+            registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"}) for s in shapers
+        ],
         episodes=EpisodeRunner(env, TOK, max_turns=3, max_tokens=40),
     )  # type: ignore[arg-type]
     return config, parts
@@ -575,10 +601,13 @@ def test_chat_observations_are_what_the_template_writes_between_turns(chat_tok):
 
 def test_a_chat_episode_appends_exactly_the_templates_observation(chat_tok):
     registry = default_registry()
-    config = build_config({
-        "prompt": {"plain": "chat"},
-        "episode": {"environment": {"name": "tools"}, "tools": [{"name": "calculator"}], "max_turns": 3},
-    }, registry=registry)
+    config = build_config(
+        {
+            "prompt": {"plain": "chat"},
+            "episode": {"environment": {"name": "tools"}, "tools": [{"name": "calculator"}], "max_turns": 3},
+        },
+        registry=registry,
+    )
     described = with_tool_descriptions(config, create_tools(config, registry))
     assert "tools" not in config.prompt.chat_template_kwargs  # a copy, the config is left as it is
     schema = described.prompt.chat_template_kwargs["tools"]
@@ -606,8 +635,10 @@ def test_a_chat_episode_appends_exactly_the_templates_observation(chat_tok):
     assert g.finished and not g.truncated
     # the episode reads as the template renders the whole conversation
     conversation = [
-        {"role": "user", "content": "What is 3*5?"}, {"role": "assistant", "content": call},
-        {"role": "tool", "name": "calculator", "content": "15"}, {"role": "assistant", "content": "15"},
+        {"role": "user", "content": "What is 3*5?"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "name": "calculator", "content": "15"},
+        {"role": "assistant", "content": "15"},
     ]
     whole = chat_tok.apply_chat_template(conversation, tokenize=False, tools=schema)
     assert chat_tok.decode(g.prompt_ids + g.response_ids, skip_special_tokens=False) + "\n" == whole
@@ -626,10 +657,14 @@ def test_demonstrations_replay_through_the_real_tools():
     from rlzoo.runtime.cold_start import demonstrations
 
     registry = default_registry()
-    config = build_config({
-        "task": {"name": "calculator-arithmetic"}, "cold_start": {"examples": 16},
-        "episode": {"environment": {"name": "tools"}, "tools": [{"name": "calculator"}], "max_turns": 2},
-    }, registry=registry)
+    config = build_config(
+        {
+            "task": {"name": "calculator-arithmetic"},
+            "cold_start": {"examples": 16},
+            "episode": {"environment": {"name": "tools"}, "tools": [{"name": "calculator"}], "max_turns": 2},
+        },
+        registry=registry,
+    )
     task = registry.create("task", "calculator-arithmetic", config.task.params)
     tokenizer = build_char_tokenizer(task.alphabet())
     runner = build_episode_runner(config, registry, tokenizer, context=256)
@@ -671,16 +706,19 @@ def _problems(data: dict, tmp_path) -> list[tuple[str, str]]:
     return err.value.problems
 
 
-@pytest.mark.parametrize(("episode", "field", "message"), [
-    ({**TOOLS, "tools": [{"name": "calculater"}]}, "episode.tools.0.name", "did you mean 'calculator'"),
-    ({"max_turns": 0}, "episode.max_turns", "greater than or equal to 1"),
-    ({**TOOLS, "max_tokens": 100_000}, "episode.max_tokens", "exceeds the 256-token context"),
-    ({"tools": [{"name": "calculator"}]}, "episode.tools", "environment 'single-turn' calls no tools"),
-    ({"environment": {"name": "tools"}, "max_turns": 2}, "episode.tools", "calls tools: name at least one"),
-    ({"max_turns": 3}, "episode.max_turns", "ends every episode after one turn"),
-    ({**TOOLS, "max_turns": 1}, "episode.max_turns", "before a tool's result is read; use at least 2"),
-    ({**TOOLS, "max_tokens": 20}, "episode.max_tokens", "no room for a response after a prompt of up to"),
-])
+@pytest.mark.parametrize(
+    ("episode", "field", "message"),
+    [
+        ({**TOOLS, "tools": [{"name": "calculater"}]}, "episode.tools.0.name", "did you mean 'calculator'"),
+        ({"max_turns": 0}, "episode.max_turns", "greater than or equal to 1"),
+        ({**TOOLS, "max_tokens": 100_000}, "episode.max_tokens", "exceeds the 256-token context"),
+        ({"tools": [{"name": "calculator"}]}, "episode.tools", "environment 'single-turn' calls no tools"),
+        ({"environment": {"name": "tools"}, "max_turns": 2}, "episode.tools", "calls tools: name at least one"),
+        ({"max_turns": 3}, "episode.max_turns", "ends every episode after one turn"),
+        ({**TOOLS, "max_turns": 1}, "episode.max_turns", "before a tool's result is read; use at least 2"),
+        ({**TOOLS, "max_tokens": 20}, "episode.max_tokens", "no room for a response after a prompt of up to"),
+    ],
+)
 def test_episode_config_errors_name_the_field(episode, field, message, tmp_path):
     problems = _problems({"episode": episode, "prompt": {"max_prompt_tokens": 20}}, tmp_path)
     assert any(loc == field and message in text for loc, text in problems), problems
@@ -689,8 +727,11 @@ def test_episode_config_errors_name_the_field(episode, field, message, tmp_path)
 def test_a_good_episode_config_passes(tmp_path):
     registry = default_registry()
     # a task whose character tokenizer can write the calls (arithmetic's cannot: tool_markup_rule refuses it)
-    data = {"output_dir": str(tmp_path / "run"), "task": {"name": "calculator-arithmetic"},
-            "episode": {**TOOLS, "max_tokens": 200}}
+    data = {
+        "output_dir": str(tmp_path / "run"),
+        "task": {"name": "calculator-arithmetic"},
+        "episode": {**TOOLS, "max_tokens": 200},
+    }
     config = build_config(data, registry=registry)
     preflight(config, registry)
     assert config.episode.tool_parser.name == "hermes"  # the default parser when tools are given
@@ -712,18 +753,32 @@ def test_tools_in_chat_prompts_need_a_template_that_reads_them(tmp_path, chat_to
     assert [loc for loc, _ in problems] == ["episode.tools"], problems
     assert "never reads `tools`" in problems[0][1]
     registry = default_registry()
-    preflight(build_config({**base, "output_dir": str(tmp_path / "ok"), "model": {"path": str(with_tools)}},
-                           registry=registry), registry)  # accepted: its template renders tools
-    plain_text = {**base, "prompt": {"plain": "text"}, "output_dir": str(tmp_path / "text"),
-                  "model": {"path": str(without)}}
+    preflight(
+        build_config(
+            {**base, "output_dir": str(tmp_path / "ok"), "model": {"path": str(with_tools)}}, registry=registry
+        ),
+        registry,
+    )  # accepted: its template renders tools
+    plain_text = {
+        **base,
+        "prompt": {"plain": "text"},
+        "output_dir": str(tmp_path / "text"),
+        "model": {"path": str(without)},
+    }
     preflight(build_config(plain_text, registry=registry), registry)  # plain-text prompts do not need it
 
 
-@pytest.mark.parametrize(("episode", "field", "message"), [
-    ("{environment: {name: tools}, tools: [{name: calculater}], max_turns: 2}", "episode.tools.0.name",
-     "did you mean 'calculator'"),
-    ("{max_turns: 3}", "episode.max_turns", "ends every episode after one turn"),
-])
+@pytest.mark.parametrize(
+    ("episode", "field", "message"),
+    [
+        (
+            "{environment: {name: tools}, tools: [{name: calculater}], max_turns: 2}",
+            "episode.tools.0.name",
+            "did you mean 'calculator'",
+        ),
+        ("{max_turns: 3}", "episode.max_turns", "ends every episode after one turn"),
+    ],
+)
 def test_rlzoo_config_check_reports_episode_errors(episode, field, message, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(f"output_dir: {tmp_path / 'run'}\nepisode: {episode}\n")

@@ -71,8 +71,10 @@ def _can_lock() -> bool:
 
 
 CAN_LOCK = _can_lock()
-NO_LOCK = ("running as root, where chmod does not stop writes, and chattr +i is not available here (no chattr, no "
-           "CAP_LINUX_IMMUTABLE or a file system without the flag): a folder root cannot write to cannot be made")
+NO_LOCK = (
+    "running as root, where chmod does not stop writes, and chattr +i is not available here (no chattr, no "
+    "CAP_LINUX_IMMUTABLE or a file system without the flag): a folder root cannot write to cannot be made"
+)
 
 
 # -- the cases ---------------------------------------------------------------------------------------------------
@@ -131,6 +133,7 @@ def with_task(task: str, path: str, command: str = "train") -> Callable[[Path, C
     def setup(folder: Path, ctx: Context) -> list[str]:
         args = ["config", "check"] if command == "check" else [command]
         return [*args, config(folder, {"task": {"name": task, "path": path}})]
+
     return setup
 
 
@@ -138,6 +141,7 @@ def check(extra: dict, command: str = "check") -> Callable[[Path, Context], list
     def setup(folder: Path, ctx: Context) -> list[str]:
         (folder / "afile").write_text("not a folder\n")
         return [*(["config", "check"] if command == "check" else [command]), config(folder, extra)]
+
     return setup
 
 
@@ -146,13 +150,17 @@ def locked(output_dir: str, command: str) -> Callable[[Path, Context], list[str]
         (folder / "locked").mkdir()
         ctx.undo.append(_lock(folder / "locked"))
         return [*(["config", "check"] if command == "check" else [command]), config(folder, {"output_dir": output_dir})]
+
     return setup
 
 
-def bad_data(name: str, task: str, raw: dict[int, bytes], command: str = "train") -> Callable[[Path, Context], list[str]]:
+def bad_data(
+    name: str, task: str, raw: dict[int, bytes], command: str = "train"
+) -> Callable[[Path, Context], list[str]]:
     def setup(folder: Path, ctx: Context) -> list[str]:
         data_file(folder, name, rows_jsonl(), raw)
         return with_task(task, name, command)(folder, ctx)
+
     return setup
 
 
@@ -193,6 +201,7 @@ def long_prompt(name: str, task: str, command: str) -> Callable[[Path, Context],
             (folder / "eval.jsonl").write_text("\n".join(evals) + "\n")
             return [command, config(folder, {"task": {"name": task, "path": name, "eval_path": "eval.jsonl"}})]
         return with_task(task, name, command)(folder, ctx)
+
     return setup
 
 
@@ -217,8 +226,12 @@ trainer:
 def yaml_file(text: str, *command: str) -> Callable[[Path, Context], list[str]]:
     def setup(folder: Path, ctx: Context) -> list[str]:
         (folder / "run.yaml").write_text(text)
-        return [*command, "run.yaml"] if command[0] != "ablate" else \
-            ["ablate", "run.yaml", "--vary", "trainer.lr=0.1,0.2", "--seeds", "1", "--out", "sweep"]
+        return (
+            [*command, "run.yaml"]
+            if command[0] != "ablate"
+            else ["ablate", "run.yaml", "--vary", "trainer.lr=0.1,0.2", "--seeds", "1", "--out", "sweep"]
+        )
+
     return setup
 
 
@@ -233,6 +246,7 @@ METRICS = [
 def metrics_run(torn_line: int | None, command: str) -> Callable[[Path, Context], list[str]]:
     """A run folder whose metrics.jsonl has a torn line at ``torn_line`` (1-based), or at its end (``None``: a write
     cut short by a crash, no newline after it)."""
+
     def setup(folder: Path, ctx: Context) -> list[str]:
         lines = [json.dumps(r) for r in METRICS]
         torn, last = '{"step": 1, "reward/me', torn_line is None
@@ -240,6 +254,7 @@ def metrics_run(torn_line: int | None, command: str) -> Callable[[Path, Context]
         (folder / "run").mkdir()
         (folder / "run" / "metrics.jsonl").write_text("\n".join(lines) + ("" if last else "\n"))
         return [command, "run"]
+
     return setup
 
 
@@ -287,6 +302,7 @@ def resume_damaged(*damage: tuple[int, str, Callable[[Path], None]], extra: tupl
         for step, name, how in damage:
             how(checkpoint_file(run, step, name))
         return ["train", "run.yaml", "--resume", "run", *extra]
+
     return setup
 
 
@@ -294,6 +310,7 @@ def resume_with(*arguments: str):
     def setup(folder: Path, ctx: Context) -> list[str]:
         copied_run(folder, ctx)
         return ["train", "run.yaml", "--resume", "run", *arguments]
+
     return setup
 
 
@@ -308,21 +325,25 @@ HOLD = """
 
 def in_use(*command: str, copy: bool = False):
     """Another process holds the run folder (``out``, or a copy of the template run) while ``command`` runs."""
+
     def setup(folder: Path, ctx: Context) -> list[str]:
         held = copied_run(folder, ctx) if copy else folder / "out"
         if not copy:
             config(folder)
-        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), str(held)], stdout=subprocess.PIPE,
-                                  text=True)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(HOLD), str(held)], stdout=subprocess.PIPE, text=True
+        )
         ctx.undo.append(holder.kill)
         assert holder.stdout.readline().strip() == "held"
         return [*command, "run.yaml", *(["--resume", "run"] if copy else [])]
+
     return setup
 
 
 def sets(*overrides: str, command: tuple[str, ...] = ("config", "check")):
     def setup(folder: Path, ctx: Context) -> list[str]:
         return [*command, config(folder), *[a for o in overrides for a in ("--set", o)]]
+
     return setup
 
 
@@ -346,97 +367,232 @@ algorithm: {clipper: {name: ppo, eps_low: .nan}}
 
 CASES = [
     # 1. output folder problems: config check, and train's preflight
-    Case("output-dir-is-a-file-check", check({"output_dir": "afile"}),
-         ("output_dir: afile is a file, not a folder", "choose another output_dir")),
-    Case("output-dir-is-a-file-train", check({"output_dir": "afile"}, "train"),  # train's exit path, for real
-         ("output_dir: afile is a file, not a folder", "choose another output_dir"), subprocess=True),
-    Case("output-dir-under-a-file", check({"output_dir": "afile/run"}),
-         ("output_dir: afile/run cannot be made:", "afile is a file, not a folder")),
-    Case("cold-start-dir-is-a-file", check({"cold_start": {"output_dir": "afile"}}),
-         ("cold_start.output_dir: afile is a file, not a folder",)),
-    Case("output-dir-not-writable-check", locked("locked", "check"),
-         ("output_dir: locked is a folder this user cannot write to",), locks=True),
-    Case("output-dir-parent-not-writable", locked("locked/new/run", "check"),
-         ("output_dir: locked/new/run cannot be made: its parent folder", "locked is not writable"), locks=True),
+    Case(
+        "output-dir-is-a-file-check",
+        check({"output_dir": "afile"}),
+        ("output_dir: afile is a file, not a folder", "choose another output_dir"),
+    ),
+    Case(
+        "output-dir-is-a-file-train",
+        check({"output_dir": "afile"}, "train"),  # train's exit path, for real
+        ("output_dir: afile is a file, not a folder", "choose another output_dir"),
+        subprocess=True,
+    ),
+    Case(
+        "output-dir-under-a-file",
+        check({"output_dir": "afile/run"}),
+        ("output_dir: afile/run cannot be made:", "afile is a file, not a folder"),
+    ),
+    Case(
+        "cold-start-dir-is-a-file",
+        check({"cold_start": {"output_dir": "afile"}}),
+        ("cold_start.output_dir: afile is a file, not a folder",),
+    ),
+    Case(
+        "output-dir-not-writable-check",
+        locked("locked", "check"),
+        ("output_dir: locked is a folder this user cannot write to",),
+        locks=True,
+    ),
+    Case(
+        "output-dir-parent-not-writable",
+        locked("locked/new/run", "check"),
+        ("output_dir: locked/new/run cannot be made: its parent folder", "locked is not writable"),
+        locks=True,
+    ),
     # 2. data files: decoding and parse errors name the file and the 1-based line (or row), once
-    Case("jsonl-task-not-utf8", bad_data("bad.jsonl", "jsonl", {3: b'{"prompt": "2+\xff=", "answer": "4"}'}),
-         ("error: bad.jsonl, line 3: not valid UTF-8",), once="line 3"),
-    Case("jsonl-task-malformed-line", bad_data("bad.jsonl", "jsonl", {3: b'{"prompt": "2+2=", "answer": "4"'}),
-         ("error: bad.jsonl, line 3: invalid JSON",), once="line 3"),
-    Case("dataset-task-not-utf8", bad_data("bad.jsonl", "dataset", {3: b'{"prompt": "2+\xff=", "answer": "4"}'}),
-         ("error: bad.jsonl, line 3: not valid UTF-8",), once="line 3", absent=("UnicodeDecodeError",)),
-    Case("dataset-task-malformed-line", bad_data("bad.jsonl", "dataset", {3: b'{"prompt": "2+2=", "answer": "4"'}),
-         ("error: bad.jsonl, line 3: invalid JSON",), once="line 3",
-         absent=("Failed to load JSON", "row 2", "DatasetGenerationError")),
-    Case("dataset-task-malformed-json-document", bad_json_document,
-         ("error: doc.json, line 4: invalid JSON: Expecting ',' delimiter",), once="line 4",
-         absent=("Failed to load JSON",)),
-    Case("dataset-task-parquet-not-utf8", bad_utf8_parquet,
-         ("error: bad.parquet, row 3: a string that is not valid UTF-8",), once="row 3"),
+    Case(
+        "jsonl-task-not-utf8",
+        bad_data("bad.jsonl", "jsonl", {3: b'{"prompt": "2+\xff=", "answer": "4"}'}),
+        ("error: bad.jsonl, line 3: not valid UTF-8",),
+        once="line 3",
+    ),
+    Case(
+        "jsonl-task-malformed-line",
+        bad_data("bad.jsonl", "jsonl", {3: b'{"prompt": "2+2=", "answer": "4"'}),
+        ("error: bad.jsonl, line 3: invalid JSON",),
+        once="line 3",
+    ),
+    Case(
+        "dataset-task-not-utf8",
+        bad_data("bad.jsonl", "dataset", {3: b'{"prompt": "2+\xff=", "answer": "4"}'}),
+        ("error: bad.jsonl, line 3: not valid UTF-8",),
+        once="line 3",
+        absent=("UnicodeDecodeError",),
+    ),
+    Case(
+        "dataset-task-malformed-line",
+        bad_data("bad.jsonl", "dataset", {3: b'{"prompt": "2+2=", "answer": "4"'}),
+        ("error: bad.jsonl, line 3: invalid JSON",),
+        once="line 3",
+        absent=("Failed to load JSON", "row 2", "DatasetGenerationError"),
+    ),
+    Case(
+        "dataset-task-malformed-json-document",
+        bad_json_document,
+        ("error: doc.json, line 4: invalid JSON: Expecting ',' delimiter",),
+        once="line 4",
+        absent=("Failed to load JSON",),
+    ),
+    Case(
+        "dataset-task-parquet-not-utf8",
+        bad_utf8_parquet,
+        ("error: bad.parquet, row 3: a string that is not valid UTF-8",),
+        once="row 3",
+    ),
     # 3. prompts longer than the model's context
-    Case("long-prompt-jsonl-check", long_prompt("long.jsonl", "jsonl", "check"),
-         ("task.path: long.jsonl, line 4: a prompt of 2,000,003 characters", "256-token context",
-          "prompt.max_prompt_tokens (at most 252)")),
-    Case("long-prompt-dataset-json-check", long_prompt("long.json", "dataset", "check"),
-         ("task.path: long.json, row 4: a prompt of 2,000,003 characters",)),
-    Case("long-prompt-parquet-cold-start", long_prompt("long.parquet", "dataset", "sft"),  # not measured: dropped
-         ("cold-start split: 1 of 32 prompts are longer than the 252 tokens the model's context leaves", "are dropped"),
-         code=0, one_error=False),
+    Case(
+        "long-prompt-jsonl-check",
+        long_prompt("long.jsonl", "jsonl", "check"),
+        (
+            "task.path: long.jsonl, line 4: a prompt of 2,000,003 characters",
+            "256-token context",
+            "prompt.max_prompt_tokens (at most 252)",
+        ),
+    ),
+    Case(
+        "long-prompt-dataset-json-check",
+        long_prompt("long.json", "dataset", "check"),
+        ("task.path: long.json, row 4: a prompt of 2,000,003 characters",),
+    ),
+    Case(
+        "long-prompt-parquet-cold-start",
+        long_prompt("long.parquet", "dataset", "sft"),  # not measured: dropped
+        ("cold-start split: 1 of 32 prompts are longer than the 252 tokens the model's context leaves", "are dropped"),
+        code=0,
+        one_error=False,
+    ),
     # 4. a key given twice in a YAML mapping
-    Case("duplicate-top-level-key-check", yaml_file(DUPLICATE_TOP, "config", "check"),
-         ("run.yaml", "trainer: duplicate key 'trainer' at line 5 (first at line 2)")),
-    Case("duplicate-nested-key-train", yaml_file(DUPLICATE_NESTED, "train"),
-         ("run.yaml", "trainer.lr: duplicate key 'lr' at line 6 (first at line 5)")),
-    Case("duplicate-key-ablate", yaml_file(DUPLICATE_NESTED, "ablate"),
-         ("run.yaml", "trainer.lr: duplicate key 'lr' at line 6 (first at line 5)")),
+    Case(
+        "duplicate-top-level-key-check",
+        yaml_file(DUPLICATE_TOP, "config", "check"),
+        ("run.yaml", "trainer: duplicate key 'trainer' at line 5 (first at line 2)"),
+    ),
+    Case(
+        "duplicate-nested-key-train",
+        yaml_file(DUPLICATE_NESTED, "train"),
+        ("run.yaml", "trainer.lr: duplicate key 'lr' at line 6 (first at line 5)"),
+    ),
+    Case(
+        "duplicate-key-ablate",
+        yaml_file(DUPLICATE_NESTED, "ablate"),
+        ("run.yaml", "trainer.lr: duplicate key 'lr' at line 6 (first at line 5)"),
+    ),
     # 5. a torn metrics line: skipped with a warning in the middle, quietly at the end
-    Case("compare-torn-middle-line", metrics_run(3, "compare"),
-         ("run/metrics.jsonl, line 3: not a whole JSON object", "run/summary.md"), code=0, once="line 3",
-         one_error=False),
-    Case("plot-torn-middle-line", metrics_run(3, "plot"),
-         ("run/metrics.jsonl, line 3: not a whole JSON object", "run/curves.png"), code=0, once="line 3",
-         one_error=False),
-    Case("compare-torn-last-line", metrics_run(None, "compare"), ("run/summary.md",), code=0,
-         absent=("WARNING", "line 5"), one_error=False),
+    Case(
+        "compare-torn-middle-line",
+        metrics_run(3, "compare"),
+        ("run/metrics.jsonl, line 3: not a whole JSON object", "run/summary.md"),
+        code=0,
+        once="line 3",
+        one_error=False,
+    ),
+    Case(
+        "plot-torn-middle-line",
+        metrics_run(3, "plot"),
+        ("run/metrics.jsonl, line 3: not a whole JSON object", "run/curves.png"),
+        code=0,
+        once="line 3",
+        one_error=False,
+    ),
+    Case(
+        "compare-torn-last-line",
+        metrics_run(None, "compare"),
+        ("run/summary.md",),
+        code=0,
+        absent=("WARNING", "line 5"),
+        one_error=False,
+    ),
     # 6. damaged checkpoints: named file by file; the newest intact one is resumed, or nothing is
-    Case("resume-latest-weights-truncated", resume_damaged((2, "model/model.safetensors", truncate)),
-         ("checkpoint run/checkpoints/step_000002 is damaged", "model/model.safetensors: truncated (",
-          "resuming from run/checkpoints/step_000001, the newest intact checkpoint, so step 1 is run again"),
-         code=0, one_error=False),
-    Case("resume-latest-optimizer-flipped", resume_damaged((2, "optimizer.safetensors", flip)),
-         ("optimizer.safetensors: content differs from its recorded sha256 digest", "so step 1 is run again"),
-         code=0, one_error=False),
-    Case("resume-latest-state-truncated", resume_damaged((2, "state.json", truncate)),
-         ("state.json: truncated (", "so step 1 is run again"), code=0, one_error=False),
-    Case("resume-every-checkpoint-damaged",
-         resume_damaged((2, "model/model.safetensors", truncate), (1, "rng.json", truncate)),
-         ("error: no intact checkpoint to resume in run/checkpoints",
-          "step_000002: model/model.safetensors: truncated (", "step_000001: rng.json: truncated ("),
-         absent=("SafetensorError", "JSONDecodeError")),
+    Case(
+        "resume-latest-weights-truncated",
+        resume_damaged((2, "model/model.safetensors", truncate)),
+        (
+            "checkpoint run/checkpoints/step_000002 is damaged",
+            "model/model.safetensors: truncated (",
+            "resuming from run/checkpoints/step_000001, the newest intact checkpoint, so step 1 is run again",
+        ),
+        code=0,
+        one_error=False,
+    ),
+    Case(
+        "resume-latest-optimizer-flipped",
+        resume_damaged((2, "optimizer.safetensors", flip)),
+        ("optimizer.safetensors: content differs from its recorded sha256 digest", "so step 1 is run again"),
+        code=0,
+        one_error=False,
+    ),
+    Case(
+        "resume-latest-state-truncated",
+        resume_damaged((2, "state.json", truncate)),
+        ("state.json: truncated (", "so step 1 is run again"),
+        code=0,
+        one_error=False,
+    ),
+    Case(
+        "resume-every-checkpoint-damaged",
+        resume_damaged((2, "model/model.safetensors", truncate), (1, "rng.json", truncate)),
+        (
+            "error: no intact checkpoint to resume in run/checkpoints",
+            "step_000002: model/model.safetensors: truncated (",
+            "step_000001: rng.json: truncated (",
+        ),
+        absent=("SafetensorError", "JSONDecodeError"),
+    ),
     Case("resume-a-missing-folder", resume_missing, ("nowhere",)),
     Case("resume-a-run-without-checkpoints", resume_without_checkpoint, ("run",)),
     # 7. one writer per run folder
-    Case("train-on-a-folder-in-use", in_use("train"),
-         ("error: out is in use by another rlzoo process: pid ", "(holder-command)", "choose another output_dir")),
-    Case("resume-on-a-folder-in-use", in_use("train", copy=True),
-         ("error: run is in use by another rlzoo process: pid ", "resume again")),
-    Case("check-a-folder-in-use", in_use("config", "check"),
-         ("error: out is in use by another rlzoo process: pid ", "(holder-command)")),
+    Case(
+        "train-on-a-folder-in-use",
+        in_use("train"),
+        ("error: out is in use by another rlzoo process: pid ", "(holder-command)", "choose another output_dir"),
+    ),
+    Case(
+        "resume-on-a-folder-in-use",
+        in_use("train", copy=True),
+        ("error: run is in use by another rlzoo process: pid ", "resume again"),
+    ),
+    Case(
+        "check-a-folder-in-use",
+        in_use("config", "check"),
+        ("error: out is in use by another rlzoo process: pid ", "(holder-command)"),
+    ),
     # 8. a resume that changes the run
-    Case("resume-with-changed-math", resume_with("--set", "trainer.lr=0.01", "--set", "rollout.group_size=4"),
-         ("rollout.group_size: changed since the run started: 2 -> 4",
-          "trainer.lr: changed since the run started: 0.0001 -> 0.01", "--allow-changes"), one_error=False),
-    Case("resume-allowing-the-change", resume_with("--set", "trainer.lr=0.01", "--allow-changes", "trainer.lr"),
-         ("resume     changes going ahead, recorded in run/config_changes.jsonl: trainer.lr 0.0001 -> 0.01",),
-         code=0, one_error=False),
+    Case(
+        "resume-with-changed-math",
+        resume_with("--set", "trainer.lr=0.01", "--set", "rollout.group_size=4"),
+        (
+            "rollout.group_size: changed since the run started: 2 -> 4",
+            "trainer.lr: changed since the run started: 0.0001 -> 0.01",
+            "--allow-changes",
+        ),
+        one_error=False,
+    ),
+    Case(
+        "resume-allowing-the-change",
+        resume_with("--set", "trainer.lr=0.01", "--allow-changes", "trainer.lr"),
+        ("resume     changes going ahead, recorded in run/config_changes.jsonl: trainer.lr 0.0001 -> 0.01",),
+        code=0,
+        one_error=False,
+    ),
     # 9. numbers that are not finite, or out of range
     Case("lr-inf-set", sets("trainer.lr=inf"), ("trainer.lr: Input should be a finite number",)),
-    Case("nan-in-a-component-yaml", yaml_file(NONFINITE, "config", "check"),
-         ("algorithm.clipper.eps_low: Input should be a finite number",), one_error=False),
-    Case("grad-clip-inf-yaml-train", sets("trainer.grad_clip=.inf", command=("train",)),
-         ("trainer.grad_clip: Input should be a finite number",)),
-    Case("lr-beyond-float32-train", sets("trainer.lr=1e39", command=("train",)),
-         ("trainer.lr: 1e+39 does not fit in float32",)),
+    Case(
+        "nan-in-a-component-yaml",
+        yaml_file(NONFINITE, "config", "check"),
+        ("algorithm.clipper.eps_low: Input should be a finite number",),
+        one_error=False,
+    ),
+    Case(
+        "grad-clip-inf-yaml-train",
+        sets("trainer.grad_clip=.inf", command=("train",)),
+        ("trainer.grad_clip: Input should be a finite number",),
+    ),
+    Case(
+        "lr-beyond-float32-train",
+        sets("trainer.lr=1e39", command=("train",)),
+        ("trainer.lr: 1e+39 does not fit in float32",),
+    ),
     Case("beta-of-one", sets("trainer.betas=[0.9, 1.0]"), ("trainer.betas.1: Input should be less than 1",)),
 ]
 
@@ -457,8 +613,9 @@ def _run(case: Case, folder: Path, ctx: Context, env: dict[str, str] | None = No
     argv = case.setup(folder, ctx)
     env = env if env is not None else _environment()
     if case.subprocess:
-        return subprocess.run([*_rlzoo_command(), *argv], cwd=folder, env=env, capture_output=True, text=True,
-                              timeout=600)
+        return subprocess.run(
+            [*_rlzoo_command(), *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=600
+        )
     return run_cli(argv, folder, env)
 
 
@@ -466,8 +623,9 @@ def run_cases(jobs: list[tuple[Case, Path]], ctx: Context, env: dict[str, str] |
     """Every job's outcome, in order: the subprocess ones a few at a time (each spends seconds importing torch)
     while the rest run in this process, one after the other (a working folder and descriptors of their own)."""
     with ThreadPoolExecutor(max_workers=3) as pool:
-        spawned = {i: pool.submit(_run, case, folder, ctx, env) for i, (case, folder) in enumerate(jobs)
-                   if case.subprocess}
+        spawned = {
+            i: pool.submit(_run, case, folder, ctx, env) for i, (case, folder) in enumerate(jobs) if case.subprocess
+        }
         here = {i: _run(case, folder, ctx, env) for i, (case, folder) in enumerate(jobs) if not case.subprocess}
         return [spawned[i].result() if i in spawned else here[i] for i in range(len(jobs))]
 

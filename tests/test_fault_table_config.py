@@ -61,11 +61,19 @@ def _cannot_run_as_another_user() -> str | None:
         return None  # chmod 000 stops this user
     if shutil.which("setpriv") is None:
         return "running as root, which reads a mode-000 file, and setpriv (util-linux) is not installed"
-    probe = subprocess.run([*_drop_privileges(), *_rlzoo_command(), "--help"], capture_output=True, text=True,
-                           env={**environment(), "HOME": tempfile.gettempdir()}, timeout=300, cwd=tempfile.gettempdir())
+    probe = subprocess.run(
+        [*_drop_privileges(), *_rlzoo_command(), "--help"],
+        capture_output=True,
+        text=True,
+        env={**environment(), "HOME": tempfile.gettempdir()},
+        timeout=300,
+        cwd=tempfile.gettempdir(),
+    )
     if probe.returncode != 0:
-        return ("running as root, which reads a mode-000 file, and user 'nobody' cannot run rlzoo here (its code or "
-                f"interpreter are in a folder only root may enter): {probe.stderr.strip()[-300:]}")
+        return (
+            "running as root, which reads a mode-000 file, and user 'nobody' cannot run rlzoo here (its code or "
+            f"interpreter are in a folder only root may enter): {probe.stderr.strip()[-300:]}"
+        )
     return None
 
 
@@ -75,6 +83,7 @@ def _cannot_run_as_another_user() -> str | None:
 def check(extra: dict, command: str = "check", *flags: str) -> Callable[[Path, Context], list[str]]:
     def setup(folder: Path, ctx: Context) -> list[str]:
         return [*(["config", "check"] if command == "check" else [command]), config(folder, extra), *flags]
+
     return setup
 
 
@@ -82,13 +91,24 @@ def model_folder(folder: Path, alphabet: str) -> str:
     """A model folder on the character tokenizer of ``alphabet`` (config.json, tokenizer.json, a weights file): the
     preflight reads these files' metadata, never the weights."""
     vocab = char_vocab(alphabet)
-    hf = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 2, "head_dim": 32,
-          "num_hidden_layers": 2, "intermediate_size": 128, "max_position_embeddings": 256, "vocab_size": len(vocab),
-          "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+    hf = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 256,
+        "vocab_size": len(vocab),
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+    }
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(hf))
-    (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel", "vocab": vocab},
-                                                       "added_tokens": []}))
+    (folder / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []})
+    )
     write_weights(folder)  # the tensors config.json describes, zeros
     return folder.name
 
@@ -96,11 +116,16 @@ def model_folder(folder: Path, alphabet: str) -> str:
 def with_model(role: str, alphabet: str, command: str) -> Callable[[Path, Context], list[str]]:
     """``role`` ``policy``: model.path a folder on ``alphabet``'s tokenizer, with tools; ``critic``: a tiny policy
     (the arithmetic task's tokenizer) and a PPO critic on ``alphabet``'s."""
+
     def setup(folder: Path, ctx: Context) -> list[str]:
         path = model_folder(folder / role, alphabet)
-        extra = {"model": {"path": path}, "cold_start": {"enabled": False}, "episode": TOOLS} if role == "policy" \
+        extra = (
+            {"model": {"path": path}, "cold_start": {"enabled": False}, "episode": TOOLS}
+            if role == "policy"
             else {"algorithm": {"preset": "ppo", "critic": {"model": path}}}
+        )
         return check(extra, command)(folder, ctx)
+
     return setup
 
 
@@ -108,55 +133,101 @@ def jsonl_task(command: str, extra: dict | None = None) -> Callable[[Path, Conte
     def setup(folder: Path, ctx: Context) -> list[str]:
         data_file(folder, "data.jsonl", rows_jsonl())
         return check(merge({"task": {"name": "jsonl", "path": "data.jsonl"}}, extra or {}), command)(folder, ctx)
+
     return setup
 
 
 def unreadable(task: str, command: str, field: str = "path") -> Callable[[Path, Context], list[str]]:
     """``task`` on a data file of mode 000 (``field``: the train file, or the eval file beside a readable one)."""
+
     def setup(folder: Path, ctx: Context) -> list[str]:
         data_file(folder, "data.jsonl", rows_jsonl())
         data_file(folder, "eval.jsonl", [json.dumps({"prompt": f"{i}*2=", "answer": str(2 * i)}) for i in range(4)])
         (folder / ("data.jsonl" if field == "path" else "eval.jsonl")).chmod(0)
         params = {"name": task, "path": "data.jsonl", **({"eval_path": "eval.jsonl"} if field == "eval_path" else {})}
         return check({"task": params}, command)(folder, ctx)
+
     return setup
 
 
 TWICE = {"tools": [{"name": "calculator"}, {"name": "python"}, {"name": "calculator", "timeout_s": 2}]}
 MARKUP = "episode.tool_parser: 'hermes' writes a call as " + HERMES
-DENIED = "Permission denied: this user (uid 65534) may not read it (mode 000" if os.geteuid() == 0 else \
-    f"Permission denied: this user (uid {os.geteuid()}) may not read it (mode 000"
+DENIED = (
+    "Permission denied: this user (uid 65534) may not read it (mode 000"
+    if os.geteuid() == 0
+    else f"Permission denied: this user (uid {os.geteuid()}) may not read it (mode 000"
+)
 
 CASES = [
     # 1. a tool listed twice: the second entry silently replaced the first
-    UserCase("tool-listed-twice-check", check({"episode": {**TOOLS, **TWICE}}),
-             ("episode.tools.2: tool 'calculator' is listed twice (first at episode.tools.0)",)),
+    UserCase(
+        "tool-listed-twice-check",
+        check({"episode": {**TOOLS, **TWICE}}),
+        ("episode.tools.2: tool 'calculator' is listed twice (first at episode.tools.0)",),
+    ),
     # 2. the tools environment where the policy's tokenizer cannot write a call: the run made none, silently
-    UserCase("tool-markup-tiny-arithmetic-check", check({"episode": TOOLS}),
-             (MARKUP, "(calculator)", "built from the alphabet of task 'arithmetic'", "cannot write '\"', ',',",
-              "calculator-arithmetic")),
-    UserCase("tool-markup-jsonl-train", jsonl_task("train", {"episode": TOOLS}),
-             (MARKUP, "built from the alphabet of task 'jsonl'", "cannot write '\"', ',',")),
-    UserCase("tool-markup-model-folder-check", with_model("policy", "0123456789+-*=", "check"),
-             (MARKUP, "the tokenizer.json of policy", "cannot write '\"', ',',")),
+    UserCase(
+        "tool-markup-tiny-arithmetic-check",
+        check({"episode": TOOLS}),
+        (
+            MARKUP,
+            "(calculator)",
+            "built from the alphabet of task 'arithmetic'",
+            "cannot write '\"', ',',",
+            "calculator-arithmetic",
+        ),
+    ),
+    UserCase(
+        "tool-markup-jsonl-train",
+        jsonl_task("train", {"episode": TOOLS}),
+        (MARKUP, "built from the alphabet of task 'jsonl'", "cannot write '\"', ',',"),
+    ),
+    UserCase(
+        "tool-markup-model-folder-check",
+        with_model("policy", "0123456789+-*=", "check"),
+        (MARKUP, "the tokenizer.json of policy", "cannot write '\"', ',',"),
+    ),
     # 3. a critic on another tokenizer than a tiny policy's (checked only for a model.path policy before)
-    UserCase("critic-tokenizer-tiny-policy-check", with_model("critic", "abcdefghijklmn", "check"),
-             ("algorithm.critic.model: the tokenizer of critic differs from the policy's (the tiny model's character "
-              "tokenizer, built from the alphabet of task 'arithmetic'): 28 tokens differ",)),
-    UserCase("critic-vocab-tiny-policy-train", with_model("critic", "0123456789+=", "train"),
-             ("algorithm.critic.model: critic has vocab_size 15 but the policy 17",)),
+    UserCase(
+        "critic-tokenizer-tiny-policy-check",
+        with_model("critic", "abcdefghijklmn", "check"),
+        (
+            "algorithm.critic.model: the tokenizer of critic differs from the policy's (the tiny model's character "
+            "tokenizer, built from the alphabet of task 'arithmetic'): 28 tokens differ",
+        ),
+    ),
+    UserCase(
+        "critic-vocab-tiny-policy-train",
+        with_model("critic", "0123456789+=", "train"),
+        ("algorithm.critic.model: critic has vocab_size 15 but the policy 17",),
+    ),
     # 4. a memory size beyond a float: an OverflowError before
-    UserCase("device-memory-overflow-yaml-check", check({"trainer": {"device_memory": "1e400GB"}}),
-             ("trainer.device_memory: '1e400GB' is too large a memory size (beyond 1.8e+308 bytes)", "80GiB")),
-    UserCase("device-memory-overflow-flag", check({}, "check", "--device-memory", "1e400GB"),
-             ("--device-memory: '1e400GB' is too large a memory size",)),
+    UserCase(
+        "device-memory-overflow-yaml-check",
+        check({"trainer": {"device_memory": "1e400GB"}}),
+        ("trainer.device_memory: '1e400GB' is too large a memory size (beyond 1.8e+308 bytes)", "80GiB"),
+    ),
+    UserCase(
+        "device-memory-overflow-flag",
+        check({}, "check", "--device-memory", "1e400GB"),
+        ("--device-memory: '1e400GB' is too large a memory size",),
+    ),
     # 5. a data file this user may not read: a PermissionError traceback before
-    UserCase("unreadable-jsonl-check", unreadable("jsonl", "check"), ("task.path: data.jsonl: " + DENIED,),
-             other_user=True),
-    UserCase("unreadable-jsonl-eval-check", unreadable("jsonl", "check", "eval_path"),
-             ("task.eval_path: eval.jsonl: " + DENIED,), other_user=True),
-    UserCase("unreadable-dataset-check", unreadable("dataset", "check"), ("task.path: data.jsonl: " + DENIED,),
-             other_user=True),
+    UserCase(
+        "unreadable-jsonl-check", unreadable("jsonl", "check"), ("task.path: data.jsonl: " + DENIED,), other_user=True
+    ),
+    UserCase(
+        "unreadable-jsonl-eval-check",
+        unreadable("jsonl", "check", "eval_path"),
+        ("task.eval_path: eval.jsonl: " + DENIED,),
+        other_user=True,
+    ),
+    UserCase(
+        "unreadable-dataset-check",
+        unreadable("dataset", "check"),
+        ("task.path: data.jsonl: " + DENIED,),
+        other_user=True,
+    ),
 ]
 
 
@@ -169,8 +240,14 @@ def _run(case: UserCase, folder: Path, ctx: Context) -> subprocess.CompletedProc
     env = {**environment(), "HOME": str(folder)}
     if not (case.other_user and os.geteuid() == 0):
         return run_cli(argv, folder, env)
-    return subprocess.run([*_drop_privileges(), *_rlzoo_command(), *argv], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [*_drop_privileges(), *_rlzoo_command(), *argv],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -211,9 +288,14 @@ SWEEP_SECONDS = 600  # the tiny sweep: a cold start of 2 steps and a run of 1 st
 
 
 def _ablate(folder: Path) -> subprocess.Popen:
-    return subprocess.Popen([*_rlzoo_command(), "ablate", "run.yaml", "--vary", "trainer.lr=0.0001", "--seeds", "1",
-                             "--out", "sweep"], cwd=folder, env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*_rlzoo_command(), "ablate", "run.yaml", "--vary", "trainer.lr=0.0001", "--seeds", "1", "--out", "sweep"],
+        cwd=folder,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow  # two sweeps at once; a second train on a folder in use is refused by default (test_runlock.py)
@@ -227,9 +309,14 @@ def test_a_second_sweep_on_the_same_out_is_refused_at_once_and_the_first_is_unaf
             assert time.monotonic() < deadline, "the first sweep never took its folder's lock"
             time.sleep(0.2)
         started = time.monotonic()
-        second = subprocess.run([*_rlzoo_command(), "ablate", "run.yaml", "--vary", "trainer.lr=0.0001", "--seeds",
-                                 "1", "--out", "sweep"], cwd=tmp_path, env=environment(), capture_output=True,
-                                text=True, timeout=300)
+        second = subprocess.run(
+            [*_rlzoo_command(), "ablate", "run.yaml", "--vary", "trainer.lr=0.0001", "--seeds", "1", "--out", "sweep"],
+            cwd=tmp_path,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         refused_in = time.monotonic() - started
         out, err = first.communicate(timeout=SWEEP_SECONDS)
     finally:
@@ -248,4 +335,5 @@ def test_a_second_sweep_on_the_same_out_is_refused_at_once_and_the_first_is_unaf
     assert first.returncode == 0, shown
     assert "failed:" not in err and "job(s) failed" not in err and "was not built" not in err, shown
     assert (tmp_path / "sweep" / "summary.md").is_file() and "| lr-0.0001 | 1 |" in (
-        tmp_path / "sweep" / "summary.md").read_text()
+        tmp_path / "sweep" / "summary.md"
+    ).read_text()

@@ -169,6 +169,7 @@ def train(extra: dict):
     def setup(folder: Path, ctx: object) -> list[str]:
         (folder / "run.yaml").write_text(yaml.safe_dump(merge(BASE, extra)))
         return ["train", "run.yaml"]
+
     return setup
 
 
@@ -178,39 +179,86 @@ ENV_RESET = "environment 'raising' (rlzoo-faulty-plugins) raised KeyError: 'epis
 CASES = [
     # raises in step on every call: in the cold start's demonstrations (half of them call the tool), its evaluation,
     # the step-0 evaluation, the training step and the final evaluation; one warning, the run completes
-    Case("environment-raises-in-step", train({
-        "task": {"name": "calculator-arithmetic", "tool_demonstrations": 0.5},
-        "rollout": {"engine": SCRIPTED},
-        "episode": {"environment": {"name": "raising-tools"}, "tools": [{"name": "calculator"}], "max_turns": 2},
-    }), (ENV_STEP, "that demonstration is left out of the cold start", "environment errors: 4 training and 8 held-out"),
-        code=0, once=ENV_STEP, one_error=False),
+    Case(
+        "environment-raises-in-step",
+        train(
+            {
+                "task": {"name": "calculator-arithmetic", "tool_demonstrations": 0.5},
+                "rollout": {"engine": SCRIPTED},
+                "episode": {
+                    "environment": {"name": "raising-tools"},
+                    "tools": [{"name": "calculator"}],
+                    "max_turns": 2,
+                },
+            }
+        ),
+        (ENV_STEP, "that demonstration is left out of the cold start", "environment errors: 4 training and 8 held-out"),
+        code=0,
+        once=ENV_STEP,
+        one_error=False,
+    ),
     # raises in reset: every episode of every step fails, and the failure policy stops the run in one line
-    Case("environment-raises-in-reset-every-step", train({
-        "rollout": {"engine": SCRIPTED},
-        "train": {"steps": 3, "max_consecutive_failures": 2},
-        "episode": {"environment": {"name": "raising", "where": "reset"}, "max_turns": 2},
-    }), (ENV_RESET, "that episode ends there with reward 0, counted in episode/errors and env/raising/errors",
-         "error: stopped at step 1 after 2 failed steps in a row (train.max_consecutive_failures: 2): every one of the "
-         "4 episodes failed in its environment (env/raising/errors 4); the last checkpoint, "
-         "out/checkpoints/step_000001, is intact"), once=ENV_RESET),
+    Case(
+        "environment-raises-in-reset-every-step",
+        train(
+            {
+                "rollout": {"engine": SCRIPTED},
+                "train": {"steps": 3, "max_consecutive_failures": 2},
+                "episode": {"environment": {"name": "raising", "where": "reset"}, "max_turns": 2},
+            }
+        ),
+        (
+            ENV_RESET,
+            "that episode ends there with reward 0, counted in episode/errors and env/raising/errors",
+            "error: stopped at step 1 after 2 failed steps in a row (train.max_consecutive_failures: 2): every one of the "
+            "4 episodes failed in its environment (env/raising/errors 4); the last checkpoint, "
+            "out/checkpoints/step_000001, is intact",
+        ),
+        once=ENV_RESET,
+    ),
     # raises on every demonstration the cold start replays: nothing to train on, one line
-    Case("environment-fails-every-demonstration", train({
-        "task": {"name": "calculator-arithmetic", "tool_demonstrations": 1.0},
-        "episode": {"environment": {"name": "raising-tools"}, "tools": [{"name": "calculator"}], "max_turns": 2},
-    }), ("error: the cold start has nothing to train on: the environment failed on all 32 of its demonstrations "
-         f"({ENV_STEP}); fix it, or start from a trained model (model.path)",)),
+    Case(
+        "environment-fails-every-demonstration",
+        train(
+            {
+                "task": {"name": "calculator-arithmetic", "tool_demonstrations": 1.0},
+                "episode": {
+                    "environment": {"name": "raising-tools"},
+                    "tools": [{"name": "calculator"}],
+                    "max_turns": 2,
+                },
+            }
+        ),
+        (
+            "error: the cold start has nothing to train on: the environment failed on all 32 of its demonstrations "
+            f"({ENV_STEP}); fix it, or start from a trained model (model.path)",
+        ),
+    ),
     # every call of one tool raises, every call of the other times out: one warning each, the run completes
-    Case("tools-always-fail-or-time-out", train({
-        "model": {"tiny": {"max_position_embeddings": 512}},
-        "task": {"name": "calculator-arithmetic", "tool_demonstrations": 0.0},
-        "rollout": {"engine": {**SCRIPTED, "first": CALLS}, "max_new_tokens": 96},
-        "episode": {"environment": {"name": "tools"}, "tools": [{"name": "fails"}, {"name": "hangs"}], "max_turns": 2},
-    }), ("tool 'fails' (rlzoo-faulty-plugins): all 4 of its calls in a batch of episodes failed (4 errors, 0 timeouts; "
-         "the first: Error: fails failed: RuntimeError: boom)",
-         "tool 'hangs' (rlzoo-faulty-plugins): all 4 of its calls in a batch of episodes failed (0 errors, 4 timeouts; "
-         "the first: Error: hangs timed out after 0.2 s)",
-         "abandoned tool calls: 4 in training ran past their time budget and were left running (tool/abandoned)"),
-        code=0, one_error=False),
+    Case(
+        "tools-always-fail-or-time-out",
+        train(
+            {
+                "model": {"tiny": {"max_position_embeddings": 512}},
+                "task": {"name": "calculator-arithmetic", "tool_demonstrations": 0.0},
+                "rollout": {"engine": {**SCRIPTED, "first": CALLS}, "max_new_tokens": 96},
+                "episode": {
+                    "environment": {"name": "tools"},
+                    "tools": [{"name": "fails"}, {"name": "hangs"}],
+                    "max_turns": 2,
+                },
+            }
+        ),
+        (
+            "tool 'fails' (rlzoo-faulty-plugins): all 4 of its calls in a batch of episodes failed (4 errors, 0 timeouts; "
+            "the first: Error: fails failed: RuntimeError: boom)",
+            "tool 'hangs' (rlzoo-faulty-plugins): all 4 of its calls in a batch of episodes failed (0 errors, 4 timeouts; "
+            "the first: Error: hangs timed out after 0.2 s)",
+            "abandoned tool calls: 4 in training ran past their time budget and were left running (tool/abandoned)",
+        ),
+        code=0,
+        one_error=False,
+    ),
 ]
 
 
@@ -350,8 +398,10 @@ def test_failed_episodes_end_with_reward_zero_and_are_counted(fresh_notices, cap
     verdicts = ran.scored([Verdict(1.0)] * 6)  # whatever the verifier says
     assert [v.reward for v in verdicts] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0] and verdicts[2].reason == ran.errors[2]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [f"{ran.errors[2]}: that episode ends there with reward 0, counted in episode/errors and "
-                        "env/failing/errors; further failures are counted, not shown"]
+    assert warnings == [
+        f"{ran.errors[2]}: that episode ends there with reward 0, counted in episode/errors and "
+        "env/failing/errors; further failures are counted, not shown"
+    ]
     assert any(r.exc_info for r in caplog.records if r.levelno == logging.INFO)  # the traceback, for the log file
     caplog.clear()
     run(runner, ENGINE, ["B:"])
@@ -366,13 +416,16 @@ def test_a_run_without_faults_logs_no_fault_keys():
     assert ran.scored(verdicts) is verdicts
 
 
-@pytest.mark.parametrize(("answer", "problem"), [
-    ({"done": True}, "answered step with a dict, not an Observation"),
-    (Observation(done=True, reward=float("nan")), "answered step with a reward that is not finite (nan)"),
-    (Observation(done=True, reward="high"), "answered step with a reward that is not a number ('high')"),
-    (Observation(messages=["text"]), "answered step with messages that are not a list of mappings"),
-    (Observation(tool_outcomes=[{"status": "ok"}]), "answered step with tool_outcomes that are not a list of"),
-])
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ({"done": True}, "answered step with a dict, not an Observation"),
+        (Observation(done=True, reward=float("nan")), "answered step with a reward that is not finite (nan)"),
+        (Observation(done=True, reward="high"), "answered step with a reward that is not a number ('high')"),
+        (Observation(messages=["text"]), "answered step with messages that are not a list of mappings"),
+        (Observation(tool_outcomes=[{"status": "ok"}]), "answered step with tool_outcomes that are not a list of"),
+    ],
+)
 def test_an_answer_that_is_not_an_observation_fails_the_episode(fresh_notices, answer, problem):
     env = Failing({}, fail_step=["A:"], answer=answer)
     ran = run(EpisodeRunner(env, TOK, max_turns=2, max_tokens=100), ENGINE, ["A:"])
@@ -442,8 +495,10 @@ def test_the_final_summary_reports_the_faults_it_rode_out(monkeypatch):
 
     monkeypatch.setattr(rlzoo.tools, "abandoned_calls", lambda: 0)
     assert fault_summary([{"step": 0, "reward/mean": 0.5}, {"step": 1, "eval/accuracy": 0.5}]) == []
-    rows = [{"step": 0, "eval/episode_errors": 2.0, "episode/errors": 4.0, "tool/abandoned": 1.0},
-            {"step": 1, "episode/errors": 1.0, "tool/abandoned": 2.0}]
+    rows = [
+        {"step": 0, "eval/episode_errors": 2.0, "episode/errors": 4.0, "tool/abandoned": 1.0},
+        {"step": 1, "episode/errors": 1.0, "tool/abandoned": 2.0},
+    ]
     lines = fault_summary(rows)
     assert lines[0].startswith("environment errors: 5 training and 2 held-out episodes ended with reward 0")
     assert lines[1].startswith("abandoned tool calls: 3 in training ran past their time budget")

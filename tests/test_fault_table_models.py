@@ -39,11 +39,20 @@ def make_lora_template(folder: Path) -> Path:
     tokenizer = build_char_tokenizer(ALPHABET)
     save_model(build_tiny_model(TinyModelConfig(hidden_size=32, head_dim=16), tokenizer), tokenizer, folder / "other")
     save_model(build_tiny_model(TinyModelConfig(num_hidden_layers=3), tokenizer), tokenizer, folder / "deeper")
-    reward = Qwen3ForSequenceClassification(Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=16, intermediate_size=64, max_position_embeddings=64, num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    ))
+    reward = Qwen3ForSequenceClassification(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            num_labels=1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
     save_model(reward, tokenizer, folder / "rm")
     return folder
 
@@ -51,11 +60,13 @@ def make_lora_template(folder: Path) -> Path:
 def damaged_model(source: str, name: str, extra: Callable[[str], dict], command: str = "check"):
     """``source`` (``cold``: the run's base, or ``rm``) copied to ``name`` with its weights cut in half, and a config
     that names it (``extra(name)``)."""
+
     def setup(folder: Path, ctx: Context) -> list[str]:
         shutil.copytree(ctx.template / source, folder / name)
         truncate(folder / name / "model.safetensors")
         cold = {"cold_start": {"output_dir": str(ctx.template / "cold")}}
         return [*(["config", "check"] if command == "check" else [command]), config(folder, merge(cold, extra(name)))]
+
     return setup
 
 
@@ -64,6 +75,7 @@ def export(step: int, *damage: tuple[str, Callable[[Path], None]], base: str | N
     ``adapters``, no digests beside it) into ``merged``, each ``(file, how)`` of ``damage`` done to a file of its
     ``model/`` first; ``base``: a folder beside the run (``--base``), a damaged copy of the run's base with
     ``"damaged"``."""
+
     def setup(folder: Path, ctx: Context) -> list[str]:
         run = copied_run(folder, ctx)
         source = checkpoint_file(run, step, "model")
@@ -77,8 +89,13 @@ def export(step: int, *damage: tuple[str, Callable[[Path], None]], base: str | N
             flags = ["--base", "base"]
         elif base is not None:
             flags = ["--base", str(ctx.template / base)]
-        return ["export", str(source.relative_to(folder) if plain else source.parent.relative_to(folder)), "merged",
-                *flags]
+        return [
+            "export",
+            str(source.relative_to(folder) if plain else source.parent.relative_to(folder)),
+            "merged",
+            *flags,
+        ]
+
     return setup
 
 
@@ -90,8 +107,9 @@ def trained(path: Path) -> None:
 
     generator = torch.Generator().manual_seed(0)
     tensors = load_file(str(path))
-    save_file({k: torch.randn(v.shape, generator=generator) if ".lora_B." in k else v for k, v in tensors.items()},
-              str(path))
+    save_file(
+        {k: torch.randn(v.shape, generator=generator) if ".lora_B." in k else v for k, v in tensors.items()}, str(path)
+    )
 
 
 CRITIC = {"algorithm": {"advantage": {"name": "gae"}, "critic": {"model": "critic"}}}
@@ -103,37 +121,85 @@ ADAPTER = "adapter_model.safetensors"
 CASES = [
     # damaged weights of a model the run reads: refused by the preflight (config check; train runs the same one before
     # it starts: tests/test_bad_configs.py)
-    Case("critic-weights-truncated-check", damaged_model("cold", "critic", lambda n: CRITIC),
-         (f"algorithm.critic.model: critic/model.safetensors {TRUNCATED}", "copy or save the model again")),
-    Case("teacher-weights-truncated-check", damaged_model("cold", "teacher", lambda n: TEACHER),
-         (f"teacher.model: teacher/model.safetensors {TRUNCATED}",)),
-    Case("reward-model-weights-truncated-check", damaged_model("rm", "rm", lambda n: REWARD_MODEL),
-         (f"verifier.path: rm/model.safetensors {TRUNCATED}",)),
-    Case("policy-weights-truncated-check", damaged_model("cold", "policy", lambda n: {"model": {"path": n}}),
-         (f"model.path: policy/model.safetensors {TRUNCATED}",)),
+    Case(
+        "critic-weights-truncated-check",
+        damaged_model("cold", "critic", lambda n: CRITIC),
+        (f"algorithm.critic.model: critic/model.safetensors {TRUNCATED}", "copy or save the model again"),
+    ),
+    Case(
+        "teacher-weights-truncated-check",
+        damaged_model("cold", "teacher", lambda n: TEACHER),
+        (f"teacher.model: teacher/model.safetensors {TRUNCATED}",),
+    ),
+    Case(
+        "reward-model-weights-truncated-check",
+        damaged_model("rm", "rm", lambda n: REWARD_MODEL),
+        (f"verifier.path: rm/model.safetensors {TRUNCATED}",),
+    ),
+    Case(
+        "policy-weights-truncated-check",
+        damaged_model("cold", "policy", lambda n: {"model": {"path": n}}),
+        (f"model.path: policy/model.safetensors {TRUNCATED}",),
+    ),
     # rlzoo export: the adapters verified against digests.json, as --resume verifies a checkpoint
-    Case("export-adapter-flipped", export(2, (ADAPTER, flip)),
-         ("error: export: checkpoint run/checkpoints/step_000002 is damaged (model/adapter_model.safetensors: content "
-          "differs from its recorded sha256 digest)", "export an earlier checkpoint")),
-    Case("export-adapter-truncated", export(1, (ADAPTER, truncate)),
-         ("error: export: checkpoint run/checkpoints/step_000001 is damaged (model/adapter_model.safetensors: "
-          "truncated (",), absent=("SafetensorError",)),
-    Case("export-adapter-truncated-without-digests", export(2, (ADAPTER, truncate), plain=True),
-         (f"error: export: adapters/{ADAPTER} {TRUNCATED}",), absent=("SafetensorError",)),
-    Case("export-adapter-config-damaged", export(2, ("adapter_config.json", truncate), plain=True),
-         ("error: export: adapters/adapter_config.json is not readable JSON",)),
+    Case(
+        "export-adapter-flipped",
+        export(2, (ADAPTER, flip)),
+        (
+            "error: export: checkpoint run/checkpoints/step_000002 is damaged (model/adapter_model.safetensors: content "
+            "differs from its recorded sha256 digest)",
+            "export an earlier checkpoint",
+        ),
+    ),
+    Case(
+        "export-adapter-truncated",
+        export(1, (ADAPTER, truncate)),
+        (
+            "error: export: checkpoint run/checkpoints/step_000001 is damaged (model/adapter_model.safetensors: "
+            "truncated (",
+        ),
+        absent=("SafetensorError",),
+    ),
+    Case(
+        "export-adapter-truncated-without-digests",
+        export(2, (ADAPTER, truncate), plain=True),
+        (f"error: export: adapters/{ADAPTER} {TRUNCATED}",),
+        absent=("SafetensorError",),
+    ),
+    Case(
+        "export-adapter-config-damaged",
+        export(2, ("adapter_config.json", truncate), plain=True),
+        ("error: export: adapters/adapter_config.json is not readable JSON",),
+    ),
     # rlzoo export: the base
-    Case("export-base-of-another-shape", export(2, base="other"),
-         ("does not fit the adapters in run/checkpoints/step_000002/model/adapter_model.safetensors",
-          "16 of 16 adapter tensors have another shape than this base needs",
-          ".lora_A.weight is [4, 64] in the adapters and [4, 32] for this base"), absent=("size mismatch",)),
-    Case("export-base-deeper", export(2, base="deeper"),
-         ("this base has 8 adapted weights the adapters hold nothing for, e.g. base_model.model.model.layers.2.",)),
-    Case("export-base-truncated", export(2, base="damaged"),
-         (f"error: export: --base base: base/model.safetensors {TRUNCATED}",)),
+    Case(
+        "export-base-of-another-shape",
+        export(2, base="other"),
+        (
+            "does not fit the adapters in run/checkpoints/step_000002/model/adapter_model.safetensors",
+            "16 of 16 adapter tensors have another shape than this base needs",
+            ".lora_A.weight is [4, 64] in the adapters and [4, 32] for this base",
+        ),
+        absent=("size mismatch",),
+    ),
+    Case(
+        "export-base-deeper",
+        export(2, base="deeper"),
+        ("this base has 8 adapted weights the adapters hold nothing for, e.g. base_model.model.model.layers.2.",),
+    ),
+    Case(
+        "export-base-truncated",
+        export(2, base="damaged"),
+        (f"error: export: --base base: base/model.safetensors {TRUNCATED}",),
+    ),
     Case("export-intact", export(2), ("merged",), code=0, one_error=False),
-    Case("export-adapters-of-a-plain-folder", export(2, (ADAPTER, trained), plain=True), ("merged",), code=0,
-         one_error=False),
+    Case(
+        "export-adapters-of-a-plain-folder",
+        export(2, (ADAPTER, trained), plain=True),
+        ("merged",),
+        code=0,
+        one_error=False,
+    ),
 ]
 
 

@@ -70,8 +70,11 @@ def template(tmp_path_factory) -> Path:
     ``./my_loss.py``; the cold start in ``folder/cold``."""
     folder = tmp_path_factory.mktemp("script-run")
     (folder / "my_loss.py").write_text(MY_LOSS)
-    extra = {"plugins": ["./my_loss.py"], "algorithm": {"clipper": {"name": "my-clip"}},
-             "cold_start": {"output_dir": str(folder / "cold")}}
+    extra = {
+        "plugins": ["./my_loss.py"],
+        "algorithm": {"clipper": {"name": "my-clip"}},
+        "cold_start": {"output_dir": str(folder / "cold")},
+    }
     (folder / "run.yaml").write_text(yaml.safe_dump(merge(BASE, extra)))
     proc = rlzoo(folder, "train", "run.yaml")
     assert proc.returncode == 0, shown(proc)
@@ -88,8 +91,11 @@ def test_rlzoo_train_runs_the_script_clipper_and_records_the_file(template):
 
 def test_the_continue_hint_repeats_the_plugin_flags(template):
     """A resume reads the user's config, which does not name a ``--plugin`` file: the hint to continue names it."""
-    extra = {"algorithm": {"clipper": {"name": "my-clip"}}, "cold_start": {"output_dir": str(template / "cold")},
-             "output_dir": "out-flag"}
+    extra = {
+        "algorithm": {"clipper": {"name": "my-clip"}},
+        "cold_start": {"output_dir": str(template / "cold")},
+        "output_dir": "out-flag",
+    }
     (template / "flag.yaml").write_text(yaml.safe_dump(merge(BASE, extra)))
     proc = rlzoo(template, "train", "flag.yaml", "--plugin", "my_loss.py")
     assert proc.returncode == 0, shown(proc)
@@ -105,14 +111,25 @@ def test_a_changed_file_is_refused_on_resume_and_goes_ahead_with_allow_changes(t
     after = digest(script)
     try:
         refused = rlzoo(template, "train", "run.yaml", "--resume", "run-resumed", "--set", "train.steps=2")
-        allowed = rlzoo(template, "train", "run.yaml", "--resume", "run-resumed", "--set", "train.steps=2",
-                        "--allow-changes", "plugins")
+        allowed = rlzoo(
+            template,
+            "train",
+            "run.yaml",
+            "--resume",
+            "run-resumed",
+            "--set",
+            "train.steps=2",
+            "--allow-changes",
+            "plugins",
+        )
     finally:
         script.write_text(original)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, shown(refused)
     assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == ["error: invalid config:"]
-    assert (f"  plugins: {script} changed since the run started (sha256 {before[7:19]}... -> {after[7:19]}...); a "
-            "resume runs the code the run ran") in refused.stderr, shown(refused)
+    assert (
+        f"  plugins: {script} changed since the run started (sha256 {before[7:19]}... -> {after[7:19]}...); a "
+        "resume runs the code the run ran"
+    ) in refused.stderr, shown(refused)
     assert "--allow-changes plugins" in refused.stderr
     assert allowed.returncode == 0, shown(allowed)
     assert f"changes going ahead, recorded in run-resumed/config_changes.jsonl: plugins.{script}" in allowed.stdout
@@ -126,9 +143,28 @@ def test_a_changed_file_is_refused_on_resume_and_goes_ahead_with_allow_changes(t
 def test_rlzoo_ablate_varies_a_builtin_against_the_script_end_to_end(template):
     sweep_config = merge(BASE, {"model": {"path": str(template / "cold")}})  # the template's cold-start model
     (template / "sweep.yaml").write_text(yaml.safe_dump(sweep_config))
-    proc = subprocess.run([*_rlzoo_command(), "ablate", "sweep.yaml", "--vary", "algorithm.clipper.name=ppo,my-clip",
-                           "--plugin", "my_loss.py", "--seeds", "1", "--jobs", "2", "--out", "sweep"], cwd=template,
-                          env=environment(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            *_rlzoo_command(),
+            "ablate",
+            "sweep.yaml",
+            "--vary",
+            "algorithm.clipper.name=ppo,my-clip",
+            "--plugin",
+            "my_loss.py",
+            "--seeds",
+            "1",
+            "--jobs",
+            "2",
+            "--out",
+            "sweep",
+        ],
+        cwd=template,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, shown(proc)
     sweep = template / "sweep"
     table = (sweep / "summary.md").read_text()
@@ -152,33 +188,96 @@ def case(files: dict[str, str], *argv: str, extra: dict | None = None):
             (folder / name).write_text(text)
         (folder / "run.yaml").write_text(yaml.safe_dump(merge(BASE, extra or {})))
         return [part if part != "CONFIG" else "run.yaml" for part in argv]
+
     return setup
 
 
 CASES = [
-    Case("check-with-the-flag", case({"my_loss.py": MY_LOSS}, "config", "check", "CONFIG", "--plugin", "my_loss.py",
-                                     "--set", "algorithm.clipper.name=my-clip"),
-         ("my_loss.py\n", "clipper:\n    name: my-clip"), code=0, one_error=False),
-    Case("plugins-list-with-the-flag", case({"my_loss.py": MY_LOSS}, "plugins", "list", "--plugin", "my_loss.py"),
-         ("my-clip", "script my_loss.py", "Symmetric clip"), code=0, one_error=False),
-    Case("missing-path-in-the-config", case({}, "config", "check", "CONFIG", extra={"plugins": ["./nope.py"]}),
-         ("run.yaml", "plugins.0: ./nope.py does not exist (")),
-    Case("missing-path-train", case({}, "train", "CONFIG", "--plugin", "nope.py"), ("--plugin: nope.py does not exist (",)),
-    Case("missing-path-sft", case({}, "sft", "CONFIG", "--plugin", "lib/nope.py"), ("--plugin: lib/nope.py does not exist",)),
-    Case("syntax-error-in-the-config", case({"broken.py": BROKEN}, "train", "CONFIG", extra={"plugins": ["broken.py"]}),
-         ("plugins.0: broken.py, line 3: SyntaxError: invalid syntax",), once="line 3", absent=("File ",)),
-    Case("syntax-error-ablate", case({"broken.py": BROKEN}, "ablate", "CONFIG", "--plugin", "broken.py", "--vary",
-                                     "trainer.lr=0.1,0.2", "--seeds", "1", "--out", "sweep"),
-         ("--plugin: broken.py, line 3: SyntaxError: invalid syntax",), once="line 3"),
-    Case("registers-nothing-check", case({"empty.py": EMPTY}, "config", "check", "CONFIG", "--plugin", "empty.py"),
-         ("--plugin: empty.py registers no component: give it module-level @rlzoo.hookimpl functions",
-          '@rlzoo.register("clipper", "my-clip")')),
-    Case("registers-nothing-plugins-list", case({"empty.py": EMPTY}, "plugins", "list", "--plugin", "empty.py"),
-         ("--plugin: empty.py registers no component",)),
-    Case("clash-with-ppo", case({"clash.py": CLASH}, "train", "CONFIG", extra={"plugins": ["./clash.py"]}),
-         ("algorithm.clipper: clipper 'ppo' is registered twice: by rlzoo-estimators (plugin 'estimators') and by "
-          "script clash.py (plugin '", "clash.py'). Uninstall one of the two distributions (or drop the script from "
-          "plugins)")),
+    Case(
+        "check-with-the-flag",
+        case(
+            {"my_loss.py": MY_LOSS},
+            "config",
+            "check",
+            "CONFIG",
+            "--plugin",
+            "my_loss.py",
+            "--set",
+            "algorithm.clipper.name=my-clip",
+        ),
+        ("my_loss.py\n", "clipper:\n    name: my-clip"),
+        code=0,
+        one_error=False,
+    ),
+    Case(
+        "plugins-list-with-the-flag",
+        case({"my_loss.py": MY_LOSS}, "plugins", "list", "--plugin", "my_loss.py"),
+        ("my-clip", "script my_loss.py", "Symmetric clip"),
+        code=0,
+        one_error=False,
+    ),
+    Case(
+        "missing-path-in-the-config",
+        case({}, "config", "check", "CONFIG", extra={"plugins": ["./nope.py"]}),
+        ("run.yaml", "plugins.0: ./nope.py does not exist ("),
+    ),
+    Case(
+        "missing-path-train",
+        case({}, "train", "CONFIG", "--plugin", "nope.py"),
+        ("--plugin: nope.py does not exist (",),
+    ),
+    Case(
+        "missing-path-sft",
+        case({}, "sft", "CONFIG", "--plugin", "lib/nope.py"),
+        ("--plugin: lib/nope.py does not exist",),
+    ),
+    Case(
+        "syntax-error-in-the-config",
+        case({"broken.py": BROKEN}, "train", "CONFIG", extra={"plugins": ["broken.py"]}),
+        ("plugins.0: broken.py, line 3: SyntaxError: invalid syntax",),
+        once="line 3",
+        absent=("File ",),
+    ),
+    Case(
+        "syntax-error-ablate",
+        case(
+            {"broken.py": BROKEN},
+            "ablate",
+            "CONFIG",
+            "--plugin",
+            "broken.py",
+            "--vary",
+            "trainer.lr=0.1,0.2",
+            "--seeds",
+            "1",
+            "--out",
+            "sweep",
+        ),
+        ("--plugin: broken.py, line 3: SyntaxError: invalid syntax",),
+        once="line 3",
+    ),
+    Case(
+        "registers-nothing-check",
+        case({"empty.py": EMPTY}, "config", "check", "CONFIG", "--plugin", "empty.py"),
+        (
+            "--plugin: empty.py registers no component: give it module-level @rlzoo.hookimpl functions",
+            '@rlzoo.register("clipper", "my-clip")',
+        ),
+    ),
+    Case(
+        "registers-nothing-plugins-list",
+        case({"empty.py": EMPTY}, "plugins", "list", "--plugin", "empty.py"),
+        ("--plugin: empty.py registers no component",),
+    ),
+    Case(
+        "clash-with-ppo",
+        case({"clash.py": CLASH}, "train", "CONFIG", extra={"plugins": ["./clash.py"]}),
+        (
+            "algorithm.clipper: clipper 'ppo' is registered twice: by rlzoo-estimators (plugin 'estimators') and by "
+            "script clash.py (plugin '",
+            "clash.py'). Uninstall one of the two distributions (or drop the script from plugins)",
+        ),
+    ),
 ]
 
 

@@ -9,7 +9,12 @@ from rlzoo.util.atomic import atomic_write_text
 from rlzoo.util.reductions import SkippedUpdates, Sum, UnscoredResponses
 
 S, U = SkippedUpdates, UnscoredResponses  # the fault declarations, as the engines and rlzoo.rl.scoring report them
-GOOD = {"train/nonfinite_steps": S(0.0), "verifier/errors": U(0.0), "verifier/timeouts": U(0.0), "verifier/nonfinite_rewards": U(0.0)}
+GOOD = {
+    "train/nonfinite_steps": S(0.0),
+    "verifier/errors": U(0.0),
+    "verifier/timeouts": U(0.0),
+    "verifier/nonfinite_rewards": U(0.0),
+}
 NAN_LOSS = {**GOOD, "train/nonfinite_steps": S(2.0)}
 UNSCORED = {**GOOD, "verifier/errors": U(5.0), "verifier/timeouts": U(2.0), "verifier/nonfinite_rewards": U(1.0)}
 

@@ -40,16 +40,27 @@ def data(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("math")
     for split, start in (("train", 0), ("test", 100)):
-        rows = [{"data_source": "math", "prompt": [{"role": "user", "content": f"{i}+1? Answer in \\boxed{{}}."}],
-                 "reward_model": {"ground_truth": str(i + 1)}} for i in range(start, start + 8)]
+        rows = [
+            {
+                "data_source": "math",
+                "prompt": [{"role": "user", "content": f"{i}+1? Answer in \\boxed{{}}."}],
+                "reward_model": {"ground_truth": str(i + 1)},
+            }
+            for i in range(start, start + 8)
+        ]
         datasets.Dataset.from_list(rows).to_parquet(str(folder / f"{split}.parquet"))
     return folder
 
 
 def test_there_are_recipes():
     names = {p.name for p in RECIPES}
-    assert {"qwen3_30b_a3b_gspo.yaml", "qwen3_30b_a3b_gspo_routing_replay.yaml", "qwen3_moe_small_gspo.yaml",
-            "qwen3_moe_small_grpo.yaml", "qwen3_1.7b_grpo.yaml"} <= names
+    assert {
+        "qwen3_30b_a3b_gspo.yaml",
+        "qwen3_30b_a3b_gspo_routing_replay.yaml",
+        "qwen3_moe_small_gspo.yaml",
+        "qwen3_moe_small_grpo.yaml",
+        "qwen3_1.7b_grpo.yaml",
+    } <= names
     assert all(checks(p) for p in RECIPES), "every recipe names its checks"
 
 
@@ -57,8 +68,12 @@ def test_there_are_recipes():
 def test_recipe_passes_config_check(recipe, data, tmp_path):
     registry = default_registry()
     for args in checks(recipe):
-        overrides = [*args.set, f"task.path={data / 'train.parquet'}", f"task.eval_path={data / 'test.parquet'}",
-                     f"output_dir={tmp_path / 'run'}"]
+        overrides = [
+            *args.set,
+            f"task.path={data / 'train.parquet'}",
+            f"task.eval_path={data / 'test.parquet'}",
+            f"output_dir={tmp_path / 'run'}",
+        ]
         config = load_config(recipe, overrides, registry)
         preflight(config, registry, world=args.processes, model_config=REPO / args.model_config)
         assert config.cold_start.enabled is False and config.model.path
@@ -78,8 +93,11 @@ def test_model_config_stands_in_for_the_folder_and_is_checked(data, tmp_path):
     """A recipe's shapes are really checked: a config.json with a head size vLLM lacks is refused."""
     registry = default_registry()
     recipe = REPO / "examples" / "gpu" / "qwen3_moe_small_gspo.yaml"
-    overrides = [f"task.path={data / 'train.parquet'}", f"task.eval_path={data / 'test.parquet'}",
-                 f"output_dir={tmp_path / 'run'}"]
+    overrides = [
+        f"task.path={data / 'train.parquet'}",
+        f"task.eval_path={data / 'test.parquet'}",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     config = load_config(recipe, overrides, registry)
     with pytest.raises(ConfigError, match="model.path: models/qwen3-moe-small does not exist"):
         preflight(config, registry)
@@ -93,15 +111,26 @@ def test_model_config_stands_in_for_the_folder_and_is_checked(data, tmp_path):
     config = load_config(recipe, [*overrides, "rollout.engine.max_model_len=null"], registry)
     with pytest.raises(ConfigError) as err:
         preflight(config, registry, model_config=bad)
-    assert "prompt.max_prompt_tokens: 1024 + rollout.max_new_tokens 2048 exceeds the 2048-token context" in str(err.value)
+    assert "prompt.max_prompt_tokens: 1024 + rollout.max_new_tokens 2048 exceeds the 2048-token context" in str(
+        err.value
+    )
 
 
 def test_cli_config_check_takes_model_config(data, tmp_path, capsys):
     from rlzoo.cli import main
 
     recipe = "examples/gpu/qwen3_30b_a3b_gspo.yaml"
-    common = [str(REPO / recipe), "--processes", "16", "--set", f"task.path={data / 'train.parquet'}",
-              "--set", f"task.eval_path={data / 'test.parquet'}", "--set", f"output_dir={tmp_path / 'run'}"]
+    common = [
+        str(REPO / recipe),
+        "--processes",
+        "16",
+        "--set",
+        f"task.path={data / 'train.parquet'}",
+        "--set",
+        f"task.eval_path={data / 'test.parquet'}",
+        "--set",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     model_config = str(REPO / "examples/gpu/models/qwen3-30b-a3b/config.json")
     assert main(["config", "check", *common, "--model-config", model_config]) == 0
     assert "Qwen3-30B-A3B" in capsys.readouterr().out

@@ -11,15 +11,23 @@ from rlzoo.preflight.checks import preflight
 from rlzoo.registry import default_registry
 
 GROUPED = [i.name for i in default_registry().components("advantage") if i.cls.needs_groups]
-WEIGHTED = {"name": "weighted", "verifiers": [
-    {"name": "exact", "label": "correct"}, {"name": "regex", "label": "format", "pattern": "x"},
-]}
+WEIGHTED = {
+    "name": "weighted",
+    "verifiers": [
+        {"name": "exact", "label": "correct"},
+        {"name": "regex", "label": "format", "pattern": "x"},
+    ],
+}
 
 
 def problems(advantage: dict, group_size: int, tmp_path) -> dict[str, str]:
     registry = default_registry()
-    data = {"output_dir": str(tmp_path / "run"), "rollout": {"group_size": group_size},
-            "algorithm": {"advantage": advantage}, "verifier": WEIGHTED}
+    data = {
+        "output_dir": str(tmp_path / "run"),
+        "rollout": {"group_size": group_size},
+        "algorithm": {"advantage": advantage},
+        "verifier": WEIGHTED,
+    }
     try:
         preflight(build_config(data, registry=registry), registry)
     except ConfigError as err:
@@ -32,8 +40,10 @@ def test_a_group_advantage_with_one_response_per_prompt_is_refused_naming_the_fi
     found = problems({"name": name}, 1, tmp_path)
     assert "rollout.group_size" in found, found
     message = found["rollout.group_size"]
-    assert message.startswith(f"1, but advantage {name!r} (algorithm.advantage) compares each response with the "
-                              "others sampled from its prompt"), message
+    assert message.startswith(
+        f"1, but advantage {name!r} (algorithm.advantage) compares each response with the "
+        "others sampled from its prompt"
+    ), message
     assert "sample at least 2 per prompt" in message and "optimal-token-baseline" in message  # one that needs none
     assert "rollout.group_size" not in problems({"name": name}, 2, tmp_path)
 

@@ -32,10 +32,20 @@ from rlzoo.util.reductions import Deferred, Min, read_metrics, reduce_minibatche
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 #: where a GPU run's tensors are on the device: the loss, its metrics and inputs, the engines' passes and steps
-HOT = [Path(rlzoo.__file__).parent / p for p in (
-    "rl/objective.py", "rl/loss_inputs.py", "rl/critic.py", "util/reductions.py", "util/tensors.py",
-    "engines/module_engine.py", "engines/torch_trainer.py", "engines/aux_loss.py", "engines/tokens.py",
-)]
+HOT = [
+    Path(rlzoo.__file__).parent / p
+    for p in (
+        "rl/objective.py",
+        "rl/loss_inputs.py",
+        "rl/critic.py",
+        "util/reductions.py",
+        "util/tensors.py",
+        "engines/module_engine.py",
+        "engines/torch_trainer.py",
+        "engines/aux_loss.py",
+        "engines/tokens.py",
+    )
+]
 HOT += [  # the loss's components (an advantage source works on the CPU, before the updates)
     Path(where) / kind
     for where in importlib.util.find_spec("rlzoo_estimators").submodule_search_locations
@@ -120,8 +130,12 @@ def _parts(tmp_path: Path, config: RunConfig) -> Components:
     return Components(
         objective=build_objective(algorithm),
         advantage=registry.create("advantage", algorithm.advantage.name, algorithm.advantage.params),
-        verifier=Exact(), correction=registry.create("correction", "none"), rollout=Sums(tokenizer),
-        learner=Learner(engine), tokenizer=tokenizer, train_set=TRAIN_SET,
+        verifier=Exact(),
+        correction=registry.create("correction", "none"),
+        rollout=Sums(tokenizer),
+        learner=Learner(engine),
+        tokenizer=tokenizer,
+        train_set=TRAIN_SET,
     )
 
 
@@ -129,10 +143,12 @@ TRAIN_SET = [Sample(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (5, 7), (2, 1)
 
 
 def _config(minibatches: int) -> RunConfig:
-    return RunConfig.model_validate({
-        "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 3},
-        "algorithm": {"preset": "gspo", "minibatches_per_rollout": minibatches},
-    })
+    return RunConfig.model_validate(
+        {
+            "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 3},
+            "algorithm": {"preset": "gspo", "minibatches_per_rollout": minibatches},
+        }
+    )
 
 
 def _reads(step: int, parts: Components, config: RunConfig, monkeypatch: pytest.MonkeyPatch) -> HostReads:

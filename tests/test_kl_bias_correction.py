@@ -44,11 +44,16 @@ def rederived(logp, old, ref, advantages, mask, level: str, corrected: bool) -> 
 
 
 def objective(level: str, corrected: bool):
-    return rlzoo.build_objective({
-        "ratio": {"name": level}, "clipper": {"name": "ppo", "eps_low": EPS, "eps_high": EPS},
-        "aggregation": {"name": "seq-mean-token-mean"}, "kl": {"name": "k3"}, "kl_coef": BETA,
-        "kl_bias_correction": corrected,
-    })
+    return rlzoo.build_objective(
+        {
+            "ratio": {"name": level},
+            "clipper": {"name": "ppo", "eps_low": EPS, "eps_high": EPS},
+            "aggregation": {"name": "seq-mean-token-mean"},
+            "kl": {"name": "k3"},
+            "kl_coef": BETA,
+            "kl_bias_correction": corrected,
+        }
+    )
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -77,5 +82,5 @@ def test_the_correction_changes_the_gradient_even_where_the_ratio_is_one():
 def test_the_correction_without_a_kl_term_is_refused_by_field():
     with pytest.raises(ConfigError) as err:
         rlzoo.build_objective({"kl_bias_correction": True})
-    (field, message), = err.value.problems
+    ((field, message),) = err.value.problems
     assert field == "algorithm.kl_bias_correction" and "kl_coef > 0" in message

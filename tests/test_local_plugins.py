@@ -147,7 +147,11 @@ def test_a_script_registers_under_its_origin_and_is_importable_by_its_name(folde
 
 
 def test_hooks_and_marks_in_one_file_both_count_and_a_second_load_is_a_no_op(folder):
-    write(folder, "both.py", CLIPPER.replace("{name}", "marked-clip") + textwrap.dedent('''
+    write(
+        folder,
+        "both.py",
+        CLIPPER.replace("{name}", "marked-clip")
+        + textwrap.dedent('''
         class HookClip(ScriptClip):
             """Returned by the hook."""
             name = "hook-clip"
@@ -156,7 +160,8 @@ def test_hooks_and_marks_in_one_file_both_count_and_a_second_load_is_a_no_op(fol
         @rlzoo.hookimpl
         def rlzoo_clippers():
             return [HookClip]
-        '''))
+        '''),
+    )
     registry = Registry()
     for _ in range(2):
         load_plugins(["both.py", "both.py"], registry, "plugins", folder)
@@ -181,20 +186,41 @@ def test_a_module_by_its_dotted_name(folder, monkeypatch):
 BAD = {
     "missing": ({}, "nope.py", "nope.py does not exist ("),
     "a-folder": ({"lib/x.txt": ""}, "./lib", "./lib is a folder, not a Python file"),
-    "syntax-error": ({"broken.py": "import rlzoo\nx = 1\ndef f(:\n    pass\n"}, "broken.py",
-                     "broken.py, line 3: SyntaxError: invalid syntax"),
-    "raises-on-import": ({"boom.py": "import rlzoo\n\nraise ValueError('no')\n"}, "boom.py",
-                         "boom.py, line 3: ValueError: no"),
-    "raises-in-a-module-it-imports": ({"uses.py": "x = 1\nimport helper_lp\n", "helper_lp.py": "y = 1 / 0\n"},
-                                      "uses.py", "uses.py, line 2 ({folder}/helper_lp.py, line 1): ZeroDivisionError"),
-    "registers-nothing": ({"empty.py": "import rlzoo\n"}, "empty.py",
-                          "empty.py registers no component: give it module-level @rlzoo.hookimpl functions"),
-    "unknown-kind": ({"kind.py": "import rlzoo\n\n@rlzoo.register('clip', 'x')\nclass C:\n    pass\n"}, "kind.py",
-                     "kind.py, line 3: rlzoo.register: unknown component kind 'clip'; kinds: ratio,"),
-    "hook-returns-junk": ({"junk.py": "import rlzoo\n\n@rlzoo.hookimpl\ndef rlzoo_clippers():\n    return [1]\n"},
-                          "junk.py", "junk.py: rlzoo_clippers returned 1, which is not a Component class"),
-    "not-a-python-name": ({"my-clip.py": "x = 1\n"}, "my-clip.py",
-                          "its name must be a Python name (letters, digits, _): rename it, e.g. my_clip.py"),
+    "syntax-error": (
+        {"broken.py": "import rlzoo\nx = 1\ndef f(:\n    pass\n"},
+        "broken.py",
+        "broken.py, line 3: SyntaxError: invalid syntax",
+    ),
+    "raises-on-import": (
+        {"boom.py": "import rlzoo\n\nraise ValueError('no')\n"},
+        "boom.py",
+        "boom.py, line 3: ValueError: no",
+    ),
+    "raises-in-a-module-it-imports": (
+        {"uses.py": "x = 1\nimport helper_lp\n", "helper_lp.py": "y = 1 / 0\n"},
+        "uses.py",
+        "uses.py, line 2 ({folder}/helper_lp.py, line 1): ZeroDivisionError",
+    ),
+    "registers-nothing": (
+        {"empty.py": "import rlzoo\n"},
+        "empty.py",
+        "empty.py registers no component: give it module-level @rlzoo.hookimpl functions",
+    ),
+    "unknown-kind": (
+        {"kind.py": "import rlzoo\n\n@rlzoo.register('clip', 'x')\nclass C:\n    pass\n"},
+        "kind.py",
+        "kind.py, line 3: rlzoo.register: unknown component kind 'clip'; kinds: ratio,",
+    ),
+    "hook-returns-junk": (
+        {"junk.py": "import rlzoo\n\n@rlzoo.hookimpl\ndef rlzoo_clippers():\n    return [1]\n"},
+        "junk.py",
+        "junk.py: rlzoo_clippers returned 1, which is not a Component class",
+    ),
+    "not-a-python-name": (
+        {"my-clip.py": "x = 1\n"},
+        "my-clip.py",
+        "its name must be a Python name (letters, digits, _): rename it, e.g. my_clip.py",
+    ),
     "name-taken": ({"json.py": "x = 1\n"}, "json.py", "json.py: the module name 'json' is taken by "),
     "unknown-module": ({}, "rlzoo_lptest_nowhere.mod", "no module named 'rlzoo_lptest_nowhere.mod'"),
     "neither": ({}, "my clip", "'my clip' is neither a Python file (ending in .py) nor a module name"),
@@ -210,8 +236,11 @@ def test_a_plugin_that_cannot_contribute_is_one_problem_naming_the_field(folder,
     loc, message = problem(lambda: load_plugins([entry], registry, "plugins", folder))
     assert loc == "plugins.0" and expected.format(folder=folder) in message, message
     assert "Traceback" not in message
-    loc, _ = problem(lambda: load_plugins([str(folder / entry) if entry.endswith(".py") else entry], Registry(),
-                                          "--plugin", Path("/")))
+    loc, _ = problem(
+        lambda: load_plugins(
+            [str(folder / entry) if entry.endswith(".py") else entry], Registry(), "--plugin", Path("/")
+        )
+    )
     assert loc == "--plugin"
 
 
@@ -253,15 +282,23 @@ def test_config_paths_resolve_against_its_folder_and_are_recorded_absolute(folde
     monkeypatch.chdir(folder)  # --plugin paths: the current folder's
     from rlzoo.config.loading import read_yaml
 
-    config = build_config(read_yaml(folder / "exp/run.yaml"), [], installed, source=str(folder / "exp/run.yaml"),
-                          plugins=["b_clip.py", "./exp/a_clip.py"])
+    config = build_config(
+        read_yaml(folder / "exp/run.yaml"),
+        [],
+        installed,
+        source=str(folder / "exp/run.yaml"),
+        plugins=["b_clip.py", "./exp/a_clip.py"],
+    )
     assert config.plugins == [str(folder / "exp/a_clip.py"), str(folder / "b_clip.py")]
     assert config.algorithm.clipper.name == "b-clip"
     again = build_config(json.loads(json.dumps(config.model_dump(mode="json"))), [], installed)  # a run's config.yaml
     assert again.plugins == config.plugins
     with pytest.raises(ConfigError) as info:
         build_config({"plugins": ["./missing.py"]}, [], installed, source="exp/run.yaml", folder=folder / "exp")
-    assert str(info.value) == f"invalid config exp/run.yaml:\n  plugins.0: ./missing.py does not exist ({folder}/exp/missing.py)"
+    assert (
+        str(info.value)
+        == f"invalid config exp/run.yaml:\n  plugins.0: ./missing.py does not exist ({folder}/exp/missing.py)"
+    )
 
 
 def test_a_spawned_worker_finds_the_script_module_by_name(folder):
@@ -291,9 +328,13 @@ def test_a_resume_refuses_a_changed_file_unless_allowed_and_records_the_change(f
     changes = config_changes(run, config)
     assert changes == {f"plugins.{path}": (old, new)}
     [(loc, message)] = refusal_problems(refused(changes))
-    assert loc == "plugins" and message.startswith(
-        f"{path} changed since the run started (sha256 {old[7:19]}... -> {new[7:19]}...); a resume runs the code"
-    ) and "--allow-changes plugins" in message
+    assert (
+        loc == "plugins"
+        and message.startswith(
+            f"{path} changed since the run started (sha256 {old[7:19]}... -> {new[7:19]}...); a resume runs the code"
+        )
+        and "--allow-changes plugins" in message
+    )
     assert refused(changes, ["plugins"]) == {}
     record_changes(run, 3, changes)  # as the run does when the resume goes ahead
     record_plugins(run, config)

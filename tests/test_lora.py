@@ -42,7 +42,9 @@ def test_targets_split_into_projections_and_fused_expert_parameters(policy_dir):
     modules, parameters, unknown = split_targets(model, _targets(policy_dir) + ["qkv", "lm_head", "gate"])
     assert unknown == ["qkv", "lm_head", "gate"]  # the output layer and the router are never targets
     if "moe" in str(policy_dir):
-        assert parameters == ["experts.gate_up_proj", "experts.down_proj"] and "experts.down_proj" in target_names(model)
+        assert parameters == ["experts.gate_up_proj", "experts.down_proj"] and "experts.down_proj" in target_names(
+            model
+        )
     else:
         assert parameters == [] and "down_proj" in modules
 
@@ -104,7 +106,9 @@ def test_export_merges_the_adapters_into_a_plain_folder(policy_dir, tmp_path):
     assert not (merged / "adapter_config.json").exists()
     plain, _ = load_model(merged)
     with torch.no_grad():
-        assert torch.allclose(plain(input_ids=batch.input_ids).logits, engine.model(input_ids=batch.input_ids).logits, atol=1e-5)
+        assert torch.allclose(
+            plain(input_ids=batch.input_ids).logits, engine.model(input_ids=batch.input_ids).logits, atol=1e-5
+        )
 
 
 def test_unknown_targets_are_refused_naming_the_field(policy_dir):

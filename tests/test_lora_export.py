@@ -31,8 +31,14 @@ def saved(policy_dir, tmp_path_factory):  # noqa: F811
     engine.save(root / "ckpt")
     write_manifest(root / "ckpt")
     moe = "moe" in str(policy_dir)
-    other = TinyModelConfig(architecture="qwen3_moe" if moe else "qwen3", hidden_size=64, num_experts=4,
-                            num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    other = TinyModelConfig(
+        architecture="qwen3_moe" if moe else "qwen3",
+        hidden_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        intermediate_size=64,
+    )
     base = save_model(build_tiny_model(other, TOKENIZER), TOKENIZER, root / "other")
     return root / "ckpt", base, moe
 
@@ -82,8 +88,11 @@ def test_non_finite_adapters_are_refused(saved, tmp_path):
     name = sorted(tensors)[3]
     tensors[name] = torch.full_like(tensors[name], float("nan"))
     save_file(tensors, str(file))
-    with pytest.raises(RlzooError, match=rf"export: {file} holds values that are not finite \(NaN or infinite\) in 1 "
-                                         rf"tensors, e.g. {name}: "):
+    with pytest.raises(
+        RlzooError,
+        match=rf"export: {file} holds values that are not finite \(NaN or infinite\) in 1 "
+        rf"tensors, e.g. {name}: ",
+    ):
         export_merged(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

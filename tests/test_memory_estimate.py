@@ -29,26 +29,56 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "examples" / "gpu").glob("*.yaml"))
 
 # a small Qwen3-MoE: 2 layers, both MoE
-MOE = {"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 2,
-       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 40,
-       "moe_intermediate_size": 12, "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
-DENSE = {"model_type": "qwen3", "vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 3,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 40,
-         "tie_word_embeddings": True}
+MOE = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 100,
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 40,
+    "moe_intermediate_size": 12,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "tie_word_embeddings": False,
+}
+DENSE = {
+    "model_type": "qwen3",
+    "vocab_size": 100,
+    "hidden_size": 16,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 40,
+    "tie_word_embeddings": True,
+}
 
 
 def run_config(**trainer) -> object:
     """A config whose every estimate input is spelled out; ``trainer`` overrides the trainer section."""
     engine = trainer.pop("engine", {"name": "torch"})
-    return build_config({
-        "algorithm": {"kl_coef": 0.0},
-        "rollout": {"engine": {"name": "hf", "batch_size": 8}, "prompts_per_step": 2, "group_size": 4,
-                    "max_new_tokens": 16},
-        "prompt": {"max_prompt_tokens": 16},
-        "model": {"dtype": "bfloat16"},
-        "trainer": {"engine": engine, "dtype": "bfloat16", "max_tokens_per_micro_batch": 64,
-                    "logits_chunk_tokens": 32, **trainer},
-    })
+    return build_config(
+        {
+            "algorithm": {"kl_coef": 0.0},
+            "rollout": {
+                "engine": {"name": "hf", "batch_size": 8},
+                "prompts_per_step": 2,
+                "group_size": 4,
+                "max_new_tokens": 16,
+            },
+            "prompt": {"max_prompt_tokens": 16},
+            "model": {"dtype": "bfloat16"},
+            "trainer": {
+                "engine": engine,
+                "dtype": "bfloat16",
+                "max_tokens_per_micro_batch": 64,
+                "logits_chunk_tokens": 32,
+                **trainer,
+            },
+        }
+    )
 
 
 # -- the arithmetic --------------------------------------------------------------------------------------------
@@ -107,15 +137,18 @@ def test_a_teacher_adds_its_own_weights_in_the_engines_layout():
     with_teacher = estimate(run_config(), shape, teacher=teacher).parts
     assert plain["teacher"] == 0
     assert with_teacher["teacher"] == 4 * teacher.parameters()  # fp32 master weights, no gradients or optimizer
-    assert {k: v for k, v in with_teacher.items() if k != "teacher"} == {k: v for k, v in plain.items() if k != "teacher"}
+    assert {k: v for k, v in with_teacher.items() if k != "teacher"} == {
+        k: v for k, v in plain.items() if k != "teacher"
+    }
     zero3 = estimate(run_config(engine={"name": "deepspeed", "zero_stage": 3}), shape, world=2, teacher=teacher).parts
     assert zero3["teacher"] == 4 * (teacher.parameters() // 2)  # partitioned as the policy's weights are
 
 
 def test_zero_stages_partition_over_the_processes():
     shape, p, n = ModelShape.from_hf(MOE), 11120, 4
-    parts = {s: estimate(run_config(engine={"name": "deepspeed", "zero_stage": s}), shape, world=n).parts
-             for s in range(4)}
+    parts = {
+        s: estimate(run_config(engine={"name": "deepspeed", "zero_stage": s}), shape, world=n).parts for s in range(4)
+    }
     assert (parts[0]["weights"], parts[0]["gradients"], parts[0]["optimizer"]) == (4 * p, 4 * p, 8 * p)
     assert (parts[1]["gradients"], parts[1]["optimizer"], parts[1]["master_copy"]) == (4 * p, 8 * p // n, 4 * p // n)
     assert (parts[2]["gradients"], parts[2]["optimizer"]) == (4 * p // n, 8 * p // n)
@@ -169,11 +202,23 @@ def test_parse_bytes():
 
 def big_tiny_config(folder: Path, **trainer) -> Path:
     """A cold-started model.tiny of GPU-like width: its activations alone exceed a gigabyte."""
-    config = {"output_dir": str(folder / "out"),
-              "model": {"tiny": {"hidden_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16,
-                                 "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 4096,
-                                 "moe_intermediate_size": 512, "num_experts": 8, "num_experts_per_tok": 2}},
-              "trainer": {"dtype": "bfloat16", **trainer}}
+    config = {
+        "output_dir": str(folder / "out"),
+        "model": {
+            "tiny": {
+                "hidden_size": 2048,
+                "num_hidden_layers": 8,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 4,
+                "head_dim": 128,
+                "intermediate_size": 4096,
+                "moe_intermediate_size": 512,
+                "num_experts": 8,
+                "num_experts_per_tok": 2,
+            }
+        },
+        "trainer": {"dtype": "bfloat16", **trainer},
+    }
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -186,8 +231,13 @@ def test_preflight_refuses_a_config_that_cannot_fit(tmp_path):
         preflight(config, registry)
     text = str(err.value)
     assert "trainer.device_memory: 4.0 GB per GPU is less than the run's estimated" in text
-    for field in ("trainer.max_tokens_per_micro_batch", "trainer.activation_checkpointing: true",
-                  "trainer.engine: {name: deepspeed} partitioning them", "activations", "total"):
+    for field in (
+        "trainer.max_tokens_per_micro_batch",
+        "trainer.activation_checkpointing: true",
+        "trainer.engine: {name: deepspeed} partitioning them",
+        "activations",
+        "total",
+    ):
         assert field in text
     assert preflight(config, registry, device_memory=1000 * GB) is not None  # the flag replaces the field
 
@@ -208,8 +258,14 @@ def test_train_makes_the_same_check_before_it_starts(tmp_path, monkeypatch, caps
 def test_config_check_through_the_real_cli_rejects_naming_the_fields(tmp_path):
     path = big_tiny_config(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "config", "check", str(path), "--device-memory", "1GB"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", "config", "check", str(path), "--device-memory", "1GB"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and proc.stdout == ""
     assert proc.stderr.startswith("error: invalid config")
@@ -228,8 +284,18 @@ def test_config_check_flag_errors_and_the_printed_estimate(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert out.startswith("# GPU memory per rank, estimated") and "fits 80.0 GB (--device-memory)" in out
     assert yaml.safe_load(out)["trainer"]["dtype"] == "bfloat16"  # the estimate is YAML comments
-    assert main(["config", "check", str(REPO / "examples" / "gspo_tiny_moe.yaml"),
-                 "--set", f"output_dir={tmp_path / 'tiny'}"]) == 0
+    assert (
+        main(
+            [
+                "config",
+                "check",
+                str(REPO / "examples" / "gspo_tiny_moe.yaml"),
+                "--set",
+                f"output_dir={tmp_path / 'tiny'}",
+            ]
+        )
+        == 0
+    )
     assert "#" not in capsys.readouterr().out.split("\n")[0]  # a CPU-sized model without a device: no estimate
 
 

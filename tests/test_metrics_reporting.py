@@ -42,9 +42,30 @@ NAN = float("nan")
 
 def test_over_minibatches_each_class_combines_as_it_declares():
     parts = [
-        {"plain": 1.0, "mean": Mean(2.0), "sum": Sum(1.0), "min": Min(3.0), "max": Max(3.0), "skipped": SkippedUpdates(1.0)},
-        {"plain": NAN, "mean": Mean(4.0), "sum": Sum(2.0), "min": Min(-1.0), "max": Max(7.0), "skipped": SkippedUpdates(0.0)},
-        {"plain": 3.0, "mean": Mean(NAN), "sum": Sum(4.0), "min": Min(5.0), "max": Max(-2.0), "skipped": SkippedUpdates(1.0)},
+        {
+            "plain": 1.0,
+            "mean": Mean(2.0),
+            "sum": Sum(1.0),
+            "min": Min(3.0),
+            "max": Max(3.0),
+            "skipped": SkippedUpdates(1.0),
+        },
+        {
+            "plain": NAN,
+            "mean": Mean(4.0),
+            "sum": Sum(2.0),
+            "min": Min(-1.0),
+            "max": Max(7.0),
+            "skipped": SkippedUpdates(0.0),
+        },
+        {
+            "plain": 3.0,
+            "mean": Mean(NAN),
+            "sum": Sum(4.0),
+            "min": Min(5.0),
+            "max": Max(-2.0),
+            "skipped": SkippedUpdates(1.0),
+        },
     ]
     out = reduce_minibatches(parts)
     assert out == {"plain": 2.0, "mean": 3.0, "sum": 7.0, "min": -1.0, "max": 7.0, "skipped": 2.0}
@@ -83,14 +104,34 @@ class GatheredDist(Dist):
 
 
 def test_over_ranks_each_class_combines_as_it_declares_and_time_is_rank_zeros():
-    mine = {"plain": 1.0, "sum": Sum(4.0), "min": Min(0.5), "max": Max(2.0), "unscored": UnscoredResponses(2.0),
-            "time/train": 10.0}
-    other = {"plain": 3.0, "sum": Sum(2.0), "min": Min(0.25), "max": Max(1.0), "unscored": UnscoredResponses(2.0),
-             "time/train": 99.0, "only/other": Max(5.0)}
+    mine = {
+        "plain": 1.0,
+        "sum": Sum(4.0),
+        "min": Min(0.5),
+        "max": Max(2.0),
+        "unscored": UnscoredResponses(2.0),
+        "time/train": 10.0,
+    }
+    other = {
+        "plain": 3.0,
+        "sum": Sum(2.0),
+        "min": Min(0.25),
+        "max": Max(1.0),
+        "unscored": UnscoredResponses(2.0),
+        "time/train": 99.0,
+        "only/other": Max(5.0),
+    }
     dist = GatheredDist(rank=0, world=2, others=[other])
     out = dist.reduce_metrics(mine)
-    assert out == {"plain": 2.0, "sum": 3.0, "min": 0.25, "max": 2.0, "unscored": 2.0, "time/train": 10.0,
-                   "only/other": 5.0}
+    assert out == {
+        "plain": 2.0,
+        "sum": 3.0,
+        "min": 0.25,
+        "max": 2.0,
+        "unscored": 2.0,
+        "time/train": 10.0,
+        "only/other": 5.0,
+    }
     assert type(out["plain"]) is float
     for key, cls in [("sum", Sum), ("min", Min), ("max", Max), ("unscored", UnscoredResponses), ("only/other", Max)]:
         assert type(out[key]) is cls, key
@@ -119,7 +160,6 @@ def test_take_reports_namespaces_by_kind_and_name_and_clears_the_buffer():
     assert take_reports(component) == {} and take_reports(plain) == {"thing/plain/x": 1.0}
 
 
-
 def test_a_scope_collects_the_reports_of_its_block_in_its_thread_and_the_innermost_takes_them():
     class Lengthy(BatchFilter):
         name = "lengthy"
@@ -136,7 +176,10 @@ def test_a_scope_collects_the_reports_of_its_block_in_its_thread_and_the_innermo
             other.join()
         component.report("after", 3.0)
     assert outer is seen and seen == {"filter/lengthy/seen": 1.0, "filter/lengthy/after": 3.0}
-    assert inner == {"filter/lengthy/seen": 2.0, "filter/lengthy/ratio": 0.75} and type(inner["filter/lengthy/seen"]) is Sum
+    assert (
+        inner == {"filter/lengthy/seen": 2.0, "filter/lengthy/ratio": 0.75}
+        and type(inner["filter/lengthy/seen"]) is Sum
+    )
     # outside any scope (the other thread) the component keeps its reports until take_reports takes them
     assert take_reports(component) == {"filter/lengthy/elsewhere": 1.0} and take_reports(component) == {}
 
@@ -186,8 +229,12 @@ class ReportingClipper(Clipper):
 
     def clip_batch(self, batch):
         self.calls = getattr(self, "calls", 0) + 1
-        for metric, value in [("calls", Sum(1.0)), ("first", Min(self.calls)), ("last", Max(self.calls)),
-                              ("mean_call", float(self.calls))]:
+        for metric, value in [
+            ("calls", Sum(1.0)),
+            ("first", Min(self.calls)),
+            ("last", Max(self.calls)),
+            ("mean_call", float(self.calls)),
+        ]:
             self.report(metric, value)
         never = torch.zeros_like(batch.mask, dtype=torch.bool)
         return ClipResult(-batch.ratio * batch.advantages, never, never.clone())
@@ -213,8 +260,11 @@ def _test_registry() -> Registry:
     """The installed components plus the reporting ones, registered as a plugin would register them."""
     registry = Registry.discover()
     plugin = types.ModuleType("reporting_plugin")
-    for hook, classes in [("rlzoo_advantage_sources", [ReportingAdvantage]), ("rlzoo_batch_filters", [ReportingFilter]),
-                          ("rlzoo_clippers", [ReportingClipper])]:
+    for hook, classes in [
+        ("rlzoo_advantage_sources", [ReportingAdvantage]),
+        ("rlzoo_batch_filters", [ReportingFilter]),
+        ("rlzoo_clippers", [ReportingClipper]),
+    ]:
 
         def implementation(classes=classes):
             return classes
@@ -228,10 +278,12 @@ def _test_registry() -> Registry:
 
 def test_component_reports_reach_the_step_metrics_namespaced_and_reduced():
     registry = _test_registry()
-    config = RunConfig.model_validate({
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 2},
-        "algorithm": {"minibatches_per_rollout": 2},
-    })
+    config = RunConfig.model_validate(
+        {
+            "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 2},
+            "algorithm": {"minibatches_per_rollout": 2},
+        }
+    )
     train_set = [Sample(name, "a") for name in ["same0", "mix0", "same1", "mix1", "same2"]]
     parts = Components(
         objective=build_objective({"clipper": {"name": "reporting"}}, registry),

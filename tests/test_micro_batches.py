@@ -26,8 +26,14 @@ ALPHABET = "0123456789+="
 
 def _batch(rows: int, seed: int = 0, vocab: int = 12):
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(2, vocab, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(rows)]
-    responses = [torch.randint(2, vocab, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(rows)]
+    prompts = [
+        torch.randint(2, vocab, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(rows)
+    ]
+    responses = [
+        torch.randint(2, vocab, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(rows)
+    ]
     return make_token_batch(prompts, responses, 0, response_width=10)
 
 
@@ -65,7 +71,11 @@ def _engine(tmp_path, moe: bool, **trainer):
     tiny = TinyModelConfig(architecture="qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2)
     if moe:
         tiny = TinyModelConfig(
-            hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64,
+            hidden_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            intermediate_size=64,
             num_hidden_layers=2,
         )
     folder = tmp_path / ("moe" if moe else "dense")
@@ -145,7 +155,7 @@ def test_accumulated_gradient_equals_one_pass(tmp_path, name, moe):
     whole = _engine(tmp_path, moe, max_tokens_per_micro_batch=10_000)
     split = _engine(tmp_path, moe, max_tokens_per_micro_batch=20)
     g = torch.Generator().manual_seed(2)
-    old_logp = (whole.logprobs(batch) + 0.05 * torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64))
+    old_logp = whole.logprobs(batch) + 0.05 * torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64)
     advantages = torch.randn(batch.response_mask.shape[0], 1, generator=g, dtype=torch.float64).expand_as(old_logp)
     if name == "entropy":  # per-token advantages too
         advantages = advantages + 0.3 * torch.randn(old_logp.shape, generator=g, dtype=torch.float64)

@@ -24,10 +24,19 @@ from rlzoo.mismatch.measures import by_position, by_probability, ess, gap_metric
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = str(REPO / "examples" / "gspo_tiny_moe.yaml")
-ENGINES = ["rollout.engine={name: hf}", "trainer.engine={name: torch}", "rollout.prompts_per_step=4",
-           "rollout.group_size=4"]  # integration_tests/conftest.py's FAST engines and batch
-TINY_COLD = ["cold_start.steps=2", "cold_start.batch_size=8", "cold_start.examples=32", "train.eval_prompts=4",
-             "train.eval_samples_per_prompt=1"]
+ENGINES = [
+    "rollout.engine={name: hf}",
+    "trainer.engine={name: torch}",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+]  # integration_tests/conftest.py's FAST engines and batch
+TINY_COLD = [
+    "cold_start.steps=2",
+    "cold_start.batch_size=8",
+    "cold_start.examples=32",
+    "train.eval_prompts=4",
+    "train.eval_samples_per_prompt=1",
+]
 
 
 def _sets(root: Path, *overrides: str) -> list[str]:
@@ -39,11 +48,16 @@ def _sets(root: Path, *overrides: str) -> list[str]:
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("mismatch")
     out = {}
-    for name, extra in (("fp32", ["--fail-above", "abs_logp_diff=1e-3"]),
-                        ("bf16", ["--set", "model.dtype=bfloat16", "--fail-above", "abs_logp_diff=1e-5",
-                                  "--fail-above", "k3_kl=1e9"])):
+    for name, extra in (
+        ("fp32", ["--fail-above", "abs_logp_diff=1e-3"]),
+        ("bf16", ["--set", "model.dtype=bfloat16", "--fail-above", "abs_logp_diff=1e-5", "--fail-above", "k3_kl=1e9"]),
+    ):
         result = run_cli(["mismatch", CONFIG, *_sets(root), "--out", str(root / name), *extra], cwd=root)
-        report = json.loads((root / name / "mismatch.json").read_text()) if (root / name / "mismatch.json").is_file() else None
+        report = (
+            json.loads((root / name / "mismatch.json").read_text())
+            if (root / name / "mismatch.json").is_file()
+            else None
+        )
         out[name] = (result, report, root / name)
     return out
 
@@ -56,7 +70,12 @@ def test_identical_engines_in_fp32_agree_to_rounding(runs):
     assert m["abs_logp_diff"] < 1e-5 and m["abs_logp_diff_max"] < 1e-4, m
     assert m["share_above_0.1"] == 0.0 and abs(m["ess_token"] - 1.0) < 1e-6
     assert m["router_disagreement"] == 0.0  # the same weights route the same tokens alike
-    assert report["engines"] == {"rollout": "hf", "rollout_dtype": "float32", "trainer": "torch", "trainer_dtype": "float32"}
+    assert report["engines"] == {
+        "rollout": "hf",
+        "rollout_dtype": "float32",
+        "trainer": "torch",
+        "trainer_dtype": "float32",
+    }
     assert report["recommendation"]["name"] == "none"
 
 
@@ -96,13 +115,16 @@ def test_the_report_numbers_are_consistent(runs):
         assert len(lines) < 25 and (out / "log.txt").stat().st_size > 0  # the engines' messages went there
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--fail-above", "no_such_metric=1"], "unknown metric 'no_such_metric'; accepted: abs_logp_diff"),
-    (["--fail-above", "abs_logp_diff=abc"], "'abc' is not a finite number"),
-    (["--fail-above", "abs_logp_diff=nan"], "'nan' is not a finite number"),
-    (["--fail-above", "abs_logp_diff"], "write METRIC=VALUE"),
-    (["--steps", "0"], "--steps: '0' is not a positive whole number"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--fail-above", "no_such_metric=1"], "unknown metric 'no_such_metric'; accepted: abs_logp_diff"),
+        (["--fail-above", "abs_logp_diff=abc"], "'abc' is not a finite number"),
+        (["--fail-above", "abs_logp_diff=nan"], "'nan' is not a finite number"),
+        (["--fail-above", "abs_logp_diff"], "write METRIC=VALUE"),
+        (["--steps", "0"], "--steps: '0' is not a positive whole number"),
+    ],
+)
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
     result = run_cli(["mismatch", CONFIG, *_sets(tmp_path), "--out", str(tmp_path / "out"), *args], cwd=tmp_path)
     assert result.returncode == 1
@@ -112,8 +134,10 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
 
 def test_every_gate_metric_is_one_the_report_measures():
     t = torch.tensor([[-1.0, -2.0]])
-    assert set(GATE_METRICS) - set(gap_metrics(t, t, torch.ones_like(t))) == {"router_disagreement",
-                                                                              "abs_logp_diff_no_replay"}
+    assert set(GATE_METRICS) - set(gap_metrics(t, t, torch.ones_like(t))) == {
+        "router_disagreement",
+        "abs_logp_diff_no_replay",
+    }
 
 
 def test_gap_metrics_by_hand():
@@ -170,10 +194,17 @@ def test_causes_on_the_main_job_with_routing_replay(tmp_path):
     side's bf16 makes (nearly) the whole gap; each row says what it changed; R3 replays the rollout's experts, so no
     expert slot differs under the policy."""
     cold = ["cold_start.steps=40", "cold_start.batch_size=16", "train.eval_prompts=16"]
-    sets = [*ENGINES, *cold, f"cold_start.output_dir={tmp_path / 'cold'}", f"output_dir={tmp_path / 'run'}",
-            "algorithm.router={name: replay-rollout}"]
-    result = run_cli(["mismatch", CONFIG, *(a for o in sets for a in ("--set", o)), "--causes", "--out",
-                      str(tmp_path / "out")], cwd=tmp_path)
+    sets = [
+        *ENGINES,
+        *cold,
+        f"cold_start.output_dir={tmp_path / 'cold'}",
+        f"output_dir={tmp_path / 'run'}",
+        "algorithm.router={name: replay-rollout}",
+    ]
+    result = run_cli(
+        ["mismatch", CONFIG, *(a for o in sets for a in ("--set", o)), "--causes", "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "mismatch.json").read_text())
     rows = {row["cause"]: row for row in report["causes"]}

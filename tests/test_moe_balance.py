@@ -10,11 +10,24 @@ from rlzoo.moe import RouterLogits, find_routers, load_balancing_loss
 
 VOCAB = 40
 COMMON = dict(
-    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-    head_dim=32, intermediate_size=64, max_position_embeddings=128, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=64,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=1,
 )
 FAMILIES = {
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32),
+    ),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2)),
 }

@@ -34,12 +34,43 @@ COMMON = dict(
 )
 # family -> (config class, model class, MoE keys, gate function replay must detect)
 FAMILIES = {
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True), "softmax-topk-renorm"),
-    "qwen3_moe_unnormalised": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False), "softmax-topk"),
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, norm_topk_prob=True), "softmax-topk-renorm"),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2), "softmax-topk-renorm"),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+        "softmax-topk-renorm",
+    ),
+    "qwen3_moe_unnormalised": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False),
+        "softmax-topk",
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            norm_topk_prob=True,
+        ),
+        "softmax-topk-renorm",
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2),
+        "softmax-topk-renorm",
+    ),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=8, num_experts_per_tok=2), "softmax-topk"),
-    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2, layer_types=["full_attention"] * 2), "topk-softmax"),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2, layer_types=["full_attention"] * 2),
+        "topk-softmax",
+    ),
 }
 
 
@@ -60,7 +91,14 @@ def next_token_loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def all_hooks(model: torch.nn.Module) -> int:
-    names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
+    names = (
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+    )
     return sum(len(getattr(m, n, {})) for m in model.modules() for n in names)
 
 
@@ -139,7 +177,13 @@ def test_replaying_a_different_routing_changes_the_output():
 def test_unsupported_router_is_an_error():
     """A sigmoid / bias-corrected router (GLM-4-MoE, DeepSeek-V3 style) cannot be replayed: say so, by name."""
     config = transformers.Glm4MoeConfig(
-        **COMMON, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=0, n_group=1, topk_group=1
+        **COMMON,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=0,
+        n_group=1,
+        topk_group=1,
     )
     model = transformers.Glm4MoeForCausalLM(config).eval()
     with torch.no_grad(), record_routing(model) as routing:
@@ -189,7 +233,9 @@ def test_replayed_gate_weights_come_from_the_current_router():
     seen = {}
     handles = [
         gate.register_forward_hook(lambda _m, args, _out: seen.update(hidden=args[0])),
-        model.model.layers[0].mlp.experts.register_forward_pre_hook(lambda _m, args: seen.update(index=args[1], weights=args[2])),
+        model.model.layers[0].mlp.experts.register_forward_pre_hook(
+            lambda _m, args: seen.update(index=args[1], weights=args[2])
+        ),
     ]
     # entered before replay: the recorder still sees the replayed experts (replay's hook runs first)
     with torch.no_grad(), record_routing(model) as used, replay_routing(model, old):
@@ -375,11 +421,15 @@ def rollout(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("moe") / "m"
     tokenizer = build_char_tokenizer("0123456789+=")
-    config = TinyModelConfig(hidden_size=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    config = TinyModelConfig(
+        hidden_size=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64
+    )
     save_model(build_tiny_model(config, tokenizer), tokenizer, directory)
     engine = HFRolloutEngine(HFRolloutEngine.Params(record_routing=True))
     engine.start(EngineContext(directory, pad_token_id=0, eos_token_id=1))
-    prompts = [tokenizer(p)["input_ids"] for p in ("1+2=", "12+34=", "7=", "99+1+2=")]  # different lengths: left padding
+    prompts = [
+        tokenizer(p)["input_ids"] for p in ("1+2=", "12+34=", "7=", "99+1+2=")
+    ]  # different lengths: left padding
     groups = engine.generate(prompts, SamplingSettings(n=4, max_new_tokens=12, seed=0))
     generations = [g for group in groups for g in group]
     model, _ = load_model(directory)

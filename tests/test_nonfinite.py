@@ -86,8 +86,20 @@ def test_every_section_and_every_components_parameters_refuse_non_finite_numbers
 
 def test_config_check_refuses_inf_through_set(tmp_path):
     proc = subprocess.run(
-        [*_rlzoo_command(), "config", "check", str(EXAMPLE), "--set", "trainer.lr=inf", "--set", "algorithm.kl_coef=nan"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [
+            *_rlzoo_command(),
+            "config",
+            "check",
+            str(EXAMPLE),
+            "--set",
+            "trainer.lr=inf",
+            "--set",
+            "algorithm.kl_coef=nan",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -100,7 +112,9 @@ def test_config_check_refuses_inf_through_set(tmp_path):
 
 def _torch_engine(tmp_path: Path) -> TorchTrainingEngine:
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    tiny = TinyModelConfig(
+        hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64
+    )
     save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
     engine = TorchTrainingEngine()
     engine.start(EngineContext(tmp_path / "m", pad_token_id=0, eos_token_id=1), TrainerConfig())
@@ -207,7 +221,9 @@ TINY = ["rollout.engine={name: hf}", "trainer.engine={name: torch}", *TINY_RUN, 
 
 def test_non_finite_weights_stop_the_run_before_their_checkpoint(tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(apply_overrides(read_yaml(EXAMPLE), [*TINY, f"cold_start.output_dir={tmp_path / 'cold'}"])))
+    config.write_text(
+        yaml.safe_dump(apply_overrides(read_yaml(EXAMPLE), [*TINY, f"cold_start.output_dir={tmp_path / 'cold'}"]))
+    )
     run_dir = tmp_path / "run"
     command = [sys.executable, "-c", RLZOO_POISONED, "train", str(config), "--set", f"output_dir={run_dir}"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -225,4 +241,3 @@ def test_non_finite_weights_stop_the_run_before_their_checkpoint(tmp_path):
     assert sorted(p.name for p in first.parent.iterdir()) == ["latest", "step_000001"]  # no step 2, no leftovers
     assert verify_checkpoint(first).intact
     assert json.loads((first / "state.json").read_text()) == {"completed_steps": 1}
-

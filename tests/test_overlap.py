@@ -50,7 +50,6 @@ def _logprobs_under(trainer, weights, batch):
         trainer.model.load_state_dict(current)
 
 
-
 def test_old_logprobs_are_those_of_the_weights_that_sampled_the_batch(tmp_path):
     steps = 3
     trainer, rollout, learner, schedule, metrics = _run(tmp_path, overlap=1, steps=steps)

@@ -160,8 +160,15 @@ def test_a_continued_responses_routing_is_each_positions_own_weights(tmp_path):
     import copy
 
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(architecture="qwen3_moe", hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
-                           num_hidden_layers=2, num_experts=8, num_experts_per_tok=2)
+    tiny = TinyModelConfig(
+        architecture="qwen3_moe",
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
     torch.manual_seed(0)
     folder = save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "moe")
     hf = HFRolloutEngine(HFRolloutEngine.Params(record_routing=True))
@@ -198,8 +205,9 @@ def test_an_episode_keeps_each_policy_tokens_version_and_the_metrics_skip_observ
 
     tokenizer = build_char_tokenizer(ALPHABET)
     runner = EpisodeRunner(ScriptedEnvironment(), tokenizer, max_turns=MAX_TURNS, max_tokens=MAX_TOKENS)
-    batch = runner.run(VersionedTurns(), [Sample("12+34=", "")], SamplingSettings(n=2, max_new_tokens=8),
-                       PromptConfig())
+    batch = runner.run(
+        VersionedTurns(), [Sample("12+34=", "")], SamplingSettings(n=2, max_new_tokens=8), PromptConfig()
+    )
     episodes = batch.groups[0]
     obs = len(tokenizer(OBSERVATION, add_special_tokens=False)["input_ids"])
     for episode in episodes:
@@ -258,8 +266,11 @@ def test_preflight_refuses_partial_rollouts_it_cannot_honour(tmp_path, overrides
     module.rlzoo_rollout_engines = rlzoo.hookimpl(lambda: [BetweenBatchesOnly])
     module.rlzoo_rollout_engines.__name__ = "rlzoo_rollout_engines"
     registry.add_plugin(module, name="partial-test", distribution="partial-test-dist")
-    config = build_config({"rollout": {"prompts_per_step": 2, "group_size": 4}},
-                          ["rollout.max_staleness=1", *overrides, f"output_dir={tmp_path / 'run'}"], registry)
+    config = build_config(
+        {"rollout": {"prompts_per_step": 2, "group_size": 4}},
+        ["rollout.max_staleness=1", *overrides, f"output_dir={tmp_path / 'run'}"],
+        registry,
+    )
     with pytest.raises(ConfigError) as err:
         preflight(config, registry)
     assert any(at == "rollout.partial" and message in text for at, text in err.value.problems), err.value.problems
@@ -270,8 +281,17 @@ def test_partial_rollouts_on_hf_and_vllm_pass_the_preflight(tmp_path, engine):
     if engine == "vllm":
         pytest.importorskip("vllm")  # the preflight checks the engine's package is installed
     registry = default_registry()
-    config = build_config({}, ["rollout.max_staleness=1", "rollout.partial=continue", "algorithm.router=null",
-                               f"rollout.engine={{name: {engine}}}", f"output_dir={tmp_path / 'run'}"], registry)
+    config = build_config(
+        {},
+        [
+            "rollout.max_staleness=1",
+            "rollout.partial=continue",
+            "algorithm.router=null",
+            f"rollout.engine={{name: {engine}}}",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        registry,
+    )
     preflight(config, registry)
 
 
@@ -279,11 +299,19 @@ def test_vllms_own_routing_output_is_refused_with_partial_rollouts_and_r3(tmp_pa
     """vLLM's routed_experts arrive with a request's last output, which a request stopped for new weights never gets."""
     pytest.importorskip("vllm")  # the preflight checks the engine's package is installed
     registry = default_registry()
-    config = build_config({}, ["rollout.max_staleness=1", "rollout.partial=continue",
-                               "algorithm.router={name: replay-rollout}",
-                               "rollout.engine={name: vllm, routing_capture: vllm}", f"output_dir={tmp_path / 'run'}"],
-                          registry)
+    config = build_config(
+        {},
+        [
+            "rollout.max_staleness=1",
+            "rollout.partial=continue",
+            "algorithm.router={name: replay-rollout}",
+            "rollout.engine={name: vllm, routing_capture: vllm}",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        registry,
+    )
     with pytest.raises(ConfigError) as err:
         preflight(config, registry)
-    assert any(at == "rollout.engine.routing_capture" and "use worker" in text for at, text in err.value.problems), \
+    assert any(at == "rollout.engine.routing_capture" and "use worker" in text for at, text in err.value.problems), (
         err.value.problems
+    )

@@ -57,7 +57,9 @@ def test_evaluate_logs_pass_at_k_per_prompt():
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["yes no 12"] * 5, trainer)
     bpe = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     right, wrong = (bpe(t, add_special_tokens=False)["input_ids"] + [bpe.eos_token_id] for t in ("yes", "no"))
@@ -78,10 +80,12 @@ def test_evaluate_logs_pass_at_k_per_prompt():
         def verify(self, sample, response):
             return Verdict(float(response == sample.answer))
 
-    config = RunConfig.model_validate({
-        "task": {"name": "arithmetic"},
-        "train": {"eval_samples_per_prompt": 4, "eval_temperature": 1.0, "eval_pass_at_k": [1, 2, 4]},
-    })
+    config = RunConfig.model_validate(
+        {
+            "task": {"name": "arithmetic"},
+            "train": {"eval_samples_per_prompt": 4, "eval_temperature": 1.0, "eval_pass_at_k": [1, 2, 4]},
+        }
+    )
     out = evaluate([Sample("a", "yes"), Sample("b", "yes")], Scripted(), Exact(), bpe, config)
     assert out["eval/accuracy"] == pytest.approx(0.5)
     assert out["eval/pass@1"] == pytest.approx((0.25 + 0.75) / 2)

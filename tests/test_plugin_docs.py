@@ -316,10 +316,12 @@ def test_a_correction_failing_at_set_up_names_its_field_and_message(doc_modules)
     registry.add_plugin(module, name="my_correction", distribution="rlzoo-my-plugin")
     with pytest.raises(ConfigError) as info:
         registry.create("correction", "two-sided-tis", {"low": 3.0}, loc="algorithm.correction")
-    assert info.value.problems == [(
-        "algorithm.correction",
-        "correction 'two-sided-tis' (rlzoo-my-plugin) failed to set up: low (3.0) must be below high (2.0)",
-    )]
+    assert info.value.problems == [
+        (
+            "algorithm.correction",
+            "correction 'two-sided-tis' (rlzoo-my-plugin) failed to set up: low (3.0) must be below high (2.0)",
+        )
+    ]
     with pytest.raises(ConfigError) as info:
         registry.create("correction", "two-sided-tis", {"low": -1.0}, loc="algorithm.correction")
     assert info.value.problems[0][0] == "algorithm.correction.low"
@@ -368,8 +370,10 @@ def test_rollout_engine_rule_is_reported_by_the_config_check(doc_modules, tmp_pa
     registry.add_plugin(module, name="my_rollout_engine", distribution="rlzoo-my-plugin")
 
     def check(max_new_tokens: int) -> list:
-        data = {"output_dir": str(tmp_path / "run"), "rollout": {
-            "engine": {"name": "hf-short", "max_response_tokens": 32}, "max_new_tokens": max_new_tokens}}
+        data = {
+            "output_dir": str(tmp_path / "run"),
+            "rollout": {"engine": {"name": "hf-short", "max_response_tokens": 32}, "max_new_tokens": max_new_tokens},
+        }
         config = build_config(data, registry=registry)
         try:
             preflight(config, registry)
@@ -389,7 +393,7 @@ def table(text: str, header: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
@@ -438,7 +442,7 @@ def test_the_engine_tables_name_every_engine_method_and_where_it_is_called(base)
 
     cls = getattr(rlzoo.engines, base)
     text = DOC.read_text()
-    section = text[text.index(f"**{base.removesuffix('Engine')} engine** (`"):]
+    section = text[text.index(f"**{base.removesuffix('Engine')} engine** (`") :]
     rows = table(section, "| when | method | called in |")
     documented: set[str] = set()
     for when, methods, where in rows:
@@ -449,8 +453,13 @@ def test_the_engine_tables_name_every_engine_method_and_where_it_is_called(base)
             assert callable(getattr(cls, method, None)), f"{base} has no method {method!r} ({when})"
             assert re.search(rf"\.{method}\b", sources), f"{method!r} is not called in {where} ({when})"
         documented |= calls(methods)
-    own = {name for klass in cls.__mro__ if klass not in Component.__mro__ for name, value in vars(klass).items()
-           if callable(value) and not name.startswith("_")}
+    own = {
+        name
+        for klass in cls.__mro__
+        if klass not in Component.__mro__
+        for name, value in vars(klass).items()
+        if callable(value) and not name.startswith("_")
+    }
     assert own | {"preflight"} <= documented, sorted(own - documented)
 
 
@@ -522,8 +531,15 @@ def test_the_doc_engines_report_in_a_real_run_and_a_logger_gets_the_documented_c
     registry.add_plugin(loggers, name="recording", distribution="tests")
     assert not registry.load_errors, registry.load_errors
     run_dir = tmp_path / "run"
-    sets = [*TINY_RUN, "rollout.engine={name: hf-short}", "trainer.engine={name: torch-counting}", "train.steps=2",
-            "loggers=[{name: recording}]", f"output_dir={run_dir}", f"cold_start.output_dir={tmp_path / 'cold'}"]
+    sets = [
+        *TINY_RUN,
+        "rollout.engine={name: hf-short}",
+        "trainer.engine={name: torch-counting}",
+        "train.steps=2",
+        "loggers=[{name: recording}]",
+        f"output_dir={run_dir}",
+        f"cold_start.output_dir={tmp_path / 'cold'}",
+    ]
     config = load_config(REPO / "examples" / "gspo_tiny_moe.yaml", sets, registry)
     train(config, registry=registry, progress=False)
 
@@ -542,14 +558,24 @@ def test_the_doc_engines_report_in_a_real_run_and_a_logger_gets_the_documented_c
 
     # the logger: start, then each evaluation alone before its step's metrics, the final one twice, finish, close
     names = [(c[0], c[1]) if c[0].startswith("log_") else c[0] for c in calls_seen]
-    assert names == ["start", ("log_evaluation", 0), ("log_metrics", 0), ("log_evaluation", 1), ("log_metrics", 1),
-                     ("log_evaluation", 2), ("log_metrics", 2), "finish", "close"]
+    assert names == [
+        "start",
+        ("log_evaluation", 0),
+        ("log_metrics", 0),
+        ("log_evaluation", 1),
+        ("log_metrics", 1),
+        ("log_evaluation", 2),
+        ("log_metrics", 2),
+        "finish",
+        "close",
+    ]
     logged = {c[1]: c[2] for c in calls_seen if c[0] == "log_metrics"}
     for _, step, evaluation in (c for c in calls_seen if c[0] == "log_evaluation"):
         assert evaluation and all(k.startswith("eval/") or k == "final" for k in evaluation)
         assert evaluation.items() <= logged[step].items()  # the same values again through log_metrics
         assert {k: v for k, v in logged[step].items() if k.startswith("eval/")} == {
-            k: v for k, v in evaluation.items() if k.startswith("eval/")}
+            k: v for k, v in evaluation.items() if k.startswith("eval/")
+        }
     assert logged[2] == next(c[2] for c in calls_seen if c[:2] == ("log_evaluation", 2)) and logged[2]["final"] == 1.0
     run = calls_seen[0][1]
     assert run.run_dir == run_dir and run.state_dir == run_dir / "loggers" / "recording" and run.resumed_at is None

@@ -35,8 +35,9 @@ LONG = ["1" * 20 + f"+{i}=" for i in range(1, 5)]  # 23 tokens: no room for 24 m
 
 
 def model_folder(root: Path, positions: int) -> Path:
-    cfg = TinyModelConfig(architecture="qwen3", hidden_size=32, head_dim=32, intermediate_size=64,
-                          max_position_embeddings=positions)
+    cfg = TinyModelConfig(
+        architecture="qwen3", hidden_size=32, head_dim=32, intermediate_size=64, max_position_embeddings=positions
+    )
     return save_model(build_tiny_model(cfg, TOKENIZER), TOKENIZER, root / f"model-{positions}")
 
 
@@ -61,7 +62,8 @@ def test_the_data_set_up_sizes_prompts_by_the_engine_not_yet_started(models):
     assert prompt_room(config, vllm, models[256]) == (16, "the 40-token context (rollout.engine.max_model_len)")
     hf = HFRolloutEngine()
     assert prompt_room(config, hf, models[256]) == (
-        256 - NEW, f"the 256-token context (max_position_embeddings of {models[256]})"
+        256 - NEW,
+        f"the 256-token context (max_position_embeddings of {models[256]})",
     )
 
 
@@ -70,8 +72,11 @@ def test_the_vllm_engine_refuses_a_prompt_its_context_would_cut_the_response_of(
     reached); the engine refuses the prompt instead, before asking vLLM."""
     engine = VLLMRolloutEngine(VLLMRolloutEngine.Params(max_model_len=40))
     engine.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(max_model_len=40)))
-    with pytest.raises(RlzooError, match=r"a prompt of 23 tokens leaves 17 tokens of vLLM's 40-token context "
-                                         r"\(rollout.engine.max_model_len\) for a response of up to 24"):
+    with pytest.raises(
+        RlzooError,
+        match=r"a prompt of 23 tokens leaves 17 tokens of vLLM's 40-token context "
+        r"\(rollout.engine.max_model_len\) for a response of up to 24",
+    ):
         engine.generate([[1] * 4, [1] * 23], SamplingSettings(n=1, max_new_tokens=NEW))
 
 
@@ -95,17 +100,28 @@ def test_config_check_refuses_a_context_that_leaves_no_room(models, tmp_path, ca
     monkeypatch.chdir(tmp_path)
     vllm = {"engine": {"name": "vllm", "max_model_len": NEW}, "max_new_tokens": NEW}
     err = _check(tmp_path, capsys, model={"path": str(models[256])}, rollout={**BASE["rollout"], **vllm})
-    assert (f"rollout.max_new_tokens: {NEW} leaves no room for the prompt in the {NEW}-token context "
-            f"(rollout.engine.max_model_len): a prompt and its response share it; use less than {NEW}, or raise "
-            f"rollout.engine.max_model_len above {NEW}") in err
+    assert (
+        f"rollout.max_new_tokens: {NEW} leaves no room for the prompt in the {NEW}-token context "
+        f"(rollout.engine.max_model_len): a prompt and its response share it; use less than {NEW}, or raise "
+        f"rollout.engine.max_model_len above {NEW}"
+    ) in err
     vllm["engine"]["max_model_len"] = 40
-    err = _check(tmp_path, capsys, model={"path": str(models[256])}, rollout={**BASE["rollout"], **vllm},
-                 prompt={"max_prompt_tokens": 20})
-    assert (f"prompt.max_prompt_tokens: 20 + rollout.max_new_tokens {NEW} exceeds the 40-token context "
-            "(rollout.engine.max_model_len): use at most 16") in err
+    err = _check(
+        tmp_path,
+        capsys,
+        model={"path": str(models[256])},
+        rollout={**BASE["rollout"], **vllm},
+        prompt={"max_prompt_tokens": 20},
+    )
+    assert (
+        f"prompt.max_prompt_tokens: 20 + rollout.max_new_tokens {NEW} exceeds the 40-token context "
+        "(rollout.engine.max_model_len): use at most 16"
+    ) in err
     err = _check(tmp_path, capsys, model={"path": None, "tiny": {"max_position_embeddings": NEW}})
-    assert (f"rollout.max_new_tokens: {NEW} leaves no room for the prompt in the {NEW}-token context "
-            f"(model.tiny.max_position_embeddings): a prompt and its response share it; use less than {NEW}") in err
+    assert (
+        f"rollout.max_new_tokens: {NEW} leaves no room for the prompt in the {NEW}-token context "
+        f"(model.tiny.max_position_embeddings): a prompt and its response share it; use less than {NEW}"
+    ) in err
 
 
 ENGINES = {
@@ -116,8 +132,9 @@ ENGINES = {
 
 
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])  # vLLM: 150 s on 2 cores
-def test_a_run_drops_the_prompts_the_context_cannot_hold_and_cuts_no_response(engine, models, tmp_path, caplog,
-                                                                              monkeypatch):
+def test_a_run_drops_the_prompts_the_context_cannot_hold_and_cuts_no_response(
+    engine, models, tmp_path, caplog, monkeypatch
+):
     """Half the prompts leave fewer than max_new_tokens 24 in the 40-token context: the run's data set-up drops
     them with a warning naming the context, and every response the engine samples for the rest ends at its EOS or
     at max_new_tokens, never earlier at the context's end."""
@@ -132,16 +149,21 @@ def test_a_run_drops_the_prompts_the_context_cannot_hold_and_cuts_no_response(en
     rows = [{"prompt": p, "answer": "2"} for p in [*SHORT, *LONG]]
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     spec, positions = ENGINES[engine]
-    config = build_config({
-        **BASE, "model": {"path": str(models[positions])}, "rollout": {**BASE["rollout"], "engine": spec},
-        "task": {"name": "jsonl", "path": "data.jsonl", "eval_fraction": 0.25, "demonstration_field": None},
-    })
+    config = build_config(
+        {
+            **BASE,
+            "model": {"path": str(models[positions])},
+            "rollout": {**BASE["rollout"], "engine": spec},
+            "task": {"name": "jsonl", "path": "data.jsonl", "eval_fraction": 0.25, "demonstration_field": None},
+        }
+    )
     run = TrainingRun(config, default_registry(), progress=False)
     try:
         with caplog.at_level(logging.WARNING, logger="rlzoo.episodes.prompts"):
             run.setup()
-        dropped = [r for r in caplog.records if "prompts are longer than the 16 tokens the 40-token context" in
-                   r.getMessage()]
+        dropped = [
+            r for r in caplog.records if "prompts are longer than the 16 tokens the 40-token context" in r.getMessage()
+        ]
         assert dropped, caplog.text
         where = "rollout.engine.max_model_len" if engine == "vllm" else "max_position_embeddings of"
         assert all(where in r.getMessage() for r in dropped)
@@ -164,18 +186,22 @@ def test_a_run_drops_the_prompts_the_context_cannot_hold_and_cuts_no_response(en
         run.rollout.close()
 
 
-
 def test_train_stops_before_any_engine_starts_when_no_prompt_fits(models, tmp_path, capsys, monkeypatch):
     """Every prompt longer than the context leaves beside max_new_tokens (what config check cannot measure without
     the model's tokenizer): `rlzoo train` stops at its data set-up, one error naming the context and the fields."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": "2"}) + "\n" for p in LONG))
-    config = {**BASE, "model": {"path": str(models[40])},
-              "task": {"name": "jsonl", "path": "data.jsonl", "eval_fraction": 0.25, "demonstration_field": None}}
+    config = {
+        **BASE,
+        "model": {"path": str(models[40])},
+        "task": {"name": "jsonl", "path": "data.jsonl", "eval_fraction": 0.25, "demonstration_field": None},
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     assert main(["train", str(tmp_path / "run.yaml")]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert (f"error: every prompt of the train split is longer than the 16 tokens the 40-token context "
-            f"(max_position_embeddings of {models[40]}) leaves beside rollout.max_new_tokens") in err
+    assert (
+        f"error: every prompt of the train split is longer than the 16 tokens the 40-token context "
+        f"(max_position_embeddings of {models[40]}) leaves beside rollout.max_new_tokens"
+    ) in err
     assert "lower rollout.max_new_tokens" in err

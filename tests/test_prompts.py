@@ -58,7 +58,9 @@ def test_system_prompt_is_added_once(tok):
     config = PromptConfig(system="You are a careful solver.")
     rendered = text(tok, prompt_ids(tok, chat(), config))
     assert rendered.startswith("<|im_start|>system\nYou are a careful solver.<|im_end|>\n<|im_start|>user\n")
-    own = Sample(QUESTION, "42", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}])
+    own = Sample(
+        QUESTION, "42", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
+    )
     rendered = text(tok, prompt_ids(tok, own, config))
     assert rendered.count("<|im_start|>system") == 1 and "Be brief." in rendered
 
@@ -116,23 +118,34 @@ class RecordingRollout(RolloutEngine):
 
     def generate(self, prompts, sampling):
         self.seen.append([list(p) for p in prompts])
-        return [[Generation(list(p), list(self.response), [-1.0] * len(self.response), True)
-                 for _ in range(sampling.n)] for p in prompts]
+        return [
+            [Generation(list(p), list(self.response), [-1.0] * len(self.response), True) for _ in range(sampling.n)]
+            for p in prompts
+        ]
 
 
 def test_rollout_training_and_evaluation_see_identical_prompt_ids(tok):
     registry = default_registry()
-    config = build_config({
-        "task": {"name": "arithmetic"}, "rollout": {"group_size": 2, "max_new_tokens": 8},
-        "prompt": {"system": "You are a careful solver.", "chat_template_kwargs": {"enable_thinking": False}},
-    }, registry=registry)
+    config = build_config(
+        {
+            "task": {"name": "arithmetic"},
+            "rollout": {"group_size": 2, "max_new_tokens": 8},
+            "prompt": {"system": "You are a careful solver.", "chat_template_kwargs": {"enable_thinking": False}},
+        },
+        registry=registry,
+    )
     samples = [chat(), Sample("7*6=", "42"), chat("2+40?")]
     expected = [prompt_ids(tok, s, config.prompt) for s in samples]
     response = tok("\\boxed{42}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     rollout = RecordingRollout(response)
     components = loop.Components(
-        objective=None, advantage=registry.create("advantage", "group"), verifier=registry.create("verifier", "math"),
-        correction=None, rollout=rollout, learner=None, tokenizer=tok,
+        objective=None,
+        advantage=registry.create("advantage", "group"),
+        verifier=registry.create("verifier", "math"),
+        correction=None,
+        rollout=rollout,
+        learner=None,
+        tokenizer=tok,
     )
     collected = rollouts.collect(0, samples, components.rollout_parts(config), Timer())
     assert rollout.seen[0] == expected  # rollout
@@ -154,8 +167,12 @@ def test_config_check_refuses_chat_prompts_without_a_chat_template(tmp_path, tok
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}\n')
     task = {"name": "dataset", "path": str(data), "layout": "verl"}
-    base = {"output_dir": str(tmp_path / "run"), "task": task, "rollout": {"engine": {"name": "hf"}},
-            "trainer": {"engine": {"name": "torch"}}}
+    base = {
+        "output_dir": str(tmp_path / "run"),
+        "task": task,
+        "rollout": {"engine": {"name": "hf"}},
+        "trainer": {"engine": {"name": "torch"}},
+    }
     with pytest.raises(ConfigError, match="the cold start's character tokenizer has none"):
         preflight(build_config(base, registry=registry), registry)
 

@@ -82,9 +82,14 @@ def names_hook(*modules: str):
 
 
 def test_an_entry_point_naming_a_package_finds_every_marked_class_in_it(packages):
-    package = packages("rlzoo_pkg_found", {
-        "clip_a.py": CLIPPER, "deeper/ratio_b.py": RATIO, "_helper.py": "raise RuntimeError('never imported')",
-    })
+    package = packages(
+        "rlzoo_pkg_found",
+        {
+            "clip_a.py": CLIPPER,
+            "deeper/ratio_b.py": RATIO,
+            "_helper.py": "raise RuntimeError('never imported')",
+        },
+    )
     registry = Registry()
     found = registry.add_plugin(importlib.import_module(package), name="found", distribution="dist-found")
     assert registry.load_errors == []
@@ -106,9 +111,13 @@ def test_adding_a_component_is_adding_its_module(packages):
 
 
 def test_a_module_that_fails_to_import_is_named_and_its_siblings_still_load(packages):
-    package = packages("rlzoo_pkg_broken", {
-        "clip_good.py": CLIPPER, "clip_bad.py": CLIPPER + "\nimport torchx_not_installed\n",
-    })
+    package = packages(
+        "rlzoo_pkg_broken",
+        {
+            "clip_good.py": CLIPPER,
+            "clip_bad.py": CLIPPER + "\nimport torchx_not_installed\n",
+        },
+    )
     registry = Registry()
     registry.add_plugin(names_hook(package), name="broken", distribution="dist-broken")
     assert [(e.plugin, e.distribution) for e in registry.load_errors] == [
@@ -147,7 +156,8 @@ def test_two_plugins_claiming_one_name_is_an_error_naming_both(packages):
     registry.add_plugin(importlib.import_module(two), name="two", distribution="dist-two")
     assert registry.load_errors == []
     assert [(i.distribution, i.duplicate) for i in registry.components("clipper")] == [
-        ("dist-one", True), ("dist-two", True)
+        ("dist-one", True),
+        ("dist-two", True),
     ]
     with pytest.raises(DuplicateComponentError) as caught:
         registry.get("clipper", "shared")

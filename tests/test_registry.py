@@ -137,7 +137,9 @@ def test_a_peers_name_suggests_the_component_it_names(kind, name, expected, peer
 
 def test_unknown_name_in_synthetic_registry_lists_only_that_kind():
     registry = Registry()
-    registry.add_plugin(plugin_module("p", clippers=[HalfClip], ratio_estimators=[StrayRatio]), name="p", distribution="d")
+    registry.add_plugin(
+        plugin_module("p", clippers=[HalfClip], ratio_estimators=[StrayRatio]), name="p", distribution="d"
+    )
     with pytest.raises(UnknownComponentError) as info:
         registry.get("clipper", "half-clp")
     assert info.value.valid == ["half-clip"]
@@ -301,7 +303,9 @@ def test_hook_returning_wrong_thing_is_a_load_error_of_that_plugin(monkeypatch, 
 
 def test_bad_plugin_contributes_nothing_even_from_its_valid_hooks():
     registry = Registry()
-    registry.add_plugin(plugin_module("bad", ratio_estimators=[StrayRatio], clippers=[object]), name="bad", distribution="d")
+    registry.add_plugin(
+        plugin_module("bad", ratio_estimators=[StrayRatio], clippers=[object]), name="bad", distribution="d"
+    )
     assert registry.components() == []
     assert [e.plugin for e in registry.load_errors] == ["bad"]
 

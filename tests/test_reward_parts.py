@@ -75,13 +75,22 @@ class Source(AdvantageSource):
 
 
 def setup(verifier: Verifier, shapers=(), greedy=False, prompts=("easy0", "hard0")):
-    config = RunConfig.model_validate({"rollout": {"prompts_per_step": len(prompts), "group_size": 4, "max_new_tokens": 4}})
+    config = RunConfig.model_validate(
+        {"rollout": {"prompts_per_step": len(prompts), "group_size": 4, "max_new_tokens": 4}}
+    )
     registry = default_registry()
     components = Components(
-        objective=None, advantage=Source(), verifier=verifier, correction=None, rollout=Alternating(),
-        learner=Learner(None), tokenizer=CharTokenizer(),
+        objective=None,
+        advantage=Source(),
+        verifier=verifier,
+        correction=None,
+        rollout=Alternating(),
+        learner=Learner(None),
+        tokenizer=CharTokenizer(),
         batch_filter=registry.create("batch_filter", "none", {}),
-        shapers=[registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"}) for s in shapers],
+        shapers=[
+            registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"}) for s in shapers
+        ],
     )  # type: ignore[arg-type]
     parts = components.rollout_parts(config)
     parts.greedy_baseline = greedy
@@ -112,12 +121,24 @@ def test_a_run_without_parts_has_exactly_its_metrics():
     config, _, parts, prompts = setup(Plain())
     rollout = collect(0, prompts, parts, Timer())
     assert rollout.rewards.reward_parts is None
-    assert sorted(rollout.metrics) == sorted([
-        "reward/mean", "reward/std", "reward/correct_fraction", "reward/shaping_mean", "response/length_mean",
-        "response/length_max", "response/finished_fraction", "verifier/errors", "verifier/timeouts",
-        "verifier/nonfinite_rewards", "filter/kept_fraction", "filter/gen_batches", "filter/underfilled",
-        "filter/skipped",
-    ])
+    assert sorted(rollout.metrics) == sorted(
+        [
+            "reward/mean",
+            "reward/std",
+            "reward/correct_fraction",
+            "reward/shaping_mean",
+            "response/length_mean",
+            "response/length_max",
+            "response/finished_fraction",
+            "verifier/errors",
+            "verifier/timeouts",
+            "verifier/nonfinite_rewards",
+            "filter/kept_fraction",
+            "filter/gen_batches",
+            "filter/underfilled",
+            "filter/skipped",
+        ]
+    )
 
 
 class Faulty(Parts):
@@ -219,23 +240,34 @@ def test_gdpo_with_a_verifier_that_declares_no_parts_is_refused_at_the_verifier(
     registry = registry_with(NoParts)
     found = problems({"verifier": {"name": "no-parts"}, "algorithm": {"preset": "gdpo"}}, tmp_path, registry)
     assert list(found) == ["verifier"]
-    assert found["verifier"].startswith("'no-parts' returns no reward parts, but advantage 'gdpo' (algorithm.advantage)")
+    assert found["verifier"].startswith(
+        "'no-parts' returns no reward parts, but advantage 'gdpo' (algorithm.advantage)"
+    )
 
 
 def test_gdpo_parts_must_be_the_weighted_verifiers(tmp_path):
-    verifier = {"name": "weighted", "verifiers": [{"name": "exact", "label": "correct"}, {"name": "regex", "pattern": "x"}]}
-    found = problems({"verifier": verifier, "algorithm": {"advantage": {"name": "gdpo", "parts": ["correct", "format"]}}},
-                     tmp_path)
-    assert found == {"algorithm.advantage.parts.1": "'format' is not a reward part of verifier 'weighted'; its parts: "
-                                                    "correct, regex"}
+    verifier = {
+        "name": "weighted",
+        "verifiers": [{"name": "exact", "label": "correct"}, {"name": "regex", "pattern": "x"}],
+    }
+    found = problems(
+        {"verifier": verifier, "algorithm": {"advantage": {"name": "gdpo", "parts": ["correct", "format"]}}}, tmp_path
+    )
+    assert found == {
+        "algorithm.advantage.parts.1": "'format' is not a reward part of verifier 'weighted'; its parts: correct, regex"
+    }
 
 
 def test_a_source_needing_sum_pi_squared_with_routing_replay_and_passk_with_one_response_are_refused(tmp_path):
     registry = default_registry()  # the sum comes from the training engine: accepted without a replaying router
-    data = {"output_dir": str(tmp_path / "run"), "algorithm": {"advantage": {"name": "optimal-token-baseline"}, "router": None}}
+    data = {
+        "output_dir": str(tmp_path / "run"),
+        "algorithm": {"advantage": {"name": "optimal-token-baseline"}, "router": None},
+    }
     preflight(build_config(data, registry=registry), registry)
-    found = problems({"algorithm": {"advantage": {"name": "optimal-token-baseline"},
-                                    "router": {"name": "replay-rollout"}}}, tmp_path)
+    found = problems(
+        {"algorithm": {"advantage": {"name": "optimal-token-baseline"}, "router": {"name": "replay-rollout"}}}, tmp_path
+    )
     assert list(found) == ["algorithm.router"]
     assert found["algorithm.router"].startswith("'replay-rollout' replays expert routing, but the pass that computes")
     found = problems({"algorithm": {"advantage": {"name": "grpo-passk"}}, "rollout": {"group_size": 1}}, tmp_path)

@@ -25,8 +25,14 @@ EVERYTHING = "[{statistic: k1, level: token, low: 1.5, high: 2.0}]"
 def run(root: Path, name: str, criteria: str) -> list[dict]:
     correction = f"algorithm.correction={{name: rejection, criteria: {criteria}, importance: {{level: token}}}}"
     overrides = [
-        "rollout.engine={name: hf}", "trainer.engine={name: torch}", *TINY_RUN, "train.steps=2", "train.eval_every=10",
-        f"cold_start.output_dir={root / 'cold'}", f"output_dir={root / name}", correction,
+        "rollout.engine={name: hf}",
+        "trainer.engine={name: torch}",
+        *TINY_RUN,
+        "train.steps=2",
+        "train.eval_every=10",
+        f"cold_start.output_dir={root / 'cold'}",
+        f"output_dir={root / name}",
+        correction,
     ]
     command = [*_rlzoo_command(), "train", str(REPO / "examples" / "gspo_tiny_moe.yaml")]
     proc = subprocess.run(

@@ -102,8 +102,15 @@ def _parts(rollout: RolloutEngine, dist: Dist = SINGLE, per_rank: bool = False):
         {"rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": 4}}
     )
     parts = Components(
-        objective=None, advantage=GroupCentered(), verifier=IsA(), correction=None, rollout=rollout,
-        learner=Learner(None), tokenizer=CharTokenizer(), dist=dist, rollout_per_rank=per_rank,
+        objective=None,
+        advantage=GroupCentered(),
+        verifier=IsA(),
+        correction=None,
+        rollout=rollout,
+        learner=Learner(None),
+        tokenizer=CharTokenizer(),
+        dist=dist,
+        rollout_per_rank=per_rank,
         batch_filter=default_registry().create("batch_filter", "dynamic-sampling", {"max_gen_batches": 3}),
         train_set=[Sample(name, "a") for name in NAMES],
     )  # type: ignore[arg-type]

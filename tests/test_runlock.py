@@ -29,8 +29,11 @@ TINY = [*ENGINES, *TINY_RUN, "train.eval_every=2"]  # tests/test_cli.py's tiny r
 
 def _python(code: str, *args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, **kwargs,
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
     )
 
 
@@ -56,7 +59,10 @@ def test_a_held_run_folder_is_refused_naming_its_holder_and_freed_when_the_holde
             with pytest.raises(runlock.FolderInUse) as caught:
                 check()
             message = str(caught.value)
-            assert f"{run_dir} is in use by another rlzoo process: pid {holder.pid} on host {socket.gethostname()}" in message
+            assert (
+                f"{run_dir} is in use by another rlzoo process: pid {holder.pid} on host {socket.gethostname()}"
+                in message
+            )
             assert "(holder-command), since 20" in message and f"kill {holder.pid}" in message
         found = runlock.holder_of(run_dir / runlock.LOCK_NAME)
         assert found is not None and found.pid == holder.pid and found.command == "holder-command"
@@ -141,12 +147,15 @@ def test_a_build_lock_waits_for_its_holder_and_says_so(tmp_path, capfd):
         print("held", flush=True)
         sys.stdin.readline()
         """,
-        str(directory), stdin=subprocess.PIPE,
+        str(directory),
+        stdin=subprocess.PIPE,
     )
     assert holder.stdout.readline().strip() == "held"
     assert runlock.build_lock_path(directory) == tmp_path / "shared" / ".cold_start.lock"
     waited = []
-    with runlock.acquire(runlock.build_lock_path(directory), "x", wait=True, on_wait=lambda h: (waited.append(h), holder.stdin.close())):
+    with runlock.acquire(
+        runlock.build_lock_path(directory), "x", wait=True, on_wait=lambda h: (waited.append(h), holder.stdin.close())
+    ):
         assert [h.pid for h in waited] == [holder.pid]  # it waited for the builder, which then let go
     holder.wait(timeout=30)
     with runlock.building(directory):  # free now: no wait, nothing said
@@ -228,8 +237,10 @@ def test_a_second_train_or_resume_on_a_folder_in_use_is_refused_at_once(tmp_path
     run_dir, marker, log = tmp_path / "run", tmp_path / "half-written", tmp_path / "first.err"
     with open(log, "w") as handle:  # the first run waits in each checkpoint while `marker` exists
         first = subprocess.Popen(
-            _train(run_dir, "train.steps=3", f"cold_start.output_dir={tmp_path / 'cold'}"), stdout=subprocess.DEVNULL,
-            stderr=handle, env={**os.environ, PAUSE_ENV: str(marker)},
+            _train(run_dir, "train.steps=3", f"cold_start.output_dir={tmp_path / 'cold'}"),
+            stdout=subprocess.DEVNULL,
+            stderr=handle,
+            env={**os.environ, PAUSE_ENV: str(marker)},
         )
     try:
         _wait_for(first, marker.exists, "the first checkpoint")
@@ -242,7 +253,9 @@ def test_a_second_train_or_resume_on_a_folder_in_use_is_refused_at_once(tmp_path
             assert time.monotonic() - start < 120
             assert "Traceback" not in second.stderr and second.stdout == ""
             [line] = second.stderr.splitlines()
-            assert line.startswith(f"error: {run_dir} is in use by another rlzoo process: pid {first.pid} on host "), line
+            assert line.startswith(f"error: {run_dir} is in use by another rlzoo process: pid {first.pid} on host "), (
+                line
+            )
             assert f"kill {first.pid}" in line
             assert ("resume again" in line) == resume and ("choose another output_dir" in line) == (not resume)
         deadline = time.monotonic() + 300

@@ -50,7 +50,9 @@ def _library_refuses(path: Path) -> bool:
 def test_a_whole_file_gives_every_tensor_without_loading_one(tmp_path):
     tensors = read_header(_written(tmp_path))
     assert tensors == {
-        "a": TensorInfo("F32", (3, 4)), "b": TensorInfo("BF16", (5,)), "c": TensorInfo("I64", (0, 2)),
+        "a": TensorInfo("F32", (3, 4)),
+        "b": TensorInfo("BF16", (5,)),
+        "c": TensorInfo("I64", (0, 2)),
         "d": TensorInfo("BOOL", (2,)),
     }
     assert header_problem(_written(tmp_path)) is None
@@ -85,6 +87,7 @@ def test_a_file_longer_than_its_header_says_is_refused(tmp_path):
 
 def damaged_headers():
     """``(id, change to the header dict)``: each leaves a header safetensors refuses."""
+
     def shape(header):
         header["a"]["shape"] = [4, 4]  # 64 bytes, given 48
 

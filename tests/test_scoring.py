@@ -133,8 +133,10 @@ def test_an_exception_in_place_of_a_verdict_is_that_response_s_error_and_the_oth
 
         def verify_batch(self, samples, responses):
             self.calls += 1
-            return [ConnectionError("service down") if r == "lost" else Fragile.verify(self, s, r)
-                    for s, r in zip(samples, responses)]
+            return [
+                ConnectionError("service down") if r == "lost" else Fragile.verify(self, s, r)
+                for s, r in zip(samples, responses)
+            ]
 
         def verify(self, sample, response):
             raise AssertionError("verify_batch answered for every response: nothing is scored twice")
@@ -143,7 +145,8 @@ def test_an_exception_in_place_of_a_verdict_is_that_response_s_error_and_the_oth
     with caplog.at_level(logging.WARNING, logger="rlzoo.rl.scoring"):
         result = score(verifier, [Sample("1+1=", "2")] * 4, ["2", "lost", "3", "lost"])
     assert [r.getMessage() for r in caplog.records] == [
-        "verifier fragile could not score 2 of 4 responses (the first: service down)"]  # one line, not one each
+        "verifier fragile could not score 2 of 4 responses (the first: service down)"
+    ]  # one line, not one each
     assert [v.reward for v in result.verdicts] == [1.0, 0.0, 0.0, 0.0]
     assert result.errors == 2 and result.metrics()["verifier/errors"] == 2 and verifier.calls == 1
     assert result.verdicts[1].reason == "verifier error: ConnectionError: service down"

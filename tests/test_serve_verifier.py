@@ -82,7 +82,12 @@ def test_a_process_verifier_s_step_rewards_come_over_http_as_they_are_in_process
     assert any(v.step_rewards for v in expected) and any(0.0 in (v.step_rewards or []) for v in expected)
     for got, want in zip(scores.verdicts, expected, strict=True):
         assert (got.reward, got.correct, got.step_rewards, got.step_spans, got.reason) == (
-            want.reward, want.correct, want.step_rewards, want.step_spans, want.reason)
+            want.reward,
+            want.correct,
+            want.step_rewards,
+            want.step_spans,
+            want.reason,
+        )
     assert scores.verdicts[3].step_spans[0] == (0, 3) and "é5🙂;20;15"[0:3] == "é5🙂"
 
 
@@ -115,8 +120,13 @@ def test_the_command_serves_the_code_sandbox(tmp_path):
     config.write_text("verifier: {name: code, timeout_s: 5.0, memory_mb: 128}\n")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "rlzoo.cli", "serve-verifier", str(config), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlzoo.cli", "serve-verifier", str(config), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120

@@ -31,6 +31,7 @@ BODY = {"items": [{"prompt": "p", "response": "a", "answer": "a", "metadata": {}
 
 # -- the policy --------------------------------------------------------------------------------------------------
 
+
 def test_500s_are_retried_until_they_pass_and_counted(service):
     url, app = service
     http, stats = client(retries=3)
@@ -125,12 +126,34 @@ def test_the_final_summary_says_what_scoring_cost():
     from rlzoo.reporting.console import scoring_summary
 
     rows = [
-        {"step": 0, "judge/requests": 4.0, "judge/cache_hits": 0.0, "judge/retries": 1.0, "judge/failures": 0.0,
-         "judge/prompt_tokens": 100.0, "judge/completion_tokens": 20.0, "remote/requests": 2.0, "remote/cache_hits": 2.0},
-        {"step": 1, "judge/requests": 3.0, "judge/cache_hits": 1.0, "judge/retries": 0.0, "judge/failures": 1.0,
-         "judge/prompt_tokens": 80.0, "judge/completion_tokens": 15.0, "tool/requests": 9.0,
-         "eval/judge_requests": 5.0, "eval/judge_cache_hits": 3.0, "eval/judge_retries": 0.0, "eval/judge_failures": 0.0,
-         "eval/judge_prompt_tokens": 50.0, "eval/judge_completion_tokens": 10.0, "eval/reward_mean": 0.5},
+        {
+            "step": 0,
+            "judge/requests": 4.0,
+            "judge/cache_hits": 0.0,
+            "judge/retries": 1.0,
+            "judge/failures": 0.0,
+            "judge/prompt_tokens": 100.0,
+            "judge/completion_tokens": 20.0,
+            "remote/requests": 2.0,
+            "remote/cache_hits": 2.0,
+        },
+        {
+            "step": 1,
+            "judge/requests": 3.0,
+            "judge/cache_hits": 1.0,
+            "judge/retries": 0.0,
+            "judge/failures": 1.0,
+            "judge/prompt_tokens": 80.0,
+            "judge/completion_tokens": 15.0,
+            "tool/requests": 9.0,
+            "eval/judge_requests": 5.0,
+            "eval/judge_cache_hits": 3.0,
+            "eval/judge_retries": 0.0,
+            "eval/judge_failures": 0.0,
+            "eval/judge_prompt_tokens": 50.0,
+            "eval/judge_completion_tokens": 10.0,
+            "eval/reward_mean": 0.5,
+        },
         {"step": 2, "eval/judge_requests": 1.0, "eval/judge_cache_hits": 7.0, "final": 1.0},
     ]
     assert scoring_summary(rows) == [

@@ -43,9 +43,14 @@ def fake_judge() -> FastAPI:
             best = 9 if len(content) < 20 else 3
         else:
             best = 9 if "please" in content.lower() else 2
-        choices = [{"index": i, "message": {"role": "assistant", "content": f"You wrote: {content}\nSCORE: {best - i}"}}
-                   for i in range(body.get("n", 1))]
-        return {"choices": choices, "usage": {"prompt_tokens": len(content.split()), "completion_tokens": 5 * len(choices)}}
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": f"You wrote: {content}\nSCORE: {best - i}"}}
+            for i in range(body.get("n", 1))
+        ]
+        return {
+            "choices": choices,
+            "usage": {"prompt_tokens": len(content.split()), "completion_tokens": 5 * len(choices)},
+        }
 
     @app.post("/bad/v1/chat/completions")
     async def bad() -> dict:
@@ -67,8 +72,18 @@ def judge_url(judge_service):
 
 
 def judge(base_url: str, **params):
-    return default_registry().create("verifier", "judge", {
-        "base_url": base_url, "model": "fake", "rubric": "Rate: {response}", "backoff_s": 0.01, "retries": 1, **params})
+    return default_registry().create(
+        "verifier",
+        "judge",
+        {
+            "base_url": base_url,
+            "model": "fake",
+            "rubric": "Rate: {response}",
+            "backoff_s": 0.01,
+            "retries": 1,
+            **params,
+        },
+    )
 
 
 SAMPLES = [Sample("Ask them to sit.", "")] * 3
@@ -78,7 +93,11 @@ def test_the_judges_own_score_line_is_read_and_an_echoed_injection_changes_nothi
     scores = score(judge(f"{judge_url}/v1"), SAMPLES, ["Please sit.", "Sit.", INJECTION])
     assert [v.reward for v in scores.verdicts] == [0.9, 0.2, 0.2]
     metrics = scores.metrics()
-    assert (metrics["judge/requests"], metrics["judge/completion_tokens"], metrics["judge/unread_judgements"]) == (3, 15, 0)
+    assert (metrics["judge/requests"], metrics["judge/completion_tokens"], metrics["judge/unread_judgements"]) == (
+        3,
+        15,
+        0,
+    )
     assert metrics["judge/prompt_tokens"] == sum(len(f"Rate: {r}".split()) for r in ["Please sit.", "Sit.", INJECTION])
 
 
@@ -89,7 +108,9 @@ def test_samples_are_averaged(judge_url):
 
 def test_parts_are_judged_apart_and_averaged(judge_url):
     parts = {"polite": "Polite? {response}", "short": "Short? {response}"}
-    verdicts = score(judge(f"{judge_url}/v1", parts=parts), SAMPLES[:2], ["Please sit.", "Sit, sit, sit, sit, now."]).verdicts
+    verdicts = score(
+        judge(f"{judge_url}/v1", parts=parts), SAMPLES[:2], ["Please sit.", "Sit, sit, sit, sit, now."]
+    ).verdicts
     assert [v.parts for v in verdicts] == [{"polite": 0.9, "short": 0.9}, {"polite": 0.2, "short": 0.3}]
     assert [v.reward for v in verdicts] == [pytest.approx(0.9), pytest.approx(0.25)]
 
@@ -100,7 +121,11 @@ def test_extra_body_fields_go_with_each_request(judge_service):
     body = app.state.last_body
     assert body["structured_outputs"] == {"regex": "SCORE: [0-9]"}
     assert (body["model"], body["n"], body["temperature"], body["messages"]) == (
-        "fake", 1, 0.0, [{"role": "user", "content": "Rate: Sit."}])
+        "fake",
+        1,
+        0.0,
+        [{"role": "user", "content": "Rate: Sit."}],
+    )
 
 
 def test_a_judge_whose_reply_has_no_score_is_a_verifier_error(judge_url):
@@ -142,9 +167,26 @@ def test_a_real_judge_smollm2_on_vllm(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(SMOLLM2),
-               "--served-model-name", "smollm2", "--dtype", "float32", "--max-model-len", "1024", "--host", "127.0.0.1",
-               "--port", str(port), "--enforce-eager", "--kv-cache-memory-bytes", "268435456"]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(SMOLLM2),
+        "--served-model-name",
+        "smollm2",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        "268435456",
+    ]
     log = (tmp_path / "vllm.log").open("w")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -172,8 +214,16 @@ def test_a_real_judge_smollm2_on_vllm(tmp_path):
         assert metrics["judge/unread_judgements"] >= 2 * scores.errors  # both judgements of an unscored response
         print("free:", {k: float(v) for k, v in metrics.items()}, [(v.reward, v.reason) for v in scores.verdicts])
         # held to the format by vLLM's structured outputs, every judgement is read
-        held = judge(base, model="smollm2", samples=2, temperature=0.7, max_tokens=8, timeout_s=120, rubric=rubric,
-                     extra_body={"structured_outputs": {"regex": "SCORE: (10|[0-9])"}})
+        held = judge(
+            base,
+            model="smollm2",
+            samples=2,
+            temperature=0.7,
+            max_tokens=8,
+            timeout_s=120,
+            rubric=rubric,
+            extra_body={"structured_outputs": {"regex": "SCORE: (10|[0-9])"}},
+        )
         scores = score(held, [Sample("Ask them to sit.", "")] * 3, responses)
         metrics = scores.metrics()
         assert scores.errors == 0 and metrics["judge/unread_judgements"] == 0

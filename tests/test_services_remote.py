@@ -53,25 +53,30 @@ def test_openrlhf_protocol_sends_query_prompts_labels_and_reads_rewards(service)
     assert [v.reward for v in verdicts] == [1.0, 0.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize(("path", "params", "expected"), [
-    ("/html", {}, "not JSON: '<html>"),
-    ("/malformed", {}, "not JSON"),
-    ("/empty", {}, "an empty reply"),
-    ("/out_of_range", {"max_reward": 1.0}, "reward 7 outside [None, 1.0]"),
-    ("/nan", {}, "not a finite number: nan"),
-    ("/short", {}, "without a list 'results' of 4"),
-    ("/steps/nan", {}, "steps[0].reward is not a finite number: nan"),
-    ("/steps/no_span", {}, "steps[0].span is not [start, end]"),
-    ("/steps/backwards", {}, "steps[0].span is not [start, end] character offsets, 0 <= start <= end: [3, 1]"),
-    ("/steps/not_a_list", {}, "steps is not a list of objects"),
-    ("/always500", {}, "HTTP 500"),
-    ("/huge", {"max_response_bytes": 1_000_000}, "max_response_bytes"),
-])
+@pytest.mark.parametrize(
+    ("path", "params", "expected"),
+    [
+        ("/html", {}, "not JSON: '<html>"),
+        ("/malformed", {}, "not JSON"),
+        ("/empty", {}, "an empty reply"),
+        ("/out_of_range", {"max_reward": 1.0}, "reward 7 outside [None, 1.0]"),
+        ("/nan", {}, "not a finite number: nan"),
+        ("/short", {}, "without a list 'results' of 4"),
+        ("/steps/nan", {}, "steps[0].reward is not a finite number: nan"),
+        ("/steps/no_span", {}, "steps[0].span is not [start, end]"),
+        ("/steps/backwards", {}, "steps[0].span is not [start, end] character offsets, 0 <= start <= end: [3, 1]"),
+        ("/steps/not_a_list", {}, "steps is not a list of objects"),
+        ("/always500", {}, "HTTP 500"),
+        ("/huge", {"max_response_bytes": 1_000_000}, "max_response_bytes"),
+    ],
+)
 def test_an_unusable_reply_is_a_verifier_error_never_a_silent_zero(service, path, params, expected):
     url, _ = service
     scores = score(remote(f"{url}{path}", **params), *batch(4))
     assert scores.errors == 4 and scores.metrics()["verifier/errors"] == 4
-    assert all(v.reward == 0.0 and expected in v.reason and url in v.reason for v in scores.verdicts), scores.verdicts[0]
+    assert all(v.reward == 0.0 and expected in v.reason and url in v.reason for v in scores.verdicts), scores.verdicts[
+        0
+    ]
     assert scores.metrics()["remote/failures"] >= 1
 
 
@@ -81,7 +86,9 @@ def test_the_key_comes_from_the_named_variable(service, monkeypatch):
     assert score(remote(f"{url}/auth", api_key_env="RLZOO_TEST_KEY"), *batch(2)).errors == 0
     monkeypatch.delenv("RLZOO_TEST_KEY")
     problems = remote(f"{url}/auth", api_key_env="RLZOO_TEST_KEY").preflight(None, "verifier")
-    assert problems == [("verifier.api_key_env", "the environment variable RLZOO_TEST_KEY is not set: export it with the key")]
+    assert problems == [
+        ("verifier.api_key_env", "the environment variable RLZOO_TEST_KEY is not set: export it with the key")
+    ]
 
 
 def test_endpoint_down_at_start_stops_the_check_naming_the_url(tmp_path, capsys):
@@ -142,8 +149,11 @@ def test_weighted_passes_the_run_folder_and_a_service_part_s_failures_on(service
     again = registry.create("verifier", "weighted", spec)
     again.use_run_folder(tmp_path)
     assert score(again, samples, responses).metrics()["remote/cache_hits"] == 2  # the part's cache, resumed
-    broken = registry.create("verifier", "weighted", {"verifiers": [
-        {"name": "exact"}, {"name": "remote", "url": f"{url}/always500", **FAST, "retries": 0}]})
+    broken = registry.create(
+        "verifier",
+        "weighted",
+        {"verifiers": [{"name": "exact"}, {"name": "remote", "url": f"{url}/always500", **FAST, "retries": 0}]},
+    )
     scores = score(broken, samples, responses)
     assert scores.errors == 2 and [v.reward for v in scores.verdicts] == [0.0, 0.0]
     assert app.state.calls["/always500"] >= 1 and scores.metrics()["remote/requests"] == 1  # not re-asked per response

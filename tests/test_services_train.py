@@ -21,8 +21,13 @@ def test_a_service_failing_every_scoring_stops_the_run_in_one_line(tmp_path, mon
             "rollout": {"engine": {"name": "hf"}, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
             "trainer": {"engine": {"name": "torch"}},
             "cold_start": {"steps": 2, "batch_size": 8, "examples": 32},
-            "train": {"steps": 4, "eval_every": 10, "eval_prompts": 4, "checkpoint_every": 1,
-                      "max_consecutive_failures": 2},
+            "train": {
+                "steps": 4,
+                "eval_every": 10,
+                "eval_prompts": 4,
+                "checkpoint_every": 1,
+                "max_consecutive_failures": 2,
+            },
             "verifier": {"name": "remote", "url": f"{url}/always500", "health_url": f"{url}/health", "retries": 0},
         }
         (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
@@ -50,8 +55,13 @@ def test_evaluations_scoring_cost_is_in_the_metrics_and_the_final_summary(tmp_pa
             "rollout": {"engine": {"name": "hf"}, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
             "trainer": {"engine": {"name": "torch"}},
             "cold_start": {"steps": 2, "batch_size": 8, "examples": 32},
-            "train": {"steps": 1, "eval_every": 1, "eval_prompts": 3, "eval_samples_per_prompt": 2,
-                      "eval_temperature": 1.0},
+            "train": {
+                "steps": 1,
+                "eval_every": 1,
+                "eval_prompts": 3,
+                "eval_samples_per_prompt": 2,
+                "eval_temperature": 1.0,
+            },
             "verifier": {"name": "remote", "url": f"{url}/ok", "health_url": f"{url}/health", "batch_size": 2},
         }
         (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))

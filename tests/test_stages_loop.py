@@ -76,10 +76,17 @@ def _setup(train_names, filter_spec=None, shapers=(), long=0, prompts_per_step=2
     filter_spec = filter_spec or {"name": "none"}
     train_set = [Sample(name, "a") for name in train_names]
     parts = Components(
-        objective=None, advantage=Centered(), verifier=IsA(), correction=None, rollout=ByPrompt(long),
-        learner=Learner(None), tokenizer=CharTokenizer(),  # a step that trains would fail on these Nones
+        objective=None,
+        advantage=Centered(),
+        verifier=IsA(),
+        correction=None,
+        rollout=ByPrompt(long),
+        learner=Learner(None),
+        tokenizer=CharTokenizer(),  # a step that trains would fail on these Nones
         batch_filter=registry.create("batch_filter", filter_spec.pop("name"), filter_spec),
-        shapers=[registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"}) for s in shapers],
+        shapers=[
+            registry.create("reward_shaper", s["name"], {k: v for k, v in s.items() if k != "name"}) for s in shapers
+        ],
         train_set=train_set,
     )  # type: ignore[arg-type]
     return config, parts, train_set
@@ -88,7 +95,9 @@ def _setup(train_names, filter_spec=None, shapers=(), long=0, prompts_per_step=2
 def test_dynamic_sampling_fills_the_batch_with_fresh_informative_groups():
     names = ["same0", "same1", "same2", "mix0", "mix1", "mix2"]
     config, parts, train_set = _setup(names, {"name": "dynamic-sampling", "max_gen_batches": 10})
-    rollout = collect(3, train_set[:2], parts.rollout_parts(config), Timer())  # the first batch: two uninformative prompts
+    rollout = collect(
+        3, train_set[:2], parts.rollout_parts(config), Timer()
+    )  # the first batch: two uninformative prompts
     prompts = [p for texts, _ in parts.rollout.calls for p in texts]
     assert len(prompts) == len(set(prompts))  # every further batch draws prompts not drawn yet
     assert len(rollout.generations) == 2 * 4
@@ -125,7 +134,9 @@ def test_underfilled_batch_trains_on_what_it_has_and_says_so(caplog):
 
 
 def test_all_rewards_equal_skips_the_update_and_never_loops_forever(caplog):
-    config, parts, train_set = _setup([f"same{i}" for i in range(50)], {"name": "dynamic-sampling", "max_gen_batches": 3})
+    config, parts, train_set = _setup(
+        [f"same{i}" for i in range(50)], {"name": "dynamic-sampling", "max_gen_batches": 3}
+    )
     with caplog.at_level(logging.WARNING, logger="rlzoo.rl.loop"):
         metrics = rl_step(0, train_set[:2], parts, config)  # Learner(None): training would raise
     assert len(parts.rollout.calls) == 3
@@ -175,7 +186,9 @@ def test_preflight_rejects_a_shaper_that_cannot_fit_the_budget(shaper, message, 
     from rlzoo.config.resolution import build_config
     from rlzoo.preflight.checks import preflight
 
-    config = build_config({}, [f"algorithm.reward_shaping=[{shaper}]", f"output_dir={tmp_path}", "rollout.max_new_tokens=16"])
+    config = build_config(
+        {}, [f"algorithm.reward_shaping=[{shaper}]", f"output_dir={tmp_path}", "rollout.max_new_tokens=16"]
+    )
     with pytest.raises(ConfigError) as err:
         preflight(config, default_registry())
     assert any(loc == "algorithm.reward_shaping.0" and message in text for loc, text in err.value.problems)
@@ -190,7 +203,13 @@ def test_dapo_preset_is_complete_and_its_stages_can_be_overridden():
     assert algo.batch_filter.name == "dynamic-sampling" and algo.batch_filter.params["max_gen_batches"] == 10
     assert [s.name for s in algo.reward_shaping] == ["overlong"] and algo.reward_shaping[0].params["penalty"] == 1.0
     tuned = build_config(
-        {"algorithm": {"preset": "dapo", "batch_filter": {"max_gen_batches": 2}, "reward_shaping": [{"name": "length"}]}}
+        {
+            "algorithm": {
+                "preset": "dapo",
+                "batch_filter": {"max_gen_batches": 2},
+                "reward_shaping": [{"name": "length"}],
+            }
+        }
     ).algorithm
     assert tuned.batch_filter.name == "dynamic-sampling" and tuned.batch_filter.params["max_gen_batches"] == 2
     assert [s.name for s in tuned.reward_shaping] == ["length"]

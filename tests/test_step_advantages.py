@@ -17,10 +17,20 @@ def test_reward_batch_carries_the_correction_weights_and_the_declared_statistics
     mask = torch.ones(2, 3)
     rewards = RewardBatch(rewards=torch.tensor([1.0, 0.0]), group_index=torch.tensor([0, 0]), mask=mask)
     correction = torch.tensor([[1.0, 0.5, 2.0], [0.25, 1.0, 1.0]])
-    old = OldLogprobs(logp=-torch.ones(2, 3), train=None, entropy=None, rollout=-torch.ones(2, 3), reference=None,
-                      correction=correction)
-    record = StepRecord(step=0, rollout=SimpleNamespace(rewards=rewards), old=old,
-                        token_stats={"sum_pi_squared": torch.full((2, 3), 0.3)})
+    old = OldLogprobs(
+        logp=-torch.ones(2, 3),
+        train=None,
+        entropy=None,
+        rollout=-torch.ones(2, 3),
+        reference=None,
+        correction=correction,
+    )
+    record = StepRecord(
+        step=0,
+        rollout=SimpleNamespace(rewards=rewards),
+        old=old,
+        token_stats={"sum_pi_squared": torch.full((2, 3), 0.3)},
+    )
     source = default_registry().create("advantage", "optimal-token-baseline", {"rollout_is": True})
     batch = reward_batch(record, source)
     assert torch.equal(batch.rollout_is_weights, correction)

@@ -48,8 +48,20 @@ MAX_RL_STEP_LINES = 40
 MAX_STEP_PARAMETERS = 4
 #: the modules of the RL step whose functions take the step record and the components, not loose tensors (the
 #: objective's call, the loss's own signature, is the objective's business)
-STEP_MODULES = ("loop", "step_record", "rollouts", "advantages", "schedule", "overlap", "async_rollouts", "learner",
-                "routing_learner", "critic", "teacher", "scoring")
+STEP_MODULES = (
+    "loop",
+    "step_record",
+    "rollouts",
+    "advantages",
+    "schedule",
+    "overlap",
+    "async_rollouts",
+    "learner",
+    "routing_learner",
+    "critic",
+    "teacher",
+    "scoring",
+)
 
 
 def modules() -> dict[str, Path]:
@@ -146,7 +158,11 @@ def test_no_import_circle():
 
 
 def test_modules_stay_short():
-    long = {str(p.relative_to(ROOT)): n for p in CORE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in CORE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
@@ -174,7 +190,9 @@ def test_no_function_of_the_step_takes_more_than_four_parameters():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name not in ("__init__", "evaluate"):
                 args = node.args
-                names = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg not in ("self", "cls")]
+                names = [
+                    a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg not in ("self", "cls")
+                ]
                 if len(names) > MAX_STEP_PARAMETERS:
                     wide.append(f"rlzoo/rl/{module}.py:{node.lineno} {node.name}({', '.join(names)})")
     assert wide == [], "\n".join(wide)

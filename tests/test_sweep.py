@@ -66,7 +66,9 @@ def test_sweep_runs_are_grouped_and_tagged_for_experiment_trackers(tmp_path):
 
 def test_bad_value_in_a_late_cell_is_an_error_before_anything(tmp_path):
     varies = [parse_vary("trainer.lr=0.0001,0.0002"), parse_vary("algorithm.minibatches_per_rollout=1,0")]
-    with pytest.raises(ConfigError, match="cell lr-0.0002_minibatches_per_rollout-0: algorithm.minibatches_per_rollout"):
+    with pytest.raises(
+        ConfigError, match="cell lr-0.0002_minibatches_per_rollout-0: algorithm.minibatches_per_rollout"
+    ):
         build_sweep(str(EXAMPLE), varies, 2, tmp_path / "s", ENGINES, default_registry())
     assert not (tmp_path / "s").exists()
 
@@ -99,11 +101,16 @@ def test_mean_ci_student_t():
 
 def _fake_run(run_dir: Path, seed: int, rewards: list[float], final_acc: float, lr: float) -> None:
     run_dir.mkdir(parents=True)
-    rows = [{"step": i, "reward/mean": r, "clip/fraction": 0.1 * seed, "time/rollout": 1.0, "time/train": 0.5} for i, r in enumerate(rewards)]
+    rows = [
+        {"step": i, "reward/mean": r, "clip/fraction": 0.1 * seed, "time/rollout": 1.0, "time/train": 0.5}
+        for i, r in enumerate(rewards)
+    ]
     rows[0]["eval/accuracy"] = 0.1
     rows.append({"step": len(rewards), "eval/accuracy": final_acc, "eval/pass@2": final_acc + 0.1, "final": 1.0})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "output_dir": str(run_dir), "trainer": {"lr": lr}}))
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump({"seed": seed, "output_dir": str(run_dir), "trainer": {"lr": lr}})
+    )
 
 
 def test_compare_loose_run_folders(tmp_path):
@@ -127,7 +134,9 @@ def test_compare_loose_run_folders(tmp_path):
 
 
 def _rlzoo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_cli_bad_input_is_one_line_and_touches_nothing(tmp_path):
@@ -155,7 +164,9 @@ def test_example_sweep_config_builds_and_preflights(tmp_path):
     from rlzoo.sweep.jobs import plan
 
     example = REPO / "examples" / "ablate_gspo_vs_grpo.yaml"
-    sweep = build_sweep(str(example), [parse_vary("algorithm.preset=gspo,grpo")], 2, tmp_path / "s", [], default_registry())
+    sweep = build_sweep(
+        str(example), [parse_vary("algorithm.preset=gspo,grpo")], 2, tmp_path / "s", [], default_registry()
+    )
     assert sweep.runs[0].config.train.eval_pass_at_k == [1, 4, 8]
     cold, jobs, done = plan(sweep.runs, default_registry(), threads=1)
     assert (len(cold), len(jobs), done) == (2, 4, [])
@@ -168,7 +179,9 @@ def test_a_rerun_sweep_resumes_from_each_runs_recorded_config_without_rewriting_
     from rlzoo.config.loading import dump_config
     from rlzoo.sweep.jobs import plan
 
-    sweep = build_sweep(str(EXAMPLE), [parse_vary("trainer.lr=1e-4,2e-4")], 1, tmp_path / "s", ENGINES, default_registry())
+    sweep = build_sweep(
+        str(EXAMPLE), [parse_vary("trainer.lr=1e-4,2e-4")], 1, tmp_path / "s", ENGINES, default_registry()
+    )
     started, new = sweep.runs
     recorded = dump_config(started.config) + "# written by the run's first process\n"
     (started.run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
@@ -177,7 +190,12 @@ def test_a_rerun_sweep_resumes_from_each_runs_recorded_config_without_rewriting_
     (started.run_dir / "config.yaml").write_text(recorded)
     _, jobs, _ = plan(sweep.runs, default_registry(), threads=1)
     by_name = {job.name: job.args for job in jobs}
-    assert by_name[f"{started.cell}/seed0"] == ["train", str(started.run_dir / "config.yaml"), "--resume", str(started.run_dir)]
+    assert by_name[f"{started.cell}/seed0"] == [
+        "train",
+        str(started.run_dir / "config.yaml"),
+        "--resume",
+        str(started.run_dir),
+    ]
     assert (started.run_dir / "config.yaml").read_text() == recorded
     assert by_name[f"{new.cell}/seed0"] == ["train", str(new.run_dir / "config.yaml")]
     assert (new.run_dir / "config.yaml").read_text() == dump_config(new.config)

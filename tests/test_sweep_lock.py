@@ -36,8 +36,9 @@ HOLD_SWEEP = """
 def held(tmp_path):
     """A sweep folder another process holds: ``(folder, that process)``."""
     out = tmp_path / "sweep"
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_SWEEP), str(out)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLD_SWEEP), str(out)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         yield out, holder
@@ -52,8 +53,10 @@ def test_a_held_sweep_folder_is_refused_naming_the_folder_and_its_holder(held):
         with pytest.raises(runlock.FolderInUse) as caught:
             attempt()
         message = str(caught.value)
-        assert f"sweep folder {out} is in use by another rlzoo process: pid {holder.pid} on host " \
-               f"{socket.gethostname()} (rlzoo ablate holder.yaml), since 20" in message
+        assert (
+            f"sweep folder {out} is in use by another rlzoo process: pid {holder.pid} on host "
+            f"{socket.gethostname()} (rlzoo ablate holder.yaml), since 20" in message
+        )
         assert f"kill {holder.pid}" in message and "choose another --out" in message
     # the same lock file as a run folder's: a `train` writing there is refused too
     with pytest.raises(runlock.FolderInUse, match="rlzoo ablate holder.yaml"):
@@ -88,8 +91,13 @@ def test_a_lock_file_alone_does_not_make_the_folder_another_sweeps(tmp_path):
 
 def test_a_sweep_whose_runs_fail_the_preflight_writes_nothing(tmp_path):
     out = tmp_path / "sweep"
-    options = AblateOptions(config=str(EXAMPLE), vary=["trainer.lr=0.1,0.2"], seeds=1, out=out,
-                            sets=[*ENGINES, "task={name: jsonl, path: no/such.jsonl}"])
+    options = AblateOptions(
+        config=str(EXAMPLE),
+        vary=["trainer.lr=0.1,0.2"],
+        seeds=1,
+        out=out,
+        sets=[*ENGINES, "task={name: jsonl, path: no/such.jsonl}"],
+    )
     with pytest.raises(ConfigError, match="data file not found"):
         ablate(options, default_registry())
     assert not out.exists()  # no lock file either: the folder is claimed only once every run passed

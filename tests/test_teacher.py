@@ -29,10 +29,16 @@ TOKENIZER = build_char_tokenizer("0123456789+=")
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
 def teacher_dir(request, tmp_path_factory):
     tiny = TinyModelConfig(
-        architecture=request.param, hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        architecture=request.param,
+        hidden_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
         intermediate_size=64,
     )
-    return save_model(build_tiny_model(tiny, TOKENIZER, seed=5), TOKENIZER, tmp_path_factory.mktemp(request.param) / "t")
+    return save_model(
+        build_tiny_model(tiny, TOKENIZER, seed=5), TOKENIZER, tmp_path_factory.mktemp(request.param) / "t"
+    )
 
 
 def _batch():
@@ -76,8 +82,12 @@ class FixedTeacher(Teacher):
 
 def _components(advantage: dict, teacher: Teacher | None) -> tuple[RunConfig, Components, list[Sample]]:
     registry = default_registry()
-    config = RunConfig.model_validate({"rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 2},
-                                       "algorithm": {"minibatches_per_rollout": 2}})
+    config = RunConfig.model_validate(
+        {
+            "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 2},
+            "algorithm": {"minibatches_per_rollout": 2},
+        }
+    )
     train_set = [Sample(name, "a") for name in ["mix0", "mix1"]]
     parts = Components(
         objective=build_objective({"clipper": {"name": "ppo"}}, registry),
@@ -118,14 +128,21 @@ def test_reverse_kl_metric_is_the_token_mean_over_policy_tokens():
 
 
 def test_the_tiny_teachers_cold_start_is_the_policys_with_its_own_sizes_and_folder(tmp_path):
-    config = build_config({"output_dir": str(tmp_path / "run"), "teacher": {"tiny": {"hidden_size": 128}},
-                           "algorithm": {"advantage": {"name": "reverse-kl"}}})
+    config = build_config(
+        {
+            "output_dir": str(tmp_path / "run"),
+            "teacher": {"tiny": {"hidden_size": 128}},
+            "algorithm": {"advantage": {"name": "reverse-kl"}},
+        }
+    )
     teacher = teacher_cold_start_config(config)
     assert teacher.model.tiny.hidden_size == 128 and teacher.model.path is None
     assert cold_start_dir(teacher) == tmp_path / "run" / "teacher_cold_start"
     assert teacher.task == config.task and teacher.seed == config.seed and teacher.prompt == config.prompt
     assert cold_start_fingerprint(teacher) != cold_start_fingerprint(config)  # never mistaken for the policy's
-    elsewhere = config.model_copy(update={"teacher": config.teacher.model_copy(update={"output_dir": str(tmp_path / "t")})})
+    elsewhere = config.model_copy(
+        update={"teacher": config.teacher.model_copy(update={"output_dir": str(tmp_path / "t")})}
+    )
     assert cold_start_dir(teacher_cold_start_config(elsewhere)) == tmp_path / "t"
     # the same settings give the same fingerprint: a resumed run reuses the folder
     assert cold_start_fingerprint(teacher_cold_start_config(config)) == cold_start_fingerprint(teacher)

@@ -19,6 +19,7 @@ from venv_testlib import PluginVenv, make_distribution, pip_install, run
 
 pytestmark = pytest.mark.timeout(300)
 
+
 @pytest.fixture
 def venv(plugin_venv: PluginVenv) -> Path:
     """The session's venv (tests/conftest.py), with ``rlzoo-myplug`` installed; its python."""
@@ -106,7 +107,11 @@ def test_second_distribution_claiming_a_taken_name_is_an_error_naming_both(venv,
     # every command still works: both registrations are listed, marked
     proc = rlzoo_cli(venv, "plugins", "list", "--json", env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    ppo = [(r["distribution"], r["duplicate"]) for r in json.loads(proc.stdout) if r["kind"] == "clipper" and r["name"] == "ppo"]
+    ppo = [
+        (r["distribution"], r["duplicate"])
+        for r in json.loads(proc.stdout)
+        if r["kind"] == "clipper" and r["name"] == "ppo"
+    ]
     assert sorted(ppo) == [("rlzoo-dupplug", True), ("rlzoo-estimators", True)]
     text = rlzoo_cli(venv, "plugins", "list", env=env, cwd=tmp_path)
     assert text.returncode == 0 and text.stdout.count("registered twice") == 2
@@ -134,6 +139,8 @@ def test_a_plugin_failing_at_set_up_is_a_plain_message_naming_field_component_an
     proc = rlzoo_cli(venv, "config", "check", config, env=env, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
-    expected = ("algorithm.clipper: clipper 'fragile-clip' (rlzoo-fragile) failed to set up: RuntimeError: this clipper "
-                "needs a GPU")
+    expected = (
+        "algorithm.clipper: clipper 'fragile-clip' (rlzoo-fragile) failed to set up: RuntimeError: this clipper "
+        "needs a GPU"
+    )
     assert expected in proc.stderr, proc.stderr

@@ -57,7 +57,9 @@ def test_skipping_dead_columns_equals_computing_them():
 
 def test_narrow_input_gives_the_wide_inputs_logprobs_and_gradients():
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    tiny = TinyModelConfig(
+        hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64
+    )
     torch.manual_seed(0)
     model = build_tiny_model(tiny, tokenizer)
     prompts, responses = _rows()
@@ -69,7 +71,9 @@ def test_narrow_input_gives_the_wide_inputs_logprobs_and_gradients():
         model.zero_grad()
         logp, entropy = response_logprobs_and_entropy(model, batch)
         ((logp + 0.1 * entropy) * weights).sum().backward()
-        results.append((logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        results.append(
+            (logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        )
     (logp_n, ent_n, grads_n), (logp_w, ent_w, grads_w) = results
     assert logp_n.shape == logp_w.shape == (4, WIDTH)
     assert (logp_n[narrow.response_mask > 0] != 0).all()  # the comparison below compares real values

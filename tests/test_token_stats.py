@@ -97,8 +97,15 @@ def test_the_step_hands_the_declared_statistics_to_a_third_party_source(plugin, 
     batch = _batch(4)
     mask = batch.response_mask
     rewards = RewardBatch(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]), mask)
-    c = Components(objective=None, advantage=source, verifier=None, correction=KeepAll(), rollout=None,
-                   learner=Learner(engine), tokenizer=None)
+    c = Components(
+        objective=None,
+        advantage=source,
+        verifier=None,
+        correction=KeepAll(),
+        rollout=None,
+        learner=Learner(engine),
+        tokenizer=None,
+    )
     record = StepRecord(0, rollout=RolloutBatch([], batch, torch.zeros_like(mask), rewards, {}))
     old_pass(record, c, "train")
     assert list(record.token_stats) == ["top_prob"]  # what the source declares, no more
@@ -122,13 +129,18 @@ def test_a_source_given_no_statistic_and_a_clash_are_refused_by_name(plugin):
 
 def test_the_start_up_check_accepts_a_registered_statistic_and_refuses_an_unknown_one(plugin, tmp_path):
     def check(advantage: str) -> None:
-        data = {"output_dir": str(tmp_path / advantage), "algorithm": {"advantage": {"name": advantage}, "router": None}}
+        data = {
+            "output_dir": str(tmp_path / advantage),
+            "algorithm": {"advantage": {"name": advantage}, "router": None},
+        }
         preflight(build_config(data, registry=plugin), plugin)
 
     check("top-prob-test")  # its statistic has a provider: no problem
     with pytest.raises(ConfigError) as err:
         check("unknown-stat-test")
-    assert dict(err.value.problems) == {"algorithm.advantage": (
-        "advantage 'unknown-stat-test' (algorithm.advantage) reads the token statistic 'no_such_statistic', which no "
-        f"provider computes (registered: {', '.join(token_statistic_names())}); install the plugin that registers it"
-    )}
+    assert dict(err.value.problems) == {
+        "algorithm.advantage": (
+            "advantage 'unknown-stat-test' (algorithm.advantage) reads the token statistic 'no_such_statistic', which no "
+            f"provider computes (registered: {', '.join(token_statistic_names())}); install the plugin that registers it"
+        )
+    }

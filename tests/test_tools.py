@@ -94,26 +94,32 @@ def test_malformed_calls_from_the_parser_or_as_strings():
     assert outcome.status == "malformed"
 
 
-@pytest.mark.parametrize(("kind", "status", "content"), [
-    ("tool", "error", "Error: raises: bad input for this tool"),
-    ("timeout", "timeout", "Error: raises: stopped itself at its budget"),
-    ("other", "error", "Error: raises failed: KeyError: 'boom'"),
-    ("exit", "error", "Error: raises failed: SystemExit: 3"),
-    ("number", "error", "Error: raises returned int, not text"),
-])
+@pytest.mark.parametrize(
+    ("kind", "status", "content"),
+    [
+        ("tool", "error", "Error: raises: bad input for this tool"),
+        ("timeout", "timeout", "Error: raises: stopped itself at its budget"),
+        ("other", "error", "Error: raises failed: KeyError: 'boom'"),
+        ("exit", "error", "Error: raises failed: SystemExit: 3"),
+        ("number", "error", "Error: raises returned int, not text"),
+    ],
+)
 def test_a_raising_tool_is_an_error_observation(kind, status, content):
     (outcome,) = run_tool_calls([ToolCall("raises", {"kind": kind})], TOOLS)
     assert (outcome.status, outcome.content) == (status, content)
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    ({}, "missing required argument(s) text; echo takes (text: string, times: integer)"),
-    ({"text": "a", "loud": True}, "unknown argument(s) loud; echo takes (text: string, times: integer)"),
-    ({"text": 3}, "argument 'text' must be of type string, not int"),
-    ({"text": "a", "times": True}, "argument 'times' must be of type integer, not bool"),
-    ({"text": "a", "times": 1.5}, "argument 'times' must be of type integer, not float"),
-    ("text", "arguments must be a JSON object, not str"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({}, "missing required argument(s) text; echo takes (text: string, times: integer)"),
+        ({"text": "a", "loud": True}, "unknown argument(s) loud; echo takes (text: string, times: integer)"),
+        ({"text": 3}, "argument 'text' must be of type string, not int"),
+        ({"text": "a", "times": True}, "argument 'times' must be of type integer, not bool"),
+        ({"text": "a", "times": 1.5}, "argument 'times' must be of type integer, not float"),
+        ("text", "arguments must be a JSON object, not str"),
+    ],
+)
 def test_arguments_that_do_not_fit_the_schema(arguments, message):
     (outcome,) = run_tool_calls([ToolCall("echo", arguments)], TOOLS)
     assert outcome.status == "error" and outcome.content == f"Error: echo: {message}"
@@ -179,13 +185,22 @@ def test_max_calls():
 
 def test_counts_cover_every_status():
     outcomes = run_tool_calls(
-        [ToolCall("echo", {"text": "a"}), ToolCall("nope", {}), "bad", ToolCall("raises", {}),
-         ToolCall("sleep", {"s": 0.5}), ToolCall("echo", {"text": "b"})], TOOLS,
+        [
+            ToolCall("echo", {"text": "a"}),
+            ToolCall("nope", {}),
+            "bad",
+            ToolCall("raises", {}),
+            ToolCall("sleep", {"s": 0.5}),
+            ToolCall("echo", {"text": "b"}),
+        ],
+        TOOLS,
     )
     assert count_outcomes(outcomes) == {"ok": 2, "error": 1, "timeout": 1, "unknown": 1, "malformed": 1}
     assert count_outcomes([]) == dict.fromkeys(OUTCOMES, 0)
 
 
 def test_schema_is_the_openai_function_dict():
-    assert Echo().schema() == {"type": "function", "function": {
-        "name": "echo", "description": "echo the text", "parameters": Echo.parameters}}
+    assert Echo().schema() == {
+        "type": "function",
+        "function": {"name": "echo", "description": "echo the text", "parameters": Echo.parameters},
+    }

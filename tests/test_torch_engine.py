@@ -17,7 +17,9 @@ from rlzoo.util.reductions import SkippedUpdates
 
 def _engine(tmp_path):
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+    tiny = TinyModelConfig(
+        hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64
+    )
     save_model(build_tiny_model(tiny, tokenizer), tokenizer, tmp_path / "m")
     engine = TorchTrainingEngine()
     engine.start(EngineContext(tmp_path / "m", pad_token_id=0, eos_token_id=1), TrainerConfig(lr=1e-2))
@@ -65,8 +67,14 @@ def test_logprobs_match_between_train_and_no_grad_paths(tmp_path):
 
 def _aux_engine(tmp_path, architecture="qwen3_moe", **params):
     tokenizer = build_char_tokenizer("0123456789+=")
-    tiny = TinyModelConfig(architecture=architecture, hidden_size=32, num_experts=4, num_experts_per_tok=2,
-                           moe_intermediate_size=32, intermediate_size=64)
+    tiny = TinyModelConfig(
+        architecture=architecture,
+        hidden_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        intermediate_size=64,
+    )
     model_dir = tmp_path / architecture
     if not model_dir.exists():
         save_model(build_tiny_model(tiny, tokenizer), tokenizer, model_dir)
@@ -84,12 +92,16 @@ def test_aux_loss_is_reported_and_added_with_its_coefficient(tmp_path):
     plain, batch = _aux_engine(tmp_path)
     weighted, _ = _aux_engine(tmp_path, aux_loss_coef=0.5)
     with torch.no_grad():
-        expected = plain.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                               output_router_logits=True).aux_loss
+        expected = plain.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_router_logits=True
+        ).aux_loss
     no_policy_loss = lambda logp: (logp.sum() * 0.0, {})  # noqa: E731 - only the aux term can move weights
     router = "model.layers.0.mlp.gate.weight"
     before = _weights(plain)[router]
-    plain_metrics, weighted_metrics = plain.train_step(batch, no_policy_loss), weighted.train_step(batch, no_policy_loss)
+    plain_metrics, weighted_metrics = (
+        plain.train_step(batch, no_policy_loss),
+        weighted.train_step(batch, no_policy_loss),
+    )
     assert plain_metrics["train/aux_loss"] == pytest.approx(float(expected), abs=1e-6)
     assert weighted_metrics["train/aux_loss"] == pytest.approx(float(expected), abs=1e-6)
     assert torch.equal(_weights(plain)[router], before)  # coefficient 0: reported, not added

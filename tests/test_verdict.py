@@ -18,6 +18,10 @@ def test_correct_fraction_counts_the_verdicts_not_the_rewards():
     verdicts = [Verdict(0.4, correct=True), Verdict(0.9, correct=True), Verdict(1.5, correct=False), Verdict(0.0)]
     generations = [Generation([1], [2], [-0.1], True) for _ in verdicts]
     group = ScoredGroup(
-        Sample(prompt="q", answer="a"), generations, verdicts, torch.tensor([v.reward for v in verdicts]), torch.zeros(4)
+        Sample(prompt="q", answer="a"),
+        generations,
+        verdicts,
+        torch.tensor([v.reward for v in verdicts]),
+        torch.zeros(4),
     )
     assert rollout_metrics([group], {})["reward/correct_fraction"] == 0.5

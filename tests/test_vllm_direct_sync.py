@@ -121,14 +121,18 @@ def test_a_second_sync_replaces_the_first():
     second = {name: t + 1 for name, t in first.items()}
     copy_weights(model, second.items())
     assert torch.equal(model.model.layers[0].mlp.gate.handle, second["model.layers.0.mlp.gate.weight"])
-    assert torch.equal(model.model.layers[0].mlp.experts.w2_weight[2],
-                       second["model.layers.0.mlp.experts.2.down_proj.weight"])
+    assert torch.equal(
+        model.model.layers[0].mlp.experts.w2_weight[2], second["model.layers.0.mlp.experts.2.down_proj.weight"]
+    )
 
 
 def _unchanged(model: FakeVLLMModel) -> bool:
     layer = model.model.layers[0]
-    return (layer.self_attn.qkv_proj.handle is None and not layer.mlp.experts.w13_weight.any()
-            and not model.model.embed_tokens.weight.any())
+    return (
+        layer.self_attn.qkv_proj.handle is None
+        and not layer.mlp.experts.w13_weight.any()
+        and not model.model.embed_tokens.weight.any()
+    )
 
 
 @pytest.mark.parametrize(

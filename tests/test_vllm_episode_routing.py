@@ -57,8 +57,11 @@ def case(tmp_path_factory):
     model.eval()
     directory = save_model(model, tokenizer, tmp_path_factory.mktemp("episode_r3_vllm"))
     context = EngineContext(
-        model_dir=directory, dtype="float32", seed=0,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        model_dir=directory,
+        dtype="float32",
+        seed=0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     engine = VLLMRolloutEngine(VLLMRolloutEngine.Params(record_routing=True, enable_prefix_caching=False))
     engine.start(context)

@@ -21,9 +21,14 @@ from rlzoo.registry import default_registry
 
 def problems(tmp_path: Path, engine: dict, **sections) -> list[tuple[str, str]]:
     registry = default_registry()
-    config = build_config({"output_dir": str(tmp_path / "run"), "rollout": {"engine": {"name": "vllm-server", **engine},
-                                                                           **sections.pop("rollout", {})}, **sections},
-                          registry=registry)
+    config = build_config(
+        {
+            "output_dir": str(tmp_path / "run"),
+            "rollout": {"engine": {"name": "vllm-server", **engine}, **sections.pop("rollout", {})},
+            **sections,
+        },
+        registry=registry,
+    )
     try:
         preflight(config, registry)
     except ConfigError as err:
@@ -39,24 +44,33 @@ def test_external_servers_pass_the_check(tmp_path):
     assert problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}) == []
 
 
-@pytest.mark.parametrize("engine, field, words", [
-    ({}, "rollout.engine", "exactly one of launch, servers or ray"),
-    ({"servers": ["http://a:1"], "launch": {}}, "rollout.engine", "got launch, servers"),
-    ({"ray": {"address": "auto"}}, "rollout.engine.ray", "not implemented yet"),
-    ({"servers": ["a:8000"]}, "rollout.engine.servers", "not an http(s) URL"),
-    ({"launch": {"devices": ["0,1", "2"], "tensor_parallel_size": 2}}, "rollout.engine.launch.tensor_parallel_size",
-     "does not fit the devices '2'"),
-    ({"launch": {"tensor_parallel_size": 2}}, "rollout.engine.launch.tensor_parallel_size", "needs GPUs"),
-])
+@pytest.mark.parametrize(
+    "engine, field, words",
+    [
+        ({}, "rollout.engine", "exactly one of launch, servers or ray"),
+        ({"servers": ["http://a:1"], "launch": {}}, "rollout.engine", "got launch, servers"),
+        ({"ray": {"address": "auto"}}, "rollout.engine.ray", "not implemented yet"),
+        ({"servers": ["a:8000"]}, "rollout.engine.servers", "not an http(s) URL"),
+        (
+            {"launch": {"devices": ["0,1", "2"], "tensor_parallel_size": 2}},
+            "rollout.engine.launch.tensor_parallel_size",
+            "does not fit the devices '2'",
+        ),
+        ({"launch": {"tensor_parallel_size": 2}}, "rollout.engine.launch.tensor_parallel_size", "needs GPUs"),
+    ],
+)
 def test_a_bad_source_of_servers_is_one_problem_naming_its_field(tmp_path, engine, field, words):
     found = [(f, m) for f, m in problems(tmp_path, engine) if f == field]
     assert found and words in found[0][1], problems(tmp_path, engine)
 
 
-@pytest.mark.parametrize("sections, field", [
-    ({"rollout": {"partial": "continue", "max_staleness": 1}}, "rollout.partial"),
-    ({"model": {"lora": {"rank": 4, "sync": "adapter"}}}, "model.lora.sync"),
-])
+@pytest.mark.parametrize(
+    "sections, field",
+    [
+        ({"rollout": {"partial": "continue", "max_staleness": 1}}, "rollout.partial"),
+        ({"model": {"lora": {"rank": 4, "sync": "adapter"}}}, "model.lora.sync"),
+    ],
+)
 def test_what_the_engine_cannot_do_is_refused_before_the_run(tmp_path, sections, field):
     found = problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}, **sections)
     assert field in fields(found), found

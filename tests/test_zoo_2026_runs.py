@@ -34,10 +34,19 @@ def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]
     out = {}
     for name, extra in RUNS.items():  # one after the other: the first builds the cold start, the others reuse it
         run_dir = root / name
-        overrides = [*TINY_RUN, "rollout.engine={name: hf}", f"cold_start.output_dir={root / 'cold'}",
-                     f"output_dir={run_dir}", *extra]
-        command = [*_rlzoo_command(), "train", str(REPO / "examples" / "gspo_tiny_moe.yaml"),
-                   *[a for o in overrides for a in ("--set", o)]]
+        overrides = [
+            *TINY_RUN,
+            "rollout.engine={name: hf}",
+            f"cold_start.output_dir={root / 'cold'}",
+            f"output_dir={run_dir}",
+            *extra,
+        ]
+        command = [
+            *_rlzoo_command(),
+            "train",
+            str(REPO / "examples" / "gspo_tiny_moe.yaml"),
+            *[a for o in overrides for a in ("--set", o)],
+        ]
         out[name] = (subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=root), run_dir)
     return out
 

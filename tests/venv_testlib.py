@@ -140,8 +140,11 @@ def make_plugin_venv(root: Path) -> PluginVenv:
     )
     ignore = shutil.ignore_patterns("*.egg-info", "__pycache__", "build")
     sources = {"rlzoo_myplug": make_distribution(root / "src", "rlzoo-myplug", "rlzoo_myplug", "myplug", "half-clip")}
-    for module, source in (("rlzoo_plugin_template", TEMPLATE), ("rlzoo_thirdparty_engines", ENGINES),
-                           ("rlzoo_wordcount_tool", TOOL)):
+    for module, source in (
+        ("rlzoo_plugin_template", TEMPLATE),
+        ("rlzoo_thirdparty_engines", ENGINES),
+        ("rlzoo_wordcount_tool", TOOL),
+    ):
         sources[module] = shutil.copytree(source, root / "src" / source.name, ignore=ignore)
     python = layered_venv(root / "venv")
     pip_install(python, *sources.values())

@@ -16,9 +16,7 @@ from rlzoo.interfaces import RewardBatch
 
 def outcome_batch(rewards, groups, lengths, width=None) -> RewardBatch:
     width = width or max(lengths)
-    return RewardBatch(
-        rewards=t(rewards), group_index=torch.tensor(groups), mask=right_padded_mask(lengths, width)
-    )
+    return RewardBatch(rewards=t(rewards), group_index=torch.tensor(groups), mask=right_padded_mask(lengths, width))
 
 
 # group 0 = responses 0..3 with rewards 1, 0, 0, 1; group 1 = one response
@@ -222,8 +220,11 @@ def test_process_needs_step_rewards():
 )
 def test_process_rejects_malformed_steps(step_rewards, step_ends, match):
     batch = RewardBatch(
-        rewards=t([0.0, 0.0]), group_index=torch.tensor([0, 0]), mask=torch.ones(2, 3),
-        step_rewards=step_rewards, step_ends=step_ends,
+        rewards=t([0.0, 0.0]),
+        group_index=torch.tensor([0, 0]),
+        mask=torch.ones(2, 3),
+        step_rewards=step_rewards,
+        step_ends=step_ends,
     )
     with pytest.raises(ValueError, match=match):
         create("advantage", "process").compute(batch)
@@ -240,8 +241,11 @@ def test_process_with_one_step_per_response_equals_group(data):
     unbiased = data.draw(st.booleans())
     mask = right_padded_mask(lengths, 5)
     batch = RewardBatch(
-        rewards=t(rewards), group_index=torch.tensor(groups), mask=mask,
-        step_rewards=[[r] for r in rewards], step_ends=[[n] for n in lengths],
+        rewards=t(rewards),
+        group_index=torch.tensor(groups),
+        mask=mask,
+        step_rewards=[[r] for r in rewards],
+        step_ends=[[n] for n in lengths],
     )
     process = create("advantage", "process", unbiased_std=unbiased).compute(batch)
     group = create("advantage", "group", unbiased_std=unbiased).compute(batch)

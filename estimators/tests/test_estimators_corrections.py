@@ -161,6 +161,7 @@ def test_opsm_drops_only_negative_advantage_responses_that_drifted():
     per_token = torch.tensor([[1.0, -1.0, 1.0], [-1.0, -1.0, 0.0]])  # a process advantage: decided per token
     assert torch.equal(c.keep(TRAIN, ROLLOUT, MASK, per_token) * MASK, torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]))
     assert take_reports(c) == {
-        "correction/opsm/masked_fraction": pytest.approx(1 / 5), "correction/opsm/seq_masked_fraction": 0.5
+        "correction/opsm/masked_fraction": pytest.approx(1 / 5),
+        "correction/opsm/seq_masked_fraction": 0.5,
     }
     assert torch.equal(c.weights(TRAIN, ROLLOUT, MASK), MASK)

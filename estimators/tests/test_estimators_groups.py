@@ -50,5 +50,11 @@ def test_needs_groups_is_declared_exactly_by_the_sources_that_give_lone_response
 
 def test_the_group_sources_are_the_expected_ones():
     assert sorted(i.name for i in REGISTRY.components("advantage") if i.cls.needs_groups) == [
-        "gdpo", "gpg", "group", "grpo-passk", "opo", "reinforce++-baseline", "rloo",
+        "gdpo",
+        "gpg",
+        "group",
+        "grpo-passk",
+        "opo",
+        "reinforce++-baseline",
+        "rloo",
     ]

@@ -120,8 +120,11 @@ def test_process_advantages_into_gspo_token():
     """End to end: per-step rewards -> process advantages -> GSPO-token gives a per-token gradient."""
     mask = t([[1, 1, 1, 1], [1, 1, 1, 0]])
     batch = RewardBatch(
-        rewards=t([1.0, 0.0]), group_index=torch.tensor([0, 0]), mask=mask,
-        step_rewards=[[1.0, 0.0], [0.0]], step_ends=[[2, 4], [3]],
+        rewards=t([1.0, 0.0]),
+        group_index=torch.tensor([0, 0]),
+        mask=mask,
+        step_rewards=[[1.0, 0.0], [0.0]],
+        step_ends=[[2, 4], [3]],
     )
     adv = create("advantage", "process", std_normalize=False).compute(batch)
     # step rewards 1, 0, 0: mean 1/3 -> normalised 2/3, -1/3, -1/3

@@ -79,7 +79,7 @@ def verl_otb(case, weights: list[list[float]] | None, multi_turn: bool, zero_tai
             ordered = sorted(length[i] for i in members)
             longest = [i for i in members if length[i] == ordered[-1]]
             if zero_tail and len(longest) == 1 and ordered[-1] > ordered[-2]:
-                base[longest[0]][ordered[-2]:] = [0.0] * (span - ordered[-2])
+                base[longest[0]][ordered[-2] :] = [0.0] * (span - ordered[-2])
         for i in members:
             for n, c in enumerate(columns[i]):
                 if mask[i][c] > 0:
@@ -99,9 +99,13 @@ def batch_of(case, weights: torch.Tensor | None) -> RewardBatch:
     x = case["inputs"]
     mask = t(x["mask"])
     return RewardBatch(
-        torch.zeros(len(mask), dtype=torch.float64), torch.tensor(x["group_index"]), mask,
-        token_rewards=t(x["token_rewards"]), old_logprobs=t(x["old_logprobs"]),
-        token_stats={"sum_pi_squared": t(x["sum_pi_squared"])}, rollout_is_weights=weights,
+        torch.zeros(len(mask), dtype=torch.float64),
+        torch.tensor(x["group_index"]),
+        mask,
+        token_rewards=t(x["token_rewards"]),
+        old_logprobs=t(x["old_logprobs"]),
+        token_stats={"sum_pi_squared": t(x["sum_pi_squared"])},
+        rollout_is_weights=weights,
     )
 
 
@@ -141,7 +145,9 @@ def test_unit_weights_change_nothing_and_missing_weights_are_named():
     ones = t(case["inputs"]["mask"])
     torch.testing.assert_close(
         source_of(case, rollout_is=True).compute(batch_of(case, ones)),
-        source_of(case, rollout_is=False).compute(batch_of(case, None)), rtol=0, atol=1e-12,
+        source_of(case, rollout_is=False).compute(batch_of(case, None)),
+        rtol=0,
+        atol=1e-12,
     )
     with pytest.raises(ValueError, match=r"needs RewardBatch.rollout_is_weights \(the train-inference correction"):
         source_of(case, rollout_is=True).compute(batch_of(case, None))
@@ -152,6 +158,8 @@ def test_rlzoo_train_accepts_rollout_is(name, tmp_path):
     """The step hands the correction's weights to the advantage (rlzoo.rl.advantages.reward_batch, tested in
     tests/test_step_advantages.py), so the option passes the start-up check."""
     registry = default_registry()
-    data = {"output_dir": str(tmp_path / "run"), "algorithm": {"advantage": {"name": name, "rollout_is": True},
-                                                               "router": None}}
+    data = {
+        "output_dir": str(tmp_path / "run"),
+        "algorithm": {"advantage": {"name": name, "rollout_is": True}, "router": None},
+    }
     preflight(build_config(data, registry=registry), registry)

@@ -93,7 +93,9 @@ def test_sequence_ratio_invariant_to_extra_padding(inputs, extra, name, data):
     garbage_logp = tensor_of(data.draw, pad_shape, floats(-50.0, 0.0))
     garbage_old = tensor_of(data.draw, pad_shape, floats(-50.0, 0.0))
     padded = est.log_ratio(
-        torch.cat([logp, garbage_logp], 1), torch.cat([old, garbage_old], 1), torch.cat([mask, torch.zeros(pad_shape)], 1)
+        torch.cat([logp, garbage_logp], 1),
+        torch.cat([old, garbage_old], 1),
+        torch.cat([mask, torch.zeros(pad_shape)], 1),
     )
     torch.testing.assert_close(padded[:, : logp.shape[1]], base, rtol=0, atol=1e-12)
     assert torch.count_nonzero(padded[:, logp.shape[1] :]) == 0

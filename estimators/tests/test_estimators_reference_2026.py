@@ -31,11 +31,13 @@ TOL = 1e-6
 POLICY = {
     "dppo_tv-token-mean": ({"name": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15, "c": 1.5}, "token-mean"),
     "dppo_tv-asym-seq-mean-token-sum-norm": (
-        {"name": "dppo-tv", "eps_low": 0.05, "eps_high": 0.2, "c": 20.0}, "seq-mean-token-sum-norm"
+        {"name": "dppo-tv", "eps_low": 0.05, "eps_high": 0.2, "c": 20.0},
+        "seq-mean-token-sum-norm",
     ),
     "dppo_kl-token-mean": ({"name": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05, "c": 1.5}, "token-mean"),
     "dppo_kl-asym-seq-mean-token-mean": (
-        {"name": "dppo-kl", "eps_low": 0.02, "eps_high": 0.08, "c": 20.0}, "seq-mean-token-mean"
+        {"name": "dppo-kl", "eps_low": 0.02, "eps_high": 0.08, "c": 20.0},
+        "seq-mean-token-mean",
     ),
     "dro-token-mean": ({"name": "dro", "beta": 0.1}, "token-mean"),
     "dro-seq-mean-token-sum": ({"name": "dro", "beta": 0.5}, "seq-mean-token-sum"),
@@ -129,7 +131,9 @@ def test_dppo_cases_exercise_both_sides_and_the_truncation():
 def test_vespo_matches_trl(case):
     params = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0, **VESPO[case["id"]]}
     logp, old, adv, mask = inputs(case)
-    phi = gamma_weights(logp - old, adv, mask, (params["k_pos"], params["k_neg"]), (params["lambda_pos"], params["lambda_neg"]))
+    phi = gamma_weights(
+        logp - old, adv, mask, (params["k_pos"], params["k_neg"]), (params["lambda_pos"], params["lambda_neg"])
+    )
     trl_phi = t(case["outputs"]["phi"]).unsqueeze(-1).expand_as(phi)
     keep = mask > 0
     torch.testing.assert_close(phi[keep], trl_phi[keep], rtol=0, atol=TOL)
@@ -163,8 +167,11 @@ def test_advantage_matches_verl(case):
     name, params = ADVANTAGE[case["id"]]
     if name == "gdpo":
         verl = case["verl"]["params"]
-        params = {**params, "parts": verl["gdpo_reward_keys"],
-                  "weights": dict(zip(verl["gdpo_reward_keys"], verl["gdpo_reward_weights"], strict=True))}
+        params = {
+            **params,
+            "parts": verl["gdpo_reward_keys"],
+            "weights": dict(zip(verl["gdpo_reward_keys"], verl["gdpo_reward_weights"], strict=True)),
+        }
     batch = reward_batch(case)
     adv = create("advantage", name, **params).compute(batch)
     expected = t(case["outputs"]["advantages"])
@@ -181,9 +188,14 @@ def test_the_baseline_cases_exercise_the_zero_tail_groups_of_one_and_holes():
             with_tail, without = (t(by_id[f"{verl}-{data}-{tail}"]["outputs"]["advantages"]) for tail in (True, False))
             assert not torch.equal(with_tail, without), (verl, data)
     holes = t(by_id["optimal_token_baseline-holes-True"]["inputs"]["mask"]) > 0
-    assert any(len(i) and not holes[r, i[0] : i[-1] + 1].all() for r, i in enumerate(r.nonzero().flatten() for r in holes))
+    assert any(
+        len(i) and not holes[r, i[0] : i[-1] + 1].all() for r, i in enumerate(r.nonzero().flatten() for r in holes)
+    )
     # on responses with holes, counting positions by policy token differs from counting columns
-    column, token = (t(by_id[f"{v}-holes-True"]["outputs"]["advantages"]) for v in ["optimal_token_baseline", "tir_optimal_token_baseline"])
+    column, token = (
+        t(by_id[f"{v}-holes-True"]["outputs"]["advantages"])
+        for v in ["optimal_token_baseline", "tir_optimal_token_baseline"]
+    )
     assert not torch.allclose(column, token)
     # a group of one gets no baseline: its advantage is its reward-to-go
     aligned = by_id["optimal_token_baseline-aligned-True"]

@@ -19,10 +19,16 @@ OLD = t([[-1.0, -0.5, -2.0], [-0.1, -math.inf, math.nan], [-3.0, -0.2, -math.inf
 TEACHER = t([[-0.5, -1.5, -2.0], [-0.4, 0.0, -math.inf], [-1.0, -0.7, math.nan]])
 
 
-def distill_batch(rewards=(1.0, 0.0, 1.0), groups=(0, 0, 1), old=OLD, teacher=TEACHER, mask=MASK, **fields) -> RewardBatch:
+def distill_batch(
+    rewards=(1.0, 0.0, 1.0), groups=(0, 0, 1), old=OLD, teacher=TEACHER, mask=MASK, **fields
+) -> RewardBatch:
     return RewardBatch(
-        rewards=t(list(rewards)), group_index=torch.tensor(list(groups)), mask=mask,
-        teacher_logprobs=teacher, old_logprobs=old, **fields,
+        rewards=t(list(rewards)),
+        group_index=torch.tensor(list(groups)),
+        mask=mask,
+        teacher_logprobs=teacher,
+        old_logprobs=old,
+        **fields,
     )
 
 
@@ -99,7 +105,10 @@ def test_the_nested_source_is_validated_at_its_own_fields():
         create("advantage", "reverse-kl", task={"std_normalize": False})
     # the resolved parameters hold every parameter of the nested source
     assert create("advantage", "reverse-kl").params.task == {
-        "name": "group", "std_normalize": True, "unbiased_std": True, "eps": 1e-6,
+        "name": "group",
+        "std_normalize": True,
+        "unbiased_std": True,
+        "eps": 1e-6,
     }
 
 

@@ -61,8 +61,10 @@ def is_specs(verl: dict) -> list[dict]:
     level, threshold = verl["rollout_is"], verl["rollout_is_threshold"]
     if isinstance(threshold, str):
         low, high = map(float, threshold.split("_"))
-        return [{"name": "icepop", "level": level, "low": low, "high": high},
-                {"name": "tis", "level": level, "action": "mask", "low": low, "threshold": high}]
+        return [
+            {"name": "icepop", "level": level, "low": low, "high": high},
+            {"name": "tis", "level": level, "action": "mask", "low": low, "threshold": high},
+        ]
     return [{"name": "tis", "level": level, "threshold": threshold, "normalize": verl["rollout_is_batch_normalize"]}]
 
 

@@ -77,10 +77,15 @@ def test_entropy_regulariser_adds_minus_coef_times_the_aggregated_entropy():
 
 def test_objective_adds_the_regulariser_and_its_gradient():
     parts = dict(
-        ratio=create("ratio", "token"), clipper=create("clipper", "ppo"),
-        aggregation=create("aggregation", "token-mean"), kl=create("kl", "k3"),
+        ratio=create("ratio", "token"),
+        clipper=create("clipper", "ppo"),
+        aggregation=create("aggregation", "token-mean"),
+        kl=create("kl", "k3"),
     )
-    plain, regularised = Objective(**parts), Objective(**parts, regularisers=[create("regulariser", "entropy", coef=0.1)])
+    plain, regularised = (
+        Objective(**parts),
+        Objective(**parts, regularisers=[create("regulariser", "entropy", coef=0.1)]),
+    )
     assert regularised.needs_entropy and not plain.needs_entropy
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
     entropy = torch.tensor([[2.0, 1.0], [0.5, 7.0]], requires_grad=True)

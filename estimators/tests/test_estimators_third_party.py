@@ -85,9 +85,7 @@ def test_old_style_clipper_works_unchanged_and_equals_ppo(registry):
 
 
 def test_batch_level_third_party_clipper_sees_the_whole_batch_and_the_seed(registry):
-    objective = rlzoo.build_objective(
-        {"preset": "dapo", "clipper": {"name": "batch-baseline"}}, registry=registry
-    )
+    objective = rlzoo.build_objective({"preset": "dapo", "clipper": {"name": "batch-baseline"}}, registry=registry)
     loss, metrics, grad = run(objective, seed=7)
     mask, adv = t(MASK), t(ADV)
     baseline = adv[mask > 0].mean()

@@ -54,7 +54,10 @@ def test_dppo_without_a_region_is_the_plain_policy_gradient(inputs):
     logp, old, adv, mask = inputs
     inputs = (logp.clamp(max=-1e-3), old, adv, mask)  # log-probabilities: at most 0
     plain = loss_and_grad(objective(create("clipper", "none")), *inputs)
-    for name, bounds in [("dppo-tv", {"eps_low": 1.0, "eps_high": 1.0}), ("dppo-kl", {"eps_low": 1e9, "eps_high": 1e9})]:
+    for name, bounds in [
+        ("dppo-tv", {"eps_low": 1.0, "eps_high": 1.0}),
+        ("dppo-kl", {"eps_low": 1e9, "eps_high": 1e9}),
+    ]:
         obj = objective(create("clipper", name, c=1e9, **bounds))
         loss, metrics, grad = loss_and_grad(obj, *inputs)
         torch.testing.assert_close(grad, plain[2], rtol=1e-9, atol=1e-12)
@@ -70,8 +73,9 @@ def test_dppo_flags_mark_exactly_the_tokens_without_gradient(inputs, eps_low, ep
         clipper = create("clipper", name, eps_low=eps_low, eps_high=eps_high, c=c)
         x = t(logp).requires_grad_()
         log_ratio = x - t(old)
-        result = clipper.clip_batch(PolicyBatch(torch.exp(log_ratio), log_ratio, t(adv), t(mask), x, t(old),
-                                                torch.Generator()))
+        result = clipper.clip_batch(
+            PolicyBatch(torch.exp(log_ratio), log_ratio, t(adv), t(mask), x, t(old), torch.Generator())
+        )
         (grad,) = torch.autograd.grad(result.loss.sum(), x)
         active = (t(mask) > 0) & (t(adv) != 0)
         flagged = result.clipped_low | result.clipped_high
@@ -111,7 +115,9 @@ def test_vespo_hand_values():
 
 @pytest.mark.parametrize("name", NEW_CLIPPERS)
 @pytest.mark.parametrize("ratio", ["token", "sequence", "sequence-token", "gpg"])
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_every_ratio_and_aggregation_compose(name, ratio, aggregation):
     g = torch.Generator().manual_seed(3)
     old = -(torch.rand(4, 5, generator=g, dtype=torch.float64) * 3 + 0.1)
@@ -156,10 +162,22 @@ def test_defaults_are_the_contract():
     assert create("clipper", "dppo-tv").params.model_dump() == {"eps_low": 0.15, "eps_high": 0.15, "c": 20.0}
     assert create("clipper", "dppo-kl").params.model_dump() == {"eps_low": 0.05, "eps_high": 0.05, "c": 20.0}
     assert create("clipper", "dro").params.model_dump() == {"beta": 0.05}
-    assert create("clipper", "vespo").params.model_dump() == {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
-    assert create("advantage", "gdpo").params.model_dump() == {"parts": None, "weights": None, "std_normalize": True, "eps": 1e-6}
+    assert create("clipper", "vespo").params.model_dump() == {
+        "k_pos": 2.0,
+        "lambda_pos": 3.0,
+        "k_neg": 3.0,
+        "lambda_neg": 2.0,
+    }
+    assert create("advantage", "gdpo").params.model_dump() == {
+        "parts": None,
+        "weights": None,
+        "std_normalize": True,
+        "eps": 1e-6,
+    }
     assert create("advantage", "optimal-token-baseline").params.model_dump() == {
-        "zero_tail": True, "eps": 1e-8, "rollout_is": False
+        "zero_tail": True,
+        "eps": 1e-8,
+        "rollout_is": False,
     }
 
 
@@ -174,8 +192,9 @@ def batch(rewards, groups, lengths, width=3, **fields) -> RewardBatch:
 def test_remax_hand_values_and_what_it_needs():
     b = batch([1.0, 0.0], [0, 0], [2, 3])
     tokens = t([[0.0, 1.0, 0.0], [0.5, 0.0, -0.5]])
-    adv = create("advantage", "remax").compute(RewardBatch(b.rewards, b.group_index, b.mask, token_rewards=tokens,
-                                                           reward_baselines=t([0.25, 0.25])))
+    adv = create("advantage", "remax").compute(
+        RewardBatch(b.rewards, b.group_index, b.mask, token_rewards=tokens, reward_baselines=t([0.25, 0.25]))
+    )
     torch.testing.assert_close(adv, t([[0.75, 0.75, 0.0], [-0.25, -0.75, -0.75]]))
     with pytest.raises(ValueError, match="RewardBatch.reward_baselines"):
         create("advantage", "remax").compute(RewardBatch(b.rewards, b.group_index, b.mask, token_rewards=tokens))
@@ -191,7 +210,9 @@ def test_passk_credits_only_the_best_by_its_margin():
 
 def parts_batch(parts, groups=(0, 0, 0, 0, 1, 1, 1, 1)):
     n = len(groups)
-    return RewardBatch(torch.zeros(n), torch.tensor(groups), torch.ones(n, 2), reward_parts={k: t(v) for k, v in parts.items()})
+    return RewardBatch(
+        torch.zeros(n), torch.tensor(groups), torch.ones(n, 2), reward_parts={k: t(v) for k, v in parts.items()}
+    )
 
 
 def test_gdpo_normalises_each_part_so_a_wide_one_does_not_drown_a_narrow_one():
@@ -201,18 +222,23 @@ def test_gdpo_normalises_each_part_so_a_wide_one_does_not_drown_a_narrow_one():
     together = gdpo.compute(parts_batch({"narrow": narrow, "wide": wide}))
     scaled = gdpo.compute(parts_batch({"narrow": narrow, "wide": [w * 1000 for w in wide]}))
     torch.testing.assert_close(together, scaled)  # each part's scale is divided out
-    summed = create("advantage", "group").compute(RewardBatch(t([n + w for n, w in zip(narrow, wide)]),
-                                                              torch.tensor([0] * 4 + [1] * 4), torch.ones(8, 2)))
+    summed = create("advantage", "group").compute(
+        RewardBatch(t([n + w for n, w in zip(narrow, wide)]), torch.tensor([0] * 4 + [1] * 4), torch.ones(8, 2))
+    )
     together, summed = together.double(), summed.double()
     assert not torch.allclose(together, summed)
     # one part and no weights: GRPO's advantage whitened over the batch
     alone = gdpo.compute(parts_batch({"narrow": narrow}))
-    grpo = create("advantage", "group").compute(RewardBatch(t(narrow), torch.tensor([0] * 4 + [1] * 4), torch.ones(8, 2)))
+    grpo = create("advantage", "group").compute(
+        RewardBatch(t(narrow), torch.tensor([0] * 4 + [1] * 4), torch.ones(8, 2))
+    )
     torch.testing.assert_close(alone.double(), (grpo - grpo.mean()) / grpo.std())
     weighted = create("advantage", "gdpo", parts=["narrow"], weights={"narrow": 3.0}).compute(
         parts_batch({"narrow": narrow, "wide": wide})
     )
-    torch.testing.assert_close(weighted.double(), alone.double())  # whitening divides a single weight out; wide is not used
+    torch.testing.assert_close(
+        weighted.double(), alone.double()
+    )  # whitening divides a single weight out; wide is not used
 
 
 def test_gdpo_without_parts_is_a_clear_error_naming_the_verifier():
@@ -221,7 +247,9 @@ def test_gdpo_without_parts_is_a_clear_error_naming_the_verifier():
     with pytest.raises(RlzooError, match="algorithm.advantage.parts: 'format' is not among the verdicts' reward parts"):
         create("advantage", "gdpo", parts=["format"]).compute(parts_batch({"correct": [1.0] * 8}))
     # without parts, a weight naming a part the verdicts lack would weigh nothing: a misspelt name, refused
-    with pytest.raises(RlzooError, match=r"algorithm.advantage.weights: 'corect' is not among the verdicts' reward parts \(correct\)"):
+    with pytest.raises(
+        RlzooError, match=r"algorithm.advantage.weights: 'corect' is not among the verdicts' reward parts \(correct\)"
+    ):
         create("advantage", "gdpo", weights={"corect": 2.0}).compute(parts_batch({"correct": [1.0] * 8}))
 
 
@@ -234,8 +262,14 @@ def otb_batch(lengths, groups, width=4, seed=0):
             tokens[row, n - 1] = float(torch.rand(1, generator=g))
     old = -(torch.rand(mask.shape, generator=g, dtype=torch.float64) + 0.1)
     spi = torch.exp(old) ** 2 + 0.1
-    return RewardBatch(torch.zeros(len(lengths)), torch.tensor(groups), mask, token_rewards=tokens, old_logprobs=old,
-                       token_stats={"sum_pi_squared": spi})
+    return RewardBatch(
+        torch.zeros(len(lengths)),
+        torch.tensor(groups),
+        mask,
+        token_rewards=tokens,
+        old_logprobs=old,
+        token_stats={"sum_pi_squared": spi},
+    )
 
 
 def test_otb_group_of_one_keeps_its_return_and_the_zero_tail():
@@ -251,16 +285,17 @@ def test_otb_group_of_one_keeps_its_return_and_the_zero_tail():
 def test_tir_otb_equals_otb_without_holes():
     b = otb_batch([2, 4, 3, 1, 3, 3], [0, 0, 0, 1, 1, 1], seed=5)
     torch.testing.assert_close(
-        create("advantage", "tir-optimal-token-baseline").compute(b), create("advantage", "optimal-token-baseline").compute(b)
+        create("advantage", "tir-optimal-token-baseline").compute(b),
+        create("advantage", "optimal-token-baseline").compute(b),
     )
 
 
 def test_otb_needs_sum_pi_squared():
     b = otb_batch([2, 2], [0, 0])
     with pytest.raises(ValueError, match=r"RewardBatch.token_stats\['sum_pi_squared'\]"):
-        create("advantage", "optimal-token-baseline").compute(RewardBatch(b.rewards, b.group_index, b.mask,
-                                                                          token_rewards=b.token_rewards,
-                                                                          old_logprobs=b.old_logprobs))
+        create("advantage", "optimal-token-baseline").compute(
+            RewardBatch(b.rewards, b.group_index, b.mask, token_rewards=b.token_rewards, old_logprobs=b.old_logprobs)
+        )
 
 
 def test_capabilities_are_declared():
@@ -268,7 +303,8 @@ def test_capabilities_are_declared():
     assert [n for n, c in cls.items() if c.needs_reward_parts] == ["gdpo"]
     assert [n for n, c in cls.items() if c.needs_greedy_baseline] == ["remax"]
     assert sorted(n for n, c in cls.items() if "sum_pi_squared" in c.needs_token_stats) == [
-        "optimal-token-baseline", "tir-optimal-token-baseline",
+        "optimal-token-baseline",
+        "tir-optimal-token-baseline",
     ]
     assert cls["remax"].reads_token_rewards  # kl_in_reward works with it, as in verl's recipe
 

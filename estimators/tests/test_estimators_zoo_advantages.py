@@ -48,9 +48,7 @@ def test_reinforce_pp_baseline_hand_values():
     b = batch([1.0, 0.0, 3.0, 1.0], [0, 0, 1, 1], [2, 1, 1, 2])
     adv = create("advantage", "reinforce++-baseline").compute(b)
     w = whitened([0.5, 0.5, -0.5, 1.0, -1.0, -1.0])
-    torch.testing.assert_close(
-        adv, t([[w[0], w[1]], [w[2], 0.0], [w[3], 0.0], [w[4], w[5]]]), rtol=0, atol=1e-9
-    )
+    torch.testing.assert_close(adv, t([[w[0], w[1]], [w[2], 0.0], [w[3], 0.0], [w[4], w[5]]]), rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", ["reinforce++", "reinforce++-baseline"])

@@ -298,15 +298,20 @@ def test_defaults_are_the_contract():
     assert create("clipper", "gmpo").params.model_dump() == {"eps_low": 0.4, "eps_high": 0.4}
     assert create("clipper", "kl-cov").params.model_dump() == {"select_fraction": 0.0002, "kl_coef": 1.0}
     assert create("clipper", "clip-cov").params.model_dump() == {
-        "eps_low": 0.2, "eps_high": 0.2, "select_fraction": 0.0002, "lb": 1.0, "ub": 5.0,
+        "eps_low": 0.2,
+        "eps_high": 0.2,
+        "select_fraction": 0.0002,
+        "lb": 1.0,
+        "ub": 5.0,
     }
 
 
 @pytest.mark.parametrize("name", ["cispo", "sapo", "gmpo", "kl-cov", "clip-cov"])
 def test_all_padding_rows_and_batches_are_finite(name):
     obj = objective(create("clipper", name), aggregation="seq-mean-token-mean")
-    loss, metrics, grad = loss_and_grad(obj, [[-1.0, math.nan], [-2.0, -1.0]], [[-1.0, 0.0], [-1.5, -1.0]],
-                                        [[0.0, 0.0], [1.0, 1.0]], [[0, 0], [1, 1]])
+    loss, metrics, grad = loss_and_grad(
+        obj, [[-1.0, math.nan], [-2.0, -1.0]], [[-1.0, 0.0], [-1.5, -1.0]], [[0.0, 0.0], [1.0, 1.0]], [[0, 0], [1, 1]]
+    )
     assert math.isfinite(loss) and torch.isfinite(grad).all() and (grad[0] == 0).all()
     loss, metrics, grad = loss_and_grad(obj, [[-1.0]], [[-1.0]], [[0.0]], [[0]])
     assert loss == 0.0 and all(math.isfinite(v) for v in metrics.values())
@@ -340,7 +345,9 @@ def test_clip_cov_only_detaches_unclipped_candidates(inputs, fraction, seed):
     l_c = logp - logp[keep].mean()
     cov = a_c * l_c
     r = torch.exp(logp - old)
-    near = ((cov - 0.05).abs() < 1e-9) | ((cov - 5.0).abs() < 1e-9) | ((r - 1.2).abs() < 1e-9) | ((r - 0.8).abs() < 1e-9)
+    near = (
+        ((cov - 0.05).abs() < 1e-9) | ((cov - 5.0).abs() < 1e-9) | ((r - 1.2).abs() < 1e-9) | ((r - 0.8).abs() < 1e-9)
+    )
     if (near & keep).any():  # on a boundary the test's rounding may differ from the component's
         return
     unclipped = ~(((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8)))

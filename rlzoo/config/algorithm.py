@@ -50,7 +50,9 @@ class CriticConfig(Section):
         description="how the per-token value loss is reduced (verl's critic loss_agg_mode)",
     )
     warmup_steps: int = Field(
-        0, ge=0, description="steps at the start that train only the critic, the policy unchanged (verl's critic_warmup)"
+        0,
+        ge=0,
+        description="steps at the start that train only the critic, the policy unchanged (verl's critic_warmup)",
     )
 
 

@@ -60,6 +60,7 @@ def spec_class(kind: str) -> type[ComponentSpec]:
     a string inside an annotation as the name of a type."""
     return SPECS[kind]
 
+
 # the engines a config that names none runs on: in-process, installed with rlzoo itself (the cold start evaluates
 # with the rollout one)
 DEFAULT_ROLLOUT_ENGINE = "hf"

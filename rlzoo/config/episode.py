@@ -38,9 +38,11 @@ class EpisodeConfig(Section):
         first: dict[str, int] = {}
         for index, spec in enumerate(tools):
             if spec.name in first:
-                message = (f"tool {spec.name!r} is listed twice (first at episode.tools.{first[spec.name]}): calls "
-                           "find a tool by its name, so only one entry could be used; list it once, with the "
-                           "parameters you want")
+                message = (
+                    f"tool {spec.name!r} is listed twice (first at episode.tools.{first[spec.name]}): calls "
+                    "find a tool by its name, so only one entry could be used; list it once, with the "
+                    "parameters you want"
+                )
                 # raised with its index so that the problem is reported at episode.tools.<index>
                 error = InitErrorDetails(type=PydanticCustomError("duplicate_tool", message), loc=(index,), input=spec)
                 raise ValidationError.from_exception_data("tools", [error])

@@ -74,9 +74,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 if scalar and key_node.tag != "tag:yaml.org,2002:merge":
                     key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
                     if key in first:
-                        found.append((line, child, f"duplicate key {name!r} at line {line} (first at line "
-                                                   f"{first[key]}): YAML would keep the second and silently drop the "
-                                                   "first; merge them into one"))
+                        found.append(
+                            (
+                                line,
+                                child,
+                                f"duplicate key {name!r} at line {line} (first at line "
+                                f"{first[key]}): YAML would keep the second and silently drop the "
+                                "first; merge them into one",
+                            )
+                        )
                     else:
                         first[key] = line
                 walk(value_node, child)

@@ -58,18 +58,22 @@ class TinyModelConfig(Section):
         problems = []
         if self.num_attention_heads % self.num_key_value_heads:
             divisors = [d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]
-            problems.append((
-                "num_key_value_heads",
-                f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}; "
-                f"use one of {divisors}",
-            ))
+            problems.append(
+                (
+                    "num_key_value_heads",
+                    f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}; "
+                    f"use one of {divisors}",
+                )
+            )
         if self.head_dim % 2:
             problems.append(("head_dim", f"{self.head_dim} is odd; rotary embeddings need an even head_dim"))
         if self.moe and self.num_experts_per_tok > self.num_experts:
-            problems.append((
-                "num_experts_per_tok",
-                f"{self.num_experts_per_tok} exceeds num_experts={self.num_experts}; use 1..{self.num_experts}",
-            ))
+            problems.append(
+                (
+                    "num_experts_per_tok",
+                    f"{self.num_experts_per_tok} exceeds num_experts={self.num_experts}; use 1..{self.num_experts}",
+                )
+            )
         return problems
 
 
@@ -115,8 +119,9 @@ class TeacherConfig(Section):
         description="a tiny model cold-started as the policy's is (same task, tokenizer and cold_start settings, "
         "these sizes), reused when its settings are unchanged",
     )
-    output_dir: str | None = Field(None, description="where the tiny teacher's cold start is saved; null: "
-                                   "<output_dir>/teacher_cold_start")
+    output_dir: str | None = Field(
+        None, description="where the tiny teacher's cold start is saved; null: <output_dir>/teacher_cold_start"
+    )
 
     @model_validator(mode="after")
     def _one_model(self) -> TeacherConfig:
@@ -163,8 +168,15 @@ class PromptConfig(Section):
 
 
 # apply_chat_template arguments rlzoo.episodes.prompts sets itself
-RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "add_generation_prompt", "tokenize", "return_dict",
-                            "continue_final_message", "return_tensors"}
+RESERVED_TEMPLATE_KWARGS = {
+    "conversation",
+    "messages",
+    "add_generation_prompt",
+    "tokenize",
+    "return_dict",
+    "continue_final_message",
+    "return_tensors",
+}
 
 
 class ColdStartConfig(Section):
@@ -188,12 +200,17 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     overlap: int = Field(
-        0, ge=0, le=1, description="0: sample each step's batch at its start; 1: sample step t+1's batch while step "
+        0,
+        ge=0,
+        le=1,
+        description="0: sample each step's batch at its start; 1: sample step t+1's batch while step "
         "t trains, by step t's weights (staleness 1; old log-probs under the sampling weights; rlzoo.rl.overlap, "
         "docs/overlap.md)",
     )
     max_staleness: int | None = Field(
-        None, ge=0, description="null: sample each step's batch in the loop (or by rollout.overlap); k: a producer "
+        None,
+        ge=0,
+        description="null: sample each step's batch in the loop (or by rollout.overlap); k: a producer "
         "thread samples continuously, at most k weight versions ahead of the trainer (0: in lockstep, the synchronous "
         "order of work; rlzoo.rl.async_rollouts, docs/async.md)",
     )
@@ -204,7 +221,8 @@ class RolloutConfig(Section):
         "prompts_per_step x group_size); null: max_staleness steps' worth (one step's with k = 0)",
     )
     partial: PartialMode = Field(
-        "off", description="with max_staleness: off finishes a generation in flight by the weights it started with; "
+        "off",
+        description="with max_staleness: off finishes a generation in flight by the weights it started with; "
         "continue stops it at newer weights, loads them and goes on from each response's prefix; restart samples the "
         "unfinished responses again (an engine that declares updates_in_flight: hf, vllm)",
     )
@@ -302,7 +320,9 @@ class TrackingConfig(Section):
     """How experiment trackers (``loggers``) name and group this run; ``rlzoo ablate`` fills it for a sweep."""
 
     name: str | None = Field(None, description="the run's name in a tracker; null: the output folder's name")
-    group: str | None = Field(None, description="the group of runs it belongs to (rlzoo ablate: the sweep folder's name)")
+    group: str | None = Field(
+        None, description="the group of runs it belongs to (rlzoo ablate: the sweep folder's name)"
+    )
     tags: dict[str, str] = Field(
         default_factory=dict, description="labels (rlzoo ablate: cell, seed and each varied value)"
     )
@@ -322,7 +342,8 @@ class RunConfig(Section):
     seed: int = 0
     output_dir: str = "runs/default"
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="where the hf rollout engine and the torch training engines run: auto = cuda when torch "
+        "auto",
+        description="where the hf rollout engine and the torch training engines run: auto = cuda when torch "
         "sees a GPU, else cpu; DeepSpeed places its engines itself, vLLM by its build",
     )
     plugins: list[str] = Field(

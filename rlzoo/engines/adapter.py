@@ -31,5 +31,8 @@ class Adapter:
         """Write the adapters as a peft folder (``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load it)."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "adapter_config.json").write_text(json.dumps(self.config, indent=2, default=list))
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}, str(directory / "adapter_model.safetensors"))
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in self.tensors.items()},
+            str(directory / "adapter_model.safetensors"),
+        )
         return directory

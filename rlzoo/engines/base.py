@@ -289,7 +289,9 @@ class TrainingEngine(Component):
     def adapter(self, version: int = 0) -> Adapter:
         """The current LoRA adapters (started with ``EngineContext.lora``); a collective where :meth:`named_weights`
         is one."""
-        raise NotImplementedError(f"training engine {self.name!r} cannot train LoRA adapters (trains_adapters is False)")
+        raise NotImplementedError(
+            f"training engine {self.name!r} cannot train LoRA adapters (trains_adapters is False)"
+        )
 
     def adapter_targets_supported(self, fused_parameters: list[str]) -> str | None:
         """Why this engine (with its parameters) cannot train adapters on the model's fused expert parameters
@@ -300,7 +302,9 @@ class TrainingEngine(Component):
     def without_adapters(self) -> Any:
         """The base policy without its adapters, sharing this engine's weights: an object with :meth:`logprobs` and
         :meth:`logprobs_and_entropy` (what the KL reference's learner calls)."""
-        raise NotImplementedError(f"training engine {self.name!r} cannot train LoRA adapters (trains_adapters is False)")
+        raise NotImplementedError(
+            f"training engine {self.name!r} cannot train LoRA adapters (trains_adapters is False)"
+        )
 
     def load_state(self, directory: Path) -> None:
         raise NotImplementedError

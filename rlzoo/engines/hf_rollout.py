@@ -104,7 +104,9 @@ class HFRolloutEngine(RolloutEngine):
                 torch.manual_seed(sampling.seed)
             for chunk_start in range(0, len(rows), self.params.batch_size):
                 chunk = rows[chunk_start : chunk_start + self.params.batch_size]
-                for (index, _prompt), generation in zip(chunk, self._generate_chunk([p for _, p in chunk], sampling, greedy)):
+                for (index, _prompt), generation in zip(
+                    chunk, self._generate_chunk([p for _, p in chunk], sampling, greedy)
+                ):
                     out[index].append(generation)
         return out
 
@@ -143,8 +145,10 @@ class HFRolloutEngine(RolloutEngine):
         for i, more in zip(rows, self._generate_chunk(prefixes, rest, greedy)):
             head = generations[i]
             generations[i] = Generation(
-                list(prompts[i]), head.response_ids + more.response_ids,
-                head.response_logprobs + more.response_logprobs, more.finished,
+                list(prompts[i]),
+                head.response_ids + more.response_ids,
+                head.response_logprobs + more.response_logprobs,
+                more.finished,
                 versions=head.versions + more.versions,
             )
             if more.routing is not None:
@@ -163,7 +167,11 @@ class HFRolloutEngine(RolloutEngine):
         for row, prompt in enumerate(prompts):  # left padding, as generate() expects
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        kwargs = (
+            dict(do_sample=False)
+            if greedy
+            else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        )
         from transformers import StoppingCriteriaList  # here: see _Interrupt
 
         recorder = None
@@ -243,8 +251,10 @@ class HFRolloutEngine(RolloutEngine):
         result = set_peft_model_state_dict(self._peft, adapter.tensors)
         missing = [k for k in result.missing_keys if "lora_" in k]
         if result.unexpected_keys or missing:
-            raise KeyError(f"adapter does not fit this engine's adapters: unexpected {result.unexpected_keys[:3]}, "
-                           f"missing {missing[:3]}")
+            raise KeyError(
+                f"adapter does not fit this engine's adapters: unexpected {result.unexpected_keys[:3]}, "
+                f"missing {missing[:3]}"
+            )
 
 
 class _Interrupt:

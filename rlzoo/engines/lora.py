@@ -71,8 +71,11 @@ def target_names(model: torch.nn.Module) -> list[str]:
 
 
 def _projections(model: torch.nn.Module) -> tuple[list[str], list[str]]:
-    linear = [path for path, module in model.named_modules()
-              if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] not in NEVER_TARGETED]
+    linear = [
+        path
+        for path, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and path.rsplit(".", 1)[-1] not in NEVER_TARGETED
+    ]
     # a ZeRO-3 partitioned parameter is flat: its shape is ds_shape
     fused = [path for path, param in model.named_parameters() if len(getattr(param, "ds_shape", param.shape)) == 3]
     return linear, fused
@@ -219,12 +222,16 @@ def export_merged(adapter_dir: Path, output: Path, base: Path | None = None) -> 
         with torch.random.fork_rng(devices=[]):  # fresh adapters, replaced by the file's below
             wrapped = get_peft_model(model, lora)
     except ValueError as err:  # peft: "Target modules ... not found in the base model"
-        raise RlzooError(f"export: {base_name} does not fit the adapters of {adapter_dir}: {one_line(err)}; pass "
-                         f"--base the model they were trained on") from err
+        raise RlzooError(
+            f"export: {base_name} does not fit the adapters of {adapter_dir}: {one_line(err)}; pass "
+            f"--base the model they were trained on"
+        ) from err
     problem = fit_problem(shapes, {k: tuple(v.shape) for k, v in get_peft_model_state_dict(wrapped).items()})
     if problem:
-        raise RlzooError(f"export: {base_name} does not fit the adapters in {weights_file}: {problem}; pass --base the "
-                         f"model they were trained on ({recorded.get('base_model_name_or_path') or 'not recorded'})")
+        raise RlzooError(
+            f"export: {base_name} does not fit the adapters in {weights_file}: {problem}; pass --base the "
+            f"model they were trained on ({recorded.get('base_model_name_or_path') or 'not recorded'})"
+        )
     set_peft_model_state_dict(wrapped, _finite_tensors(weights_file))
     merged = wrapped.merge_and_unload()
     try:
@@ -256,8 +263,10 @@ def fit_problem(adapters: dict[str, tuple[int, ...]], needed: dict[str, tuple[in
     other = sorted(k for k in adapters.keys() & needed.keys() if adapters[k] != needed[k])
     if other:
         key = other[0]
-        return (f"{len(other)} of {len(adapters)} adapter tensors have another shape than this base needs, e.g. {key} "
-                f"is {list(adapters[key])} in the adapters and {list(needed[key])} for this base")
+        return (
+            f"{len(other)} of {len(adapters)} adapter tensors have another shape than this base needs, e.g. {key} "
+            f"is {list(adapters[key])} in the adapters and {list(needed[key])} for this base"
+        )
     extra, missing = sorted(adapters.keys() - needed.keys()), sorted(needed.keys() - adapters.keys())
     if extra:
         return f"the adapters hold {len(extra)} tensors for modules this base lacks, e.g. {extra[0]}"
@@ -287,9 +296,11 @@ def _finite_tensors(file: Path) -> dict[str, torch.Tensor]:
         raise RlzooError(f"export: {file} could not be read: {' '.join(str(err).split())}") from err
     bad = sorted(name for name, tensor in tensors.items() if not torch.isfinite(tensor).all())
     if bad:
-        raise RlzooError(f"export: {file} holds values that are not finite (NaN or infinite) in {len(bad)} tensors, "
-                         f"e.g. {bad[0]}: a damaged file, or adapters of a run that diverged; export an earlier "
-                         "checkpoint")
+        raise RlzooError(
+            f"export: {file} holds values that are not finite (NaN or infinite) in {len(bad)} tensors, "
+            f"e.g. {bad[0]}: a damaged file, or adapters of a run that diverged; export an earlier "
+            "checkpoint"
+        )
     return tensors
 
 
@@ -316,8 +327,10 @@ def _base(recorded: dict[str, Any], config_file: Path, flag: Path | None) -> tup
     trained_on = mapping.get("base_model_class") if isinstance(mapping, dict) else None
     classes = [c for c in folder.config.get("architectures") or [] if isinstance(c, str)]
     if isinstance(trained_on, str) and classes and trained_on not in classes:
-        raise RlzooError(f"export: {name} is a {', '.join(classes)}, but the adapters were trained on a {trained_on} "
-                         f"({ADAPTER_CONFIG} auto_mapping); pass --base the model they were trained on")
+        raise RlzooError(
+            f"export: {name} is a {', '.join(classes)}, but the adapters were trained on a {trained_on} "
+            f"({ADAPTER_CONFIG} auto_mapping); pass --base the model they were trained on"
+        )
     return path, name
 
 
@@ -332,22 +345,31 @@ def lora_rule(run: RunFacts) -> list[Problem]:
     engine = run.registry.get("training_engine", config.trainer.engine.name).cls
     if not engine.trains_adapters:
         usable = run.names("training_engine", lambda cls: cls.trains_adapters)
-        return [("trainer.engine.name", f"{engine.name!r} cannot train LoRA adapters (model.lora); use one of {usable}")]
+        return [
+            ("trainer.engine.name", f"{engine.name!r} cannot train LoRA adapters (model.lora); use one of {usable}")
+        ]
     try:
         model = skeleton(Path(config.model.path) if config.model.path else None, config.model.tiny)
     except (OSError, ValueError, ConfigError):
         return []  # an unreadable model is reported as the model's problem
     modules, parameters, unknown = split_targets(model, lora.target_modules)
     if unknown:
-        return [("model.lora.target_modules", f"{unknown} name no projection of this {type(model).__name__}; use "
-                 f"some of {target_names(model)} (module names, or expert parameters of a mixture-of-experts block)")]
+        return [
+            (
+                "model.lora.target_modules",
+                f"{unknown} name no projection of this {type(model).__name__}; use "
+                f"some of {target_names(model)} (module names, or expert parameters of a mixture-of-experts block)",
+            )
+        ]
     problems: list[Problem] = []
     training = run.training_engine
     reason = training.adapter_targets_supported(parameters) if training is not None else None
     if reason:
         problems.append(("model.lora.target_modules", reason))
     rollout = run.rollout_engine
-    reason = rollout.adapter_targets_supported(lora.target_modules, bool(run.model.moe)) if rollout is not None else None
+    reason = (
+        rollout.adapter_targets_supported(lora.target_modules, bool(run.model.moe)) if rollout is not None else None
+    )
     if lora.sync == "adapter" and reason:
         problems.append(("model.lora.sync", f"'adapter': {reason}; use 'auto' or 'merged' (the merged weights)"))
     return problems

@@ -118,8 +118,14 @@ class FaultNotices:
             log.warning(
                 "%s: all %d of its calls in a batch of episodes failed (%d errors, %d timeouts; the first: %s); the "
                 "model reads each failure as the call's result; counted in tool/%s/errors and tool/%s/timeouts, not "
-                "shown again", self.named("tool", name), len(calls), statuses["error"], statuses["timeout"],
-                _clip(calls[0].content), name, name,
+                "shown again",
+                self.named("tool", name),
+                len(calls),
+                statuses["error"],
+                statuses["timeout"],
+                _clip(calls[0].content),
+                name,
+                name,
             )
 
 

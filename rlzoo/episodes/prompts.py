@@ -83,7 +83,9 @@ def context_limit(engine: int | None, positions: int | None) -> int | None:
 
 
 def context_name(
-    engine: int | None, positions: int | None, option: str | None,
+    engine: int | None,
+    positions: int | None,
+    option: str | None,
     where: str = "the model's max_position_embeddings",
 ) -> str:
     """What sets :func:`context_limit`, as a message names it: ``the 40-token context (rollout.engine.max_model_len)``
@@ -108,7 +110,11 @@ def _longer_than(tokenizer: Any, sample: Sample, config: PromptConfig, limit: in
 
 
 def fit_prompts(
-    samples: Sequence[Sample], tokenizer: Any, config: PromptConfig, split: str, budget: int | None = None,
+    samples: Sequence[Sample],
+    tokenizer: Any,
+    config: PromptConfig,
+    split: str,
+    budget: int | None = None,
     context: str = "the model's context",
 ) -> list[Sample]:
     """``samples`` with the prompts longer than ``prompt.max_prompt_tokens`` dropped (or kept, to be truncated by
@@ -126,7 +132,11 @@ def fit_prompts(
             log.warning(
                 "%s split: %d of %d prompts are longer than the %d tokens %s leaves beside rollout.max_new_tokens "
                 "and are dropped (set prompt.max_prompt_tokens to choose how long prompts are dropped or truncated)",
-                split, len(samples) - len(kept), len(samples), budget, context,
+                split,
+                len(samples) - len(kept),
+                len(samples),
+                budget,
+                context,
             )
         if samples and not kept:
             raise RlzooError(
@@ -147,7 +157,11 @@ def fit_prompts(
         action = "dropped" if config.overlong_prompts == "drop" else "truncated to their last tokens"
         log.warning(
             "%s split: %d of %d prompts are longer than prompt.max_prompt_tokens=%d and are %s",
-            split, overlong, len(samples), limit, action,
+            split,
+            overlong,
+            len(samples),
+            limit,
+            action,
         )
     if samples and not kept:
         raise RlzooError(

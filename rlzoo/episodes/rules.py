@@ -60,12 +60,22 @@ def chat_template_rule(run: RunFacts) -> list[Problem]:
     chat_task = _chat_task(run)
     why = f"task {config.task.name!r} gives chat messages" if chat_task else "prompt.plain is 'chat'"
     if config.model.path is None:
-        return [("model.path", f"{why}, which need a tokenizer with a chat template, and the cold start's character "
-                 "tokenizer has none: set model.path to a model folder whose tokenizer has one, and "
-                 "cold_start.enabled: false")]
-    return [("model.path", f"{why}, which need a tokenizer with a chat template, and {config.model.path} has none (no "
-             "chat_template.jinja, nor chat_template in tokenizer_config.json): use an instruct/chat model's folder"
-             + ("" if chat_task else ", or prompt.plain: text"))]
+        return [
+            (
+                "model.path",
+                f"{why}, which need a tokenizer with a chat template, and the cold start's character "
+                "tokenizer has none: set model.path to a model folder whose tokenizer has one, and "
+                "cold_start.enabled: false",
+            )
+        ]
+    return [
+        (
+            "model.path",
+            f"{why}, which need a tokenizer with a chat template, and {config.model.path} has none (no "
+            "chat_template.jinja, nor chat_template in tokenizer_config.json): use an instruct/chat model's folder"
+            + ("" if chat_task else ", or prompt.plain: text"),
+        )
+    ]
 
 
 def response_room_rule(run: RunFacts) -> list[Problem]:
@@ -75,11 +85,13 @@ def response_room_rule(run: RunFacts) -> list[Problem]:
         return []
     field = _context_field(run)
     raise_it = f", or raise {field} above {new}" if field else ""
-    return [(
-        "rollout.max_new_tokens",
-        f"{new} leaves no room for the prompt in {_context(run)}: a prompt and its response share it; use less "
-        f"than {context}{raise_it}",
-    )]
+    return [
+        (
+            "rollout.max_new_tokens",
+            f"{new} leaves no room for the prompt in {_context(run)}: a prompt and its response share it; use less "
+            f"than {context}{raise_it}",
+        )
+    ]
 
 
 def episode_rule(run: RunFacts) -> list[Problem]:
@@ -87,24 +99,30 @@ def episode_rule(run: RunFacts) -> list[Problem]:
     template that renders them."""
     episode, context, problems = run.config.episode, context_tokens(run), []
     if episode.max_tokens is not None and context is not None and episode.max_tokens > context:
-        problems.append((
-            "episode.max_tokens",
-            f"{episode.max_tokens} exceeds {_context(run)}; use at most {context}",
-        ))
+        problems.append(
+            (
+                "episode.max_tokens",
+                f"{episode.max_tokens} exceeds {_context(run)}; use at most {context}",
+            )
+        )
     prompt_limit = run.config.prompt.max_prompt_tokens
     if episode.max_tokens is not None and prompt_limit is not None and prompt_limit >= episode.max_tokens:
-        problems.append((
-            "episode.max_tokens",
-            f"{episode.max_tokens} leaves no room for a response after a prompt of up to prompt.max_prompt_tokens "
-            f"{prompt_limit} tokens; use more than {prompt_limit}",
-        ))
+        problems.append(
+            (
+                "episode.max_tokens",
+                f"{episode.max_tokens} leaves no room for a response after a prompt of up to prompt.max_prompt_tokens "
+                f"{prompt_limit} tokens; use more than {prompt_limit}",
+            )
+        )
     if episode.tools and _chat(run) and run.model.chat_template_tools is False:
-        problems.append((
-            "episode.tools",
-            f"the chat template of {run.config.model.path} never reads `tools`, so the model would not see the tools' "
-            "descriptions: use a model whose template supports tools (Qwen2.5/Qwen3, Hermes), or plain-text prompts "
-            "(prompt.plain: text) whose cold start demonstrates the calls",
-        ))
+        problems.append(
+            (
+                "episode.tools",
+                f"the chat template of {run.config.model.path} never reads `tools`, so the model would not see the tools' "
+                "descriptions: use a model whose template supports tools (Qwen2.5/Qwen3, Hermes), or plain-text prompts "
+                "(prompt.plain: text) whose cold start demonstrates the calls",
+            )
+        )
     return problems
 
 
@@ -113,11 +131,13 @@ def prompt_room_rule(run: RunFacts) -> list[Problem]:
     p, new, context = run.config.prompt, run.config.rollout.max_new_tokens, context_tokens(run)
     if p.max_prompt_tokens is None or context is None or p.max_prompt_tokens + new <= context:
         return []
-    return [(
-        "prompt.max_prompt_tokens",
-        f"{p.max_prompt_tokens} + rollout.max_new_tokens {new} exceeds {_context(run)}: use at most "
-        f"{max(context - new, 0)}",
-    )]
+    return [
+        (
+            "prompt.max_prompt_tokens",
+            f"{p.max_prompt_tokens} + rollout.max_new_tokens {new} exceeds {_context(run)}: use at most "
+            f"{max(context - new, 0)}",
+        )
+    ]
 
 
 def policy_vocab(run: RunFacts) -> tuple[dict[str, int] | None, str]:
@@ -145,13 +165,15 @@ def tool_markup_rule(run: RunFacts) -> list[Problem]:
     missing = sorted({char for char in parser.call_markup + "".join(names) if not _writable(char, vocab)})
     if not missing:
         return []
-    return [(
-        "episode.tool_parser",
-        f"{parser.name!r} writes a call as {parser.call_markup} around the tool's name ({', '.join(names)}), but "
-        f"the policy's tokenizer ({source}) cannot write {', '.join(map(repr, missing))}, so the model could never "
-        "call a tool: use a task whose alphabet() holds them (calculator-arithmetic holds all printable ASCII), or "
-        "a model.path whose tokenizer can write them",
-    )]
+    return [
+        (
+            "episode.tool_parser",
+            f"{parser.name!r} writes a call as {parser.call_markup} around the tool's name ({', '.join(names)}), but "
+            f"the policy's tokenizer ({source}) cannot write {', '.join(map(repr, missing))}, so the model could never "
+            "call a tool: use a task whose alphabet() holds them (calculator-arithmetic holds all printable ASCII), or "
+            "a model.path whose tokenizer can write them",
+        )
+    ]
 
 
 def _writable(char: str, vocab: Mapping[str, int]) -> bool:

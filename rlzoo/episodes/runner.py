@@ -76,7 +76,11 @@ class EpisodeRunner:
     """Runs a batch of episodes of ``environment`` on a rollout engine (see the module docstring)."""
 
     def __init__(
-        self, environment: Environment, tokenizer: Any, max_turns: int = 1, max_tokens: int = 0,
+        self,
+        environment: Environment,
+        tokenizer: Any,
+        max_turns: int = 1,
+        max_tokens: int = 0,
         distributions: Mapping[tuple[str, str], str] | None = None,
     ) -> None:
         self.environment, self.tokenizer = environment, tokenizer
@@ -103,7 +107,8 @@ class EpisodeRunner:
             return EpisodeBatch(first)
         episodes = [
             self._start(sample, chat_messages(sample, prompt))
-            for sample, group in zip(samples, first, strict=True) for _ in group
+            for sample, group in zip(samples, first, strict=True)
+            for _ in group
         ]
         turn = [g for group in first for g in group]
         live = list(episodes)
@@ -136,7 +141,9 @@ class EpisodeRunner:
                 break
             room = max(self.max_tokens - len(e.tokens) for e in live)
             settings = replace(
-                sampling, n=1, max_new_tokens=min(sampling.max_new_tokens, room),
+                sampling,
+                n=1,
+                max_new_tokens=min(sampling.max_new_tokens, room),
                 seed=None if sampling.seed is None else (sampling.seed * 1_000_003 + 7919 * (index + 1)) % 2**63,
             )
             turn = [group[0] for group in engine.generate([e.tokens for e in live], settings)]
@@ -252,7 +259,7 @@ def chat_observation_text(
             "(rendering with the tool/user messages changes the text before them, or the assistant turn does not "
             f"end with {eos!r}); an episode cannot append the observation's tokens to the sampled ones"
         )
-    return closed[end + len(eos):] + opened[len(closed):]
+    return closed[end + len(eos) :] + opened[len(closed) :]
 
 
 class _Episode:
@@ -323,8 +330,15 @@ class _Episode:
             rewards = [0.0] * len(self.turns)
         finished = self.finished and not self.truncated and self.error is None
         return Generation(
-            self.prompt, self.response, self.logprobs, finished, self.routing,
-            policy_mask=self.mask, turns=self.turns, turn_rewards=rewards, truncated=self.truncated,
+            self.prompt,
+            self.response,
+            self.logprobs,
+            finished,
+            self.routing,
+            policy_mask=self.mask,
+            turns=self.turns,
+            turn_rewards=rewards,
+            truncated=self.truncated,
             versions=self.versions or None,
         )
 

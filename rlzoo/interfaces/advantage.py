@@ -82,6 +82,7 @@ class RewardBatch:
                 "needs_token_stats; from a loop of your own, pass them); none was given"
             )
 
+
 class AdvantageSource(Component):
     """Computes ``[batch, tokens]`` advantages (zero at masked positions) from a :class:`RewardBatch`.
 
@@ -126,47 +127,57 @@ class AdvantageSource(Component):
         problems = []
         if self.needs_values and run.config.algorithm.critic is None:
             usable = run.names("advantage", lambda cls: not cls.needs_values)
-            problems.append((
-                "algorithm.critic",
-                f"null, but advantage {self.name!r} ({at}) reads a critic's values: add a critic (algorithm.critic: "
-                f"{{}}, or preset: ppo), or use an advantage that needs none ({', '.join(usable)})",
-            ))
+            problems.append(
+                (
+                    "algorithm.critic",
+                    f"null, but advantage {self.name!r} ({at}) reads a critic's values: add a critic (algorithm.critic: "
+                    f"{{}}, or preset: ppo), or use an advantage that needs none ({', '.join(usable)})",
+                )
+            )
         if run.config.algorithm.kl_in_reward is not None and not self.reads_token_rewards:
             usable = run.names("advantage", lambda cls: cls.reads_token_rewards)
-            problems.append((
-                "algorithm.kl_in_reward",
-                f"advantage {self.name!r} ({at}) reads one reward per response, so a per-token KL penalty would be "
-                f"lost; use an advantage that reads token rewards ({', '.join(usable)}), or the KL as a loss term "
-                "(algorithm.kl_coef) with kl_in_reward: null",
-            ))
+            problems.append(
+                (
+                    "algorithm.kl_in_reward",
+                    f"advantage {self.name!r} ({at}) reads one reward per response, so a per-token KL penalty would be "
+                    f"lost; use an advantage that reads token rewards ({', '.join(usable)}), or the KL as a loss term "
+                    "(algorithm.kl_coef) with kl_in_reward: null",
+                )
+            )
         if self.needs_teacher and run.config.teacher is None:
             usable = run.names("advantage", lambda cls: not cls.needs_teacher)
-            problems.append((
-                "teacher",
-                f"null, but advantage {self.name!r} ({at}) reads a teacher's log-probs: add a teacher (teacher: "
-                "{model: <a model folder>} or {tiny: {...}}), or use an advantage that needs none "
-                f"({', '.join(usable)})",
-            ))
+            problems.append(
+                (
+                    "teacher",
+                    f"null, but advantage {self.name!r} ({at}) reads a teacher's log-probs: add a teacher (teacher: "
+                    "{model: <a model folder>} or {tiny: {...}}), or use an advantage that needs none "
+                    f"({', '.join(usable)})",
+                )
+            )
         verifier = run.components.get("verifier")  # null: the task's default, which declares no parts
         if self.needs_reward_parts and verifier is not None and verifier.reward_parts() == ():
             usable = run.names("advantage", lambda cls: not cls.needs_reward_parts)
-            problems.append((
-                "verifier",
-                f"{verifier.name!r} returns no reward parts, but advantage {self.name!r} ({at}) normalises each part "
-                "on its own: use a verifier that returns named parts (weighted: one part per verifier it combines), "
-                f"or an advantage that reads the reward alone ({', '.join(usable)})",
-            ))
+            problems.append(
+                (
+                    "verifier",
+                    f"{verifier.name!r} returns no reward parts, but advantage {self.name!r} ({at}) normalises each part "
+                    "on its own: use a verifier that returns named parts (weighted: one part per verifier it combines), "
+                    f"or an advantage that reads the reward alone ({', '.join(usable)})",
+                )
+            )
         if self.needs_token_stats:
             problems += self._token_stats_problems(run, at)
         if self.needs_groups and run.config.rollout.group_size < 2:
             usable = run.names("advantage", lambda cls: not cls.needs_groups)
-            problems.append((
-                "rollout.group_size",
-                f"{run.config.rollout.group_size}, but advantage {self.name!r} ({at}) compares each response with "
-                "the others sampled from its prompt, so a lone response's advantage is 0 and nothing would be "
-                f"learnt: sample at least 2 per prompt, or use an advantage without a group baseline "
-                f"({', '.join(usable)})",
-            ))
+            problems.append(
+                (
+                    "rollout.group_size",
+                    f"{run.config.rollout.group_size}, but advantage {self.name!r} ({at}) compares each response with "
+                    "the others sampled from its prompt, so a lone response's advantage is 0 and nothing would be "
+                    f"learnt: sample at least 2 per prompt, or use an advantage without a group baseline "
+                    f"({', '.join(usable)})",
+                )
+            )
         return problems
 
     def _token_stats_problems(self, run: RunFacts, at: str) -> list[Problem]:
@@ -174,28 +185,34 @@ class AdvantageSource(Component):
         names = ", ".join(sorted(self.needs_token_stats))
         unknown = sorted(set(self.needs_token_stats) - set(token_statistic_names()))
         if unknown:
-            return [(
-                "algorithm.advantage",
-                f"advantage {self.name!r} ({at}) reads the token statistic {unknown[0]!r}, which no provider computes "
-                f"(registered: {', '.join(token_statistic_names())}); install the plugin that registers it",
-            )]
+            return [
+                (
+                    "algorithm.advantage",
+                    f"advantage {self.name!r} ({at}) reads the token statistic {unknown[0]!r}, which no provider computes "
+                    f"(registered: {', '.join(token_statistic_names())}); install the plugin that registers it",
+                )
+            ]
         engine = run.training_engine
         if engine is not None and not type(engine).computes_token_stats:
             able = ", ".join(run.names("training_engine", lambda cls: cls.computes_token_stats))
-            return [(
-                "trainer.engine.name",
-                f"{engine.name!r} does not compute token statistics ({names}), which advantage {self.name!r} ({at}) "
-                f"reads at every response position; use a training engine that does ({able}), or another advantage "
-                f"({usable})",
-            )]
+            return [
+                (
+                    "trainer.engine.name",
+                    f"{engine.name!r} does not compute token statistics ({names}), which advantage {self.name!r} ({at}) "
+                    f"reads at every response position; use a training engine that does ({able}), or another advantage "
+                    f"({usable})",
+                )
+            ]
         router = run.components.get("algorithm.router")
         if router is not None and router.replays_routing():
-            return [(
-                "algorithm.router",
-                f"{router.name!r} replays expert routing, but the pass that computes the token statistics ({names}) "
-                f"for advantage {self.name!r} ({at}) routes afresh; use algorithm.router: null, or another advantage "
-                f"({usable})",
-            )]
+            return [
+                (
+                    "algorithm.router",
+                    f"{router.name!r} replays expert routing, but the pass that computes the token statistics ({names}) "
+                    f"for advantage {self.name!r} ({at}) routes afresh; use algorithm.router: null, or another advantage "
+                    f"({usable})",
+                )
+            ]
         return []
 
     def advantages_and_returns(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

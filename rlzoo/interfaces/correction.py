@@ -52,9 +52,11 @@ class MismatchCorrection(Component):
         if not self.reads_train_logprobs or run.config.algorithm.old_logprobs != "rollout-only":
             return []
         usable = run.names("correction", lambda cls: not cls.reads_train_logprobs)
-        return [(
-            f"{at}.name",
-            f"{self.name!r} weighs the training engine's old log-probs against the rollout's, which "
-            f"algorithm.old_logprobs: rollout-only does not compute; use {', '.join(map(repr, usable))} or "
-            "old_logprobs: rollout",
-        )]
+        return [
+            (
+                f"{at}.name",
+                f"{self.name!r} weighs the training engine's old log-probs against the rollout's, which "
+                f"algorithm.old_logprobs: rollout-only does not compute; use {', '.join(map(repr, usable))} or "
+                "old_logprobs: rollout",
+            )
+        ]

@@ -114,17 +114,33 @@ class Environment(Component):
         episode = run.config.episode
         if episode.tools and not self.uses_tools:
             users = run.names("environment", lambda cls: cls.uses_tools)
-            return [(
-                "episode.tools",
-                f"environment {self.name!r} calls no tools; use an environment that does "
-                f"({', '.join(users) or 'none is installed'}) or remove episode.tools",
-            )]
+            return [
+                (
+                    "episode.tools",
+                    f"environment {self.name!r} calls no tools; use an environment that does "
+                    f"({', '.join(users) or 'none is installed'}) or remove episode.tools",
+                )
+            ]
         if self.uses_tools and not episode.tools:
-            return [("episode.tools", f"environment {self.name!r} calls tools: name at least one, e.g. [{{name: calculator}}]")]
+            return [
+                (
+                    "episode.tools",
+                    f"environment {self.name!r} calls tools: name at least one, e.g. [{{name: calculator}}]",
+                )
+            ]
         if self.uses_tools and episode.max_turns == 1:
-            return [("episode.max_turns", f"1 ends every episode before a tool's result is read; use at least 2 with "
-                                          f"environment {self.name!r}")]
+            return [
+                (
+                    "episode.max_turns",
+                    f"1 ends every episode before a tool's result is read; use at least 2 with "
+                    f"environment {self.name!r}",
+                )
+            ]
         if episode.max_turns > 1 and not self.multi_turn:
-            return [("episode.max_turns", f"{episode.max_turns}: environment {self.name!r} ends every episode after one turn; use 1")]
+            return [
+                (
+                    "episode.max_turns",
+                    f"{episode.max_turns}: environment {self.name!r} ends every episode after one turn; use 1",
+                )
+            ]
         return []
-

@@ -79,28 +79,38 @@ class RouterPolicy(Component):
         training engine's old pass (not ``algorithm.old_logprobs: rollout-only``)."""
         problems = []
         if self.replays_routing() and run.model.moe is False:
-            hint = "model.path: a mixture-of-experts model" if run.config.model.path else "model.tiny.architecture: qwen3_moe"
+            hint = (
+                "model.path: a mixture-of-experts model"
+                if run.config.model.path
+                else "model.tiny.architecture: qwen3_moe"
+            )
             usable = _policies(run, lambda policy: not policy.replays_routing())
-            problems.append((
-                f"{at}.name",
-                f"{self.name!r} replays expert routing, but the model is dense (no mixture-of-experts router); on a "
-                f"dense model use null or {', '.join(map(repr, usable))}, or set {hint}",
-            ))
+            problems.append(
+                (
+                    f"{at}.name",
+                    f"{self.name!r} replays expert routing, but the model is dense (no mixture-of-experts router); on a "
+                    f"dense model use null or {', '.join(map(repr, usable))}, or set {hint}",
+                )
+            )
         engine = run.rollout_engine
         if self.needs_rollout_routing() and engine is not None and not engine.can_record_routing:
             recording = run.names("rollout_engine", lambda cls: cls.can_record_routing)
-            problems.append((
-                "rollout.engine.name",
-                f"{engine.name!r} does not record MoE routing, which router policy {self.name!r} replays; use one of "
-                f"{', '.join(map(repr, recording))}",
-            ))
+            problems.append(
+                (
+                    "rollout.engine.name",
+                    f"{engine.name!r} does not record MoE routing, which router policy {self.name!r} replays; use one of "
+                    f"{', '.join(map(repr, recording))}",
+                )
+            )
         if self.needs_old_pass() and run.config.algorithm.old_logprobs == "rollout-only":
             usable = _policies(run, lambda policy: not policy.needs_old_pass())
-            problems.append((
-                f"{at}.name",
-                f"{self.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
-                f"rollout-only does not run; use {', '.join(map(repr, usable))}, or old_logprobs: rollout",
-            ))
+            problems.append(
+                (
+                    f"{at}.name",
+                    f"{self.name!r} replays the experts of the training engine's old pass, which algorithm.old_logprobs: "
+                    f"rollout-only does not run; use {', '.join(map(repr, usable))}, or old_logprobs: rollout",
+                )
+            )
         return problems
 
 

@@ -65,11 +65,13 @@ class Task(Component):
         verifier is installed."""
         problems = [(f"{at}.{parameter}", message) for parameter, message in self.check()]
         if run.config.verifier is None and self.default_verifier not in run.registry.names("verifier"):
-            problems.append((
-                "verifier",
-                f"null uses task {self.name!r}'s default verifier {self.default_verifier!r}, which is not installed; "
-                f"name one of: {', '.join(run.registry.names('verifier'))}",
-            ))
+            problems.append(
+                (
+                    "verifier",
+                    f"null uses task {self.name!r}'s default verifier {self.default_verifier!r}, which is not installed; "
+                    f"name one of: {', '.join(run.registry.names('verifier'))}",
+                )
+            )
         return problems
 
     def check(self) -> list[tuple[str, str]]:

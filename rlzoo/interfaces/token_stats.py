@@ -47,8 +47,10 @@ def register_token_statistic(name: str, provider: TokenStatistic) -> None:
 def token_statistic(name: str) -> TokenStatistic:
     """The provider of statistic ``name``; a clear error naming the registered ones when there is none."""
     if name not in _PROVIDERS:
-        raise RlzooError(f"no provider of the token statistic {name!r} is registered (registered: "
-                         f"{', '.join(token_statistic_names())}; rlzoo.interfaces.register_token_statistic)")
+        raise RlzooError(
+            f"no provider of the token statistic {name!r} is registered (registered: "
+            f"{', '.join(token_statistic_names())}; rlzoo.interfaces.register_token_statistic)"
+        )
     return _PROVIDERS[name]
 
 

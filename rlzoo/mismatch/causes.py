@@ -40,8 +40,13 @@ def _gap(train: Any, rollout: Any, mask: Any) -> float:
 
 def _row(cause: str, changed: str, g1: float, g0: float) -> dict[str, Any]:
     larger = max(g0, g1)
-    return {"cause": cause, "changed": changed, "abs_logp_diff": g1, "baseline": g0,
-            "explains": abs(g0 - g1) / larger if larger > 0 else 0.0}
+    return {
+        "cause": cause,
+        "changed": changed,
+        "abs_logp_diff": g1,
+        "baseline": g0,
+        "explains": abs(g0 - g1) / larger if larger > 0 else 0.0,
+    }
 
 
 def causes_count(config: RunConfig, registry: Registry) -> int:
@@ -70,15 +75,23 @@ def _routing_row(
     if baseline.router_policy is None:
         return None
     if baseline.fresh is not None:
-        return _row("routing", f"router {baseline.router_policy} off (routed afresh)",
-                    _gap(baseline.fresh, baseline.rollout, baseline.mask), g0)
+        return _row(
+            "routing",
+            f"router {baseline.router_policy} off (routed afresh)",
+            _gap(baseline.fresh, baseline.rollout, baseline.mask),
+            g0,
+        )
     name = _replaying_policy(registry)
     if name is None or not baseline.flips:  # no such policy, or the rollout engine records no experts
         return None
     spec = SPECS["router"](name=name)
     changed = measure_config(_with(config, "algorithm", router=spec), registry, steps, tick)
-    return _row("routing", f"router {baseline.router_policy} -> {name} (the rollout's experts replayed)",
-                _gap(changed.train, changed.rollout, changed.mask), g0)
+    return _row(
+        "routing",
+        f"router {baseline.router_policy} -> {name} (the rollout's experts replayed)",
+        _gap(changed.train, changed.rollout, changed.mask),
+        g0,
+    )
 
 
 def _other_engine(config: RunConfig) -> dict[str, Any] | None:
@@ -95,7 +108,11 @@ def _with(config: RunConfig, section: str, **update: Any) -> RunConfig:
 
 
 def measure_causes(
-    config: RunConfig, registry: Registry, steps: int, baseline: Measured, tick: Callable[[int], None] = lambda n: None,
+    config: RunConfig,
+    registry: Registry,
+    steps: int,
+    baseline: Measured,
+    tick: Callable[[int], None] = lambda n: None,
 ) -> list[dict[str, Any]]:
     """The table of the module docstring (``config`` is the measurement's, ``baseline`` its measurement)."""
     g0 = _gap(baseline.train, baseline.rollout, baseline.mask)
@@ -103,14 +120,25 @@ def measure_causes(
     for cause, section in (("precision (rollout)", "model"), ("precision (trainer)", "trainer")):
         dtype = getattr(config, section).dtype
         changed = measure_config(_with(config, section, dtype=OTHER_DTYPE[dtype]), registry, steps, tick)
-        rows.append(_row(cause, f"{section}.dtype {dtype} -> {OTHER_DTYPE[dtype]}",
-                         _gap(changed.train, changed.rollout, changed.mask), g0))
+        rows.append(
+            _row(
+                cause,
+                f"{section}.dtype {dtype} -> {OTHER_DTYPE[dtype]}",
+                _gap(changed.train, changed.rollout, changed.mask),
+                g0,
+            )
+        )
     if baseline.alone is not None:
         n = baseline.alone.shape[0]
         batched, alone = baseline.alone_batched, baseline.alone
-        rows.append(_row("batch composition", f"each of {n} responses scored alone",
-                         _gap(alone, baseline.rollout[:n], baseline.mask[:n]),
-                         _gap(batched, baseline.rollout[:n], baseline.mask[:n])))
+        rows.append(
+            _row(
+                "batch composition",
+                f"each of {n} responses scored alone",
+                _gap(alone, baseline.rollout[:n], baseline.mask[:n]),
+                _gap(batched, baseline.rollout[:n], baseline.mask[:n]),
+            )
+        )
         rows[-1]["alone_vs_batched"] = _gap(alone, batched, baseline.mask[:n])
     routing = _routing_row(config, registry, steps, baseline, tick)
     rows += [routing] if routing is not None else []
@@ -118,6 +146,12 @@ def measure_causes(
     if engine is not None:
         swapped = _with(config, "rollout", engine=config.rollout.engine.model_validate(engine))
         changed = measure_config(swapped, registry, steps, tick)
-        rows.append(_row("engine", f"rollout {config.rollout.engine.name} -> {engine['name']}",
-                         _gap(changed.train, changed.rollout, changed.mask), g0))
+        rows.append(
+            _row(
+                "engine",
+                f"rollout {config.rollout.engine.name} -> {engine['name']}",
+                _gap(changed.train, changed.rollout, changed.mask),
+                g0,
+            )
+        )
     return rows

@@ -26,13 +26,25 @@ DEFAULT_STEPS = 2
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``mismatch`` command's own options on its parser ``p`` (:mod:`rlzoo.cli_parser` adds the config's)."""
-    p.add_argument("--steps", default=str(DEFAULT_STEPS), metavar="N",
-                   help=f"rollout batches to measure, all under the same weights (default {DEFAULT_STEPS})")
+    p.add_argument(
+        "--steps",
+        default=str(DEFAULT_STEPS),
+        metavar="N",
+        help=f"rollout batches to measure, all under the same weights (default {DEFAULT_STEPS})",
+    )
     p.add_argument("--out", metavar="DIR", help="where the report goes (default: <output_dir>/mismatch)")
-    p.add_argument("--fail-above", action="append", metavar="METRIC=VALUE",
-                   help="exit 1 when the measured METRIC exceeds VALUE (repeatable; e.g. abs_logp_diff=0.05)")
-    p.add_argument("--causes", action="store_true", help="measure again with one thing changed at a time "
-                   "(each side's precision, batch composition, the engine) and say how much of the gap each explains")
+    p.add_argument(
+        "--fail-above",
+        action="append",
+        metavar="METRIC=VALUE",
+        help="exit 1 when the measured METRIC exceeds VALUE (repeatable; e.g. abs_logp_diff=0.05)",
+    )
+    p.add_argument(
+        "--causes",
+        action="store_true",
+        help="measure again with one thing changed at a time "
+        "(each side's precision, batch composition, the engine) and say how much of the gap each explains",
+    )
 
 
 class Bar:
@@ -79,10 +91,12 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
     rollout_dtype, trainer_dtype = config.model.dtype, config.trainer.dtype  # each side's precision
     with run_console(log_path(out), args.verbose) as console:
         lines = start_summary("mismatch", args.config, measuring, out, console)
-        lines.insert(-1 if console.log_file is not None and not args.verbose else len(lines),
-                     f"  engines    rollout {config.rollout.engine.name} ({rollout_dtype}) vs trainer "
-                     f"{config.trainer.engine.name} ({trainer_dtype}); {steps} batch(es) of "
-                     f"{config.rollout.prompts_per_step} prompts x {config.rollout.group_size}, no update")
+        lines.insert(
+            -1 if console.log_file is not None and not args.verbose else len(lines),
+            f"  engines    rollout {config.rollout.engine.name} ({rollout_dtype}) vs trainer "
+            f"{config.trainer.engine.name} ({trainer_dtype}); {steps} batch(es) of "
+            f"{config.rollout.prompts_per_step} prompts x {config.rollout.group_size}, no update",
+        )
         console.print("\n".join(lines))
         total = steps * (1 + (causes_count(measuring, registry) if args.causes else 0))
         bar = Bar(total)
@@ -92,10 +106,17 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
         finally:
             bar.close()
         corrections, skipped = build_corrections(registry, config.algorithm.correction)
-        about = {"config": args.config, "engines": {
-            "rollout": config.rollout.engine.name, "rollout_dtype": rollout_dtype,
-            "trainer": config.trainer.engine.name, "trainer_dtype": trainer_dtype}, "causes": causes,
-            "corrections_not_built": skipped}
+        about = {
+            "config": args.config,
+            "engines": {
+                "rollout": config.rollout.engine.name,
+                "rollout_dtype": rollout_dtype,
+                "trainer": config.trainer.engine.name,
+                "trainer_dtype": trainer_dtype,
+            },
+            "causes": causes,
+            "corrections_not_built": skipped,
+        }
         result = build_result(measured, corrections, about)
         files = write(measured, result, out)
         console.print("\n".join([*summary(result), *(f"  {f.name:<15}{f}" for f in files)]))

@@ -39,7 +39,10 @@ MIN_ESS = 0.9  # the least effective sample size (share of tokens) a recommended
 
 
 def correction_effect(
-    correction: MismatchCorrection, train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+    correction: MismatchCorrection,
+    train: torch.Tensor,
+    rollout: torch.Tensor,
+    mask: torch.Tensor,
     advantages: torch.Tensor,
 ) -> dict[str, float]:
     """The module docstring's numbers for one correction on ``[B, T]`` log-probs, mask and advantages."""
@@ -75,7 +78,10 @@ def build_corrections(registry: Registry, own: ComponentSpec) -> tuple[dict[str,
 
 
 def compare_corrections(
-    built: Mapping[str, MismatchCorrection], train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
+    built: Mapping[str, MismatchCorrection],
+    train: torch.Tensor,
+    rollout: torch.Tensor,
+    mask: torch.Tensor,
     advantages: torch.Tensor,
 ) -> dict[str, dict[str, float]]:
     """:func:`correction_effect` of every correction in ``built`` (by name), in name order."""
@@ -84,15 +90,23 @@ def compare_corrections(
 
 def recommend(effects: Mapping[str, Mapping[str, float]], gap: float) -> dict[str, Any]:
     """The correction :func:`recommend`'s rule (module docstring) picks, and why, as ``{name, rule, reason}``."""
-    rule = (f"none if the mean |log r| is below {NEGLIGIBLE:g}; else the smallest residual among the corrections "
-            f"with ESS >= {MIN_ESS:g} (residuals within 1e-6 equal; ties: the larger ESS, then the name)")
+    rule = (
+        f"none if the mean |log r| is below {NEGLIGIBLE:g}; else the smallest residual among the corrections "
+        f"with ESS >= {MIN_ESS:g} (residuals within 1e-6 equal; ties: the larger ESS, then the name)"
+    )
     if gap < NEGLIGIBLE and "none" in effects:
-        return {"name": "none", "rule": rule,
-                "reason": f"mean |log r| = {gap:.3g} < {NEGLIGIBLE:g}: the engines agree to rounding"}
+        return {
+            "name": "none",
+            "rule": rule,
+            "reason": f"mean |log r| = {gap:.3g} < {NEGLIGIBLE:g}: the engines agree to rounding",
+        }
     usable = [n for n, e in effects.items() if e["ess"] >= MIN_ESS and not math.isnan(e["residual"])]
     if not usable:
         return {"name": None, "rule": rule, "reason": f"every correction leaves an ESS below {MIN_ESS:g}"}
     name = min(usable, key=lambda n: (round(effects[n]["residual"], 6), -effects[n]["ess"], n))
     e = effects[name]
-    return {"name": name, "rule": rule,
-            "reason": f"residual {e['residual']:.3g} at ESS {e['ess']:.3f}, keeping {e['kept']:.1%} of the tokens"}
+    return {
+        "name": name,
+        "rule": rule,
+        "reason": f"residual {e['residual']:.3g} at ESS {e['ess']:.3f}, keeping {e['kept']:.1%} of the tokens",
+    }

@@ -15,8 +15,17 @@ from rlzoo.mismatch.measures import THRESHOLDS, threshold_name
 
 #: the metrics a bound may name (mismatch.json's ``metrics``; docs/mismatch.md says what each means)
 GATE_METRICS: tuple[str, ...] = (
-    "abs_logp_diff", "abs_logp_diff_max", "abs_logp_diff_p50", "abs_logp_diff_p99", "k1_kl", "k3_kl", "chi2_token",
-    "chi2_seq", "log_ppl_abs_diff", *(threshold_name(x) for x in THRESHOLDS), "router_disagreement",
+    "abs_logp_diff",
+    "abs_logp_diff_max",
+    "abs_logp_diff_p50",
+    "abs_logp_diff_p99",
+    "k1_kl",
+    "k3_kl",
+    "chi2_token",
+    "chi2_seq",
+    "log_ppl_abs_diff",
+    *(threshold_name(x) for x in THRESHOLDS),
+    "router_disagreement",
     "abs_logp_diff_no_replay",
 )
 
@@ -45,6 +54,8 @@ def exceeded(metrics: Mapping[str, float], bounds: Mapping[str, float]) -> list[
     not measured (router_disagreement of a dense model) is an error naming it."""
     missing = [m for m in bounds if m not in metrics]
     if missing:
-        raise RlzooError(f"--fail-above: {', '.join(missing)} was not measured for this config (a dense model, or a "
-                         "rollout engine that records no experts, has no router disagreement)")
+        raise RlzooError(
+            f"--fail-above: {', '.join(missing)} was not measured for this config (a dense model, or a "
+            "rollout engine that records no experts, has no router disagreement)"
+        )
     return [f"{m} = {metrics[m]:.6g} > {bound:g}" for m, bound in bounds.items() if not metrics[m] <= bound]

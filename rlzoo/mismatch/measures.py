@@ -97,11 +97,15 @@ def _binned(values: torch.Tensor, keys: torch.Tensor, edges: list[float], labels
         last = i == len(labels) - 1
         inside = (keys >= low) & ((keys <= high) if last else (keys < high))
         picked = values[inside]
-        rows.append({
-            "bin": label, "tokens": int(picked.numel()), "share": picked.numel() / total,
-            "abs_logp_diff": picked.mean().item() if picked.numel() else math.nan,
-            "abs_logp_diff_max": picked.max().item() if picked.numel() else math.nan,
-        })
+        rows.append(
+            {
+                "bin": label,
+                "tokens": int(picked.numel()),
+                "share": picked.numel() / total,
+                "abs_logp_diff": picked.mean().item() if picked.numel() else math.nan,
+                "abs_logp_diff_max": picked.max().item() if picked.numel() else math.nan,
+            }
+        )
     return rows
 
 
@@ -121,5 +125,8 @@ def by_probability(train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tenso
     p = torch.exp(rollout.double())[valid]
     absd = (train.double() - rollout.double())[valid].abs()
     edges = list(PROBABILITY_EDGES)
-    labels = [f"[{lo:g}, {hi:g}{']' if i == len(edges) - 2 else ')'}" for i, (lo, hi) in enumerate(zip(edges, edges[1:], strict=False))]
+    labels = [
+        f"[{lo:g}, {hi:g}{']' if i == len(edges) - 2 else ')'}"
+        for i, (lo, hi) in enumerate(zip(edges, edges[1:], strict=False))
+    ]
     return _binned(absd, p, edges, labels)

@@ -34,8 +34,12 @@ def build_result(measured: Measured, corrections: dict[str, Any], about: dict[st
     metrics = gap_metrics(m.train, m.rollout, m.mask)
     moe = None
     if m.router_policy is not None:
-        moe = {"router_policy": m.router_policy, "replays_old_pass": m.replays_old_pass,
-               "disagreement_per_layer": _rates(m.flips), "disagreement_per_layer_with_policy": _rates(m.flips_policy)}
+        moe = {
+            "router_policy": m.router_policy,
+            "replays_old_pass": m.replays_old_pass,
+            "disagreement_per_layer": _rates(m.flips),
+            "disagreement_per_layer_with_policy": _rates(m.flips_policy),
+        }
         if m.flips:
             metrics["router_disagreement"] = _overall(m.flips)
         if m.fresh is not None:
@@ -43,9 +47,16 @@ def build_result(measured: Measured, corrections: dict[str, Any], about: dict[st
     effects = compare_corrections(corrections, m.train, m.rollout, m.mask, m.advantages)
     machine = {"cpus": os.cpu_count(), "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     return {
-        **about, "batches": m.batches, "skipped_batches": m.skipped, "seconds": round(m.seconds, 2), "machine": machine,
-        "metrics": metrics, "by_position": by_position(m.train, m.rollout, m.mask),
-        "by_probability": by_probability(m.train, m.rollout, m.mask), "moe": moe, "corrections": effects,
+        **about,
+        "batches": m.batches,
+        "skipped_batches": m.skipped,
+        "seconds": round(m.seconds, 2),
+        "machine": machine,
+        "metrics": metrics,
+        "by_position": by_position(m.train, m.rollout, m.mask),
+        "by_probability": by_probability(m.train, m.rollout, m.mask),
+        "moe": moe,
+        "corrections": effects,
         "recommendation": recommend(effects, metrics.get("abs_logp_diff", math.nan)),
     }
 
@@ -68,37 +79,65 @@ def markdown(result: dict[str, Any]) -> str:
     r, m = result, result["metrics"]
     engines = r["engines"]
     lines = [
-        f"# Train-inference mismatch: {r['config']}", "",
+        f"# Train-inference mismatch: {r['config']}",
+        "",
         f"rollout engine **{engines['rollout']}** ({engines['rollout_dtype']}) vs training engine "
         f"**{engines['trainer']}** ({engines['trainer_dtype']}), same weights, no update; {r['batches']} batch(es), "
         f"{int(m['tokens'])} response tokens of {int(m['responses'])} responses; {r['seconds']} s on "
         f"{r['machine']['cpus']} CPUs (1-min load {_fmt(r['machine']['load_1min'])}). d = log pi_train - log pi_rollout "
-        "of each sampled token (docs/mismatch.md says what each number means).", "",
-        "## The gap", "", *_table([{"metric": k, "value": v} for k, v in m.items()], ["metric", "value"]), "",
-        "## By position in the response", "",
-        *_table(r["by_position"], ["bin", "tokens", "share", "abs_logp_diff", "abs_logp_diff_max"]), "",
-        "## By the rollout engine's probability of the token", "",
-        *_table(r["by_probability"], ["bin", "tokens", "share", "abs_logp_diff", "abs_logp_diff_max"]), "",
+        "of each sampled token (docs/mismatch.md says what each number means).",
+        "",
+        "## The gap",
+        "",
+        *_table([{"metric": k, "value": v} for k, v in m.items()], ["metric", "value"]),
+        "",
+        "## By position in the response",
+        "",
+        *_table(r["by_position"], ["bin", "tokens", "share", "abs_logp_diff", "abs_logp_diff_max"]),
+        "",
+        "## By the rollout engine's probability of the token",
+        "",
+        *_table(r["by_probability"], ["bin", "tokens", "share", "abs_logp_diff", "abs_logp_diff_max"]),
+        "",
     ]
     moe = r["moe"]
     if moe is not None:
         layers = sorted(set(moe["disagreement_per_layer"]) | set(moe["disagreement_per_layer_with_policy"]), key=int)
-        rows = [{"layer": layer, "routed afresh": moe["disagreement_per_layer"].get(layer, math.nan),
-                 f"with {moe['router_policy']}": moe["disagreement_per_layer_with_policy"].get(layer, math.nan)}
-                for layer in layers]
-        lines += ["## MoE router disagreement (share of expert slots the training engine chose differently)", "",
-                  f"router policy: {moe['router_policy']} (replays in the old pass: {moe['replays_old_pass']})", ""]
+        rows = [
+            {
+                "layer": layer,
+                "routed afresh": moe["disagreement_per_layer"].get(layer, math.nan),
+                f"with {moe['router_policy']}": moe["disagreement_per_layer_with_policy"].get(layer, math.nan),
+            }
+            for layer in layers
+        ]
+        lines += [
+            "## MoE router disagreement (share of expert slots the training engine chose differently)",
+            "",
+            f"router policy: {moe['router_policy']} (replays in the old pass: {moe['replays_old_pass']})",
+            "",
+        ]
         columns = ["layer", "routed afresh"] + ([f"with {moe['router_policy']}"] if moe["replays_old_pass"] else [])
-        lines += [*_table(rows, columns), ""] if rows else [
-            "(the rollout engine recorded no experts)", ""]
+        lines += [*_table(rows, columns), ""] if rows else ["(the rollout engine recorded no experts)", ""]
     if r.get("causes"):
-        lines += ["## Causes (one thing changed at a time)", "",
-                  *_table(r["causes"], ["cause", "changed", "abs_logp_diff", "baseline", "explains", "alone_vs_batched"]), ""]
+        lines += [
+            "## Causes (one thing changed at a time)",
+            "",
+            *_table(r["causes"], ["cause", "changed", "abs_logp_diff", "baseline", "explains", "alone_vs_batched"]),
+            "",
+        ]
     rows = [{"correction": n, **e} for n, e in r["corrections"].items()]
     rec = r["recommendation"]
-    lines += ["## Which correction pays", "",
-              *_table(rows, ["correction", "kept", "reweighted", "ess", "mean", "var", "residual"]), "",
-              f"**Recommended: {rec['name'] or 'none of them'}** ({rec['reason']}).", "", f"Rule: {rec['rule']}.", ""]
+    lines += [
+        "## Which correction pays",
+        "",
+        *_table(rows, ["correction", "kept", "reweighted", "ess", "mean", "var", "residual"]),
+        "",
+        f"**Recommended: {rec['name'] or 'none of them'}** ({rec['reason']}).",
+        "",
+        f"Rule: {rec['rule']}.",
+        "",
+    ]
     lines += [f"Not measured: {name} ({why})." for name, why in r.get("corrections_not_built", {}).items()]
     return "\n".join(lines)
 
@@ -116,8 +155,10 @@ def plot(measured: Measured, result: dict[str, Any], path: Path) -> Path:
     d = (measured.train.double() - measured.rollout.double())[measured.mask > 0].abs()
     axes[0].hist(torch.log10(d.clamp(min=1e-12)).numpy(), bins=40)
     axes[0].set(title="per-token |d|", xlabel="log10 |log pi_train - log pi_rollout|", ylabel="tokens")
-    for ax, key, title in ((axes[1], "by_position", "by response position"),
-                           (axes[2], "by_probability", "by pi_rollout of the token")):
+    for ax, key, title in (
+        (axes[1], "by_position", "by response position"),
+        (axes[2], "by_probability", "by pi_rollout of the token"),
+    ):
         rows = result[key]
         ax.bar(range(len(rows)), [0.0 if math.isnan(x["abs_logp_diff"]) else x["abs_logp_diff"] for x in rows])
         ax.set_xticks(range(len(rows)), [x["bin"] for x in rows], rotation=45, fontsize=7)
@@ -127,8 +168,12 @@ def plot(measured: Measured, result: dict[str, Any], path: Path) -> Path:
         ticks = range(len(layers))
         axes[3].bar(ticks, list(moe["disagreement_per_layer"].values()), label="routed afresh")
         if moe["disagreement_per_layer_with_policy"]:
-            axes[3].plot(ticks, [moe["disagreement_per_layer_with_policy"].get(x, 0.0) for x in layers], "ro",
-                         label=f"with {moe['router_policy']}")
+            axes[3].plot(
+                ticks,
+                [moe["disagreement_per_layer_with_policy"].get(x, 0.0) for x in layers],
+                "ro",
+                label=f"with {moe['router_policy']}",
+            )
         axes[3].set_xticks(ticks, layers)
         axes[3].set_ylim(0, 1.15 * max([0.01, *moe["disagreement_per_layer"].values()]))
         axes[3].set(title="router disagreement per MoE layer", xlabel="layer", ylabel="share of expert slots")
@@ -161,7 +206,9 @@ def summary(result: dict[str, Any]) -> list[str]:
     if "router_disagreement" in m:
         lines.append(f"  router     {m['router_disagreement']:.2%} of expert slots differ (routed afresh)")
     if "abs_logp_diff_no_replay" in m:
-        lines.append(f"  replay     |d| mean {m['abs_logp_diff']:.3g} with {result['moe']['router_policy']}, "
-                     f"{m['abs_logp_diff_no_replay']:.3g} routed afresh")
+        lines.append(
+            f"  replay     |d| mean {m['abs_logp_diff']:.3g} with {result['moe']['router_policy']}, "
+            f"{m['abs_logp_diff_no_replay']:.3g} routed afresh"
+        )
     lines.append(f"  correction {rec['name'] or 'none of them'}: {rec['reason']}")
     return lines

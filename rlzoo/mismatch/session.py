@@ -141,8 +141,11 @@ class MismatchRun(TrainingRun):
             rollout = recorded.rollout.only_layers([layer])
             _add(measured.flips, layer, flip_counts(rollout, fresh.only_layers([layer]), batch.attention_mask))
             if replayed:
-                _add(measured.flips_policy, layer,
-                     flip_counts(rollout, recorded.old.only_layers([layer]), batch.attention_mask))
+                _add(
+                    measured.flips_policy,
+                    layer,
+                    flip_counts(rollout, recorded.old.only_layers([layer]), batch.attention_mask),
+                )
         return fresh_logp
 
     def close(self) -> None:
@@ -156,7 +159,10 @@ class MismatchRun(TrainingRun):
 
 
 def measure_config(
-    config: RunConfig, registry: Registry, steps: int, tick: Callable[[int], None] = lambda n: None,
+    config: RunConfig,
+    registry: Registry,
+    steps: int,
+    tick: Callable[[int], None] = lambda n: None,
     alone: bool = False,
 ) -> Measured:
     """Build the measurement run of ``config`` (already :func:`measurement_config`) and measure ``steps`` batches; a

@@ -36,7 +36,9 @@ def detect_gate(info: RouterInfo, logits: torch.Tensor, scores: torch.Tensor, in
         logits2d = logits.reshape(-1, logits.shape[-1])
         # in bf16 two gate functions can round to the same scores on one batch: try the model's own first
         norm = getattr(info.module, "norm_topk_prob", None)
-        preferred = "softmax-topk" if norm is False else "topk-softmax" if "GptOss" in type(info.module).__name__ else None
+        preferred = (
+            "softmax-topk" if norm is False else "topk-softmax" if "GptOss" in type(info.module).__name__ else None
+        )
         order = list(GATE_FUNCTIONS)
         if preferred is not None:
             order.remove(preferred)

@@ -82,7 +82,9 @@ class RoutingReplay:
         routing = self.routing
         if shape is None:
             if routing.batch_size != 1:
-                raise RoutingError("cannot read the [batch, seq] shape of this forward; pass input_ids or inputs_embeds")
+                raise RoutingError(
+                    "cannot read the [batch, seq] shape of this forward; pass input_ids or inputs_embeds"
+                )
             shape = (1, routing.seq_len)
         b, s = shape
         total = routing.batch_size

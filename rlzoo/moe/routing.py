@@ -165,7 +165,12 @@ class Routing:
         return cls(indices, first.layers, first.num_experts, valid)
 
     def _assign(self, other: Routing) -> None:
-        self.indices, self.layers, self.num_experts, self.valid = other.indices, other.layers, other.num_experts, other.valid
+        self.indices, self.layers, self.num_experts, self.valid = (
+            other.indices,
+            other.layers,
+            other.num_experts,
+            other.valid,
+        )
 
     def __repr__(self) -> str:
         covered = "all" if self.valid is None else f"{int(self.valid.sum())}/{self.valid.numel()}"

@@ -42,12 +42,14 @@ def batch_rule(run: RunFacts) -> list[Problem]:
     problems = []
     if rows % minibatches:
         divisors = [d for d in range(1, rows + 1) if rows % d == 0]
-        problems.append((
-            "algorithm.minibatches_per_rollout",
-            f"{minibatches} does not divide a step's {rows} rows (rollout.prompts_per_step "
-            f"{config.rollout.prompts_per_step} x rollout.group_size {config.rollout.group_size}) into equal "
-            f"minibatches; use one of {divisors}",
-        ))
+        problems.append(
+            (
+                "algorithm.minibatches_per_rollout",
+                f"{minibatches} does not divide a step's {rows} rows (rollout.prompts_per_step "
+                f"{config.rollout.prompts_per_step} x rollout.group_size {config.rollout.group_size}) into equal "
+                f"minibatches; use one of {divisors}",
+            )
+        )
     problem = data_parallel_problem(config, world)
     if problem is not None:
         problems.append(("algorithm.minibatches_per_rollout", problem))
@@ -56,10 +58,12 @@ def batch_rule(run: RunFacts) -> list[Problem]:
     if world > 1 and not rollout.runs_under_launcher and not per_rank:
         usable = [i.name for i in registry.components("rollout_engine") if i.cls.runs_under_launcher]
         hint = " or rollout.per_rank: true" if rollout.runs_per_rank else ""
-        problems.append((
-            "rollout.engine.name",
-            f"{rollout.name!r} cannot run inside rank 0 alone of a multi-process run (building it is collective "
-            f"over the run's process group); use {' or '.join(f'{{name: {name}}}' for name in usable)}{hint} for "
-            "multi-process runs",
-        ))
+        problems.append(
+            (
+                "rollout.engine.name",
+                f"{rollout.name!r} cannot run inside rank 0 alone of a multi-process run (building it is collective "
+                f"over the run's process group); use {' or '.join(f'{{name: {name}}}' for name in usable)}{hint} for "
+                "multi-process runs",
+            )
+        )
     return problems

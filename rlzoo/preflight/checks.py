@@ -65,8 +65,14 @@ from rlzoo.rl.teacher import teacher_shape
 
 
 def preflight(
-    config: RunConfig, registry: Registry, *, resume: Path | None = None, world: int = 1,
-    model_config: Path | None = None, device_memory: int | None = None, allow_changes: Sequence[str] = (),
+    config: RunConfig,
+    registry: Registry,
+    *,
+    resume: Path | None = None,
+    world: int = 1,
+    model_config: Path | None = None,
+    device_memory: int | None = None,
+    allow_changes: Sequence[str] = (),
 ) -> MemoryEstimate | None:
     """Raise :class:`ConfigError` listing every problem that would stop ``rlzoo train`` with this config; return
     the run's GPU memory estimate per rank (:mod:`rlzoo.models.memory`), or ``None`` if the model's sizes are
@@ -82,8 +88,13 @@ def preflight(
     """
     components, problems = _construct(config, registry)
     run = RunFacts(
-        config, policy_facts(config, model_config), world, registry, components,
-        resume=None if resume is None else Path(resume), allow_changes=tuple(allow_changes),
+        config,
+        policy_facts(config, model_config),
+        world,
+        registry,
+        components,
+        resume=None if resume is None else Path(resume),
+        allow_changes=tuple(allow_changes),
     )
     _estimate_memory(run, device_memory)
     for rule in RULES:
@@ -114,8 +125,14 @@ def _estimate_memory(run: RunFacts, device_memory: int | None) -> None:
     estimate unknown."""
     training, rollout = run.training_engine, run.rollout_engine
     if run.model.shape is not None and training is not None and rollout is not None:
-        run.memory = estimate(run.config, run.model.shape, run.world, training=training, rollout=rollout,
-                              teacher=teacher_shape(run.config))
+        run.memory = estimate(
+            run.config,
+            run.model.shape,
+            run.world,
+            training=training,
+            rollout=rollout,
+            teacher=teacher_shape(run.config),
+        )
     limit = device_memory_limit(run.config, device_memory)
     if limit is not None and (run.memory is not None or not run.model.problems):
         run.device_memory_field, run.device_memory = limit

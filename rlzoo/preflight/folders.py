@@ -27,23 +27,29 @@ def _run_problems(run: RunFacts) -> list[Problem]:
     if run.resume is not None:
         resume = Path(run.resume)
         if not resume.is_dir():
-            return [(
-                "--resume",
-                f"{resume} is not a folder, so it holds no complete checkpoint; name the run folder of an earlier run "
-                "(its output_dir)",
-            )]
+            return [
+                (
+                    "--resume",
+                    f"{resume} is not a folder, so it holds no complete checkpoint; name the run folder of an earlier run "
+                    "(its output_dir)",
+                )
+            ]
         if not checkpoint_candidates(resume):  # which one is intact is verified when the run starts (digests)
-            return [(
-                "--resume",
-                f"no complete checkpoint found in {resume / 'checkpoints'}; start a new run without --resume",
-            )]
+            return [
+                (
+                    "--resume",
+                    f"no complete checkpoint found in {resume / 'checkpoints'}; start a new run without --resume",
+                )
+            ]
         return []
     run_dir = Path(run.config.output_dir)
     if latest_checkpoint(run_dir) is not None:
-        return [(
-            "output_dir",
-            f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir",
-        )]
+        return [
+            (
+                "output_dir",
+                f"{run_dir} already holds a run; resume it with --resume {run_dir} or choose another output_dir",
+            )
+        ]
     return []
 
 

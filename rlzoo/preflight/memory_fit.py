@@ -29,8 +29,13 @@ def memory_rule(run: RunFacts) -> list[Problem]:
     if limit is None:
         return []
     if memory is None:
-        return [(loc, f"the model's config.json lacks the sizes the memory estimate needs ({', '.join(REQUIRED_SIZES)}"
-                      "); set trainer.device_memory: null to skip the check")]
+        return [
+            (
+                loc,
+                f"the model's config.json lacks the sizes the memory estimate needs ({', '.join(REQUIRED_SIZES)}"
+                "); set trainer.device_memory: null to skip the check",
+            )
+        ]
     if memory.fits(limit):
         return []
     parts, total = memory.bytes_on(limit), memory.total(limit)
@@ -40,13 +45,20 @@ def memory_rule(run: RunFacts) -> list[Problem]:
             groups.setdefault(hint, []).append(name)
     ranked = sorted(groups.items(), key=lambda group: -sum(parts[name] for name in group[1]))
     hints = [f"{' + '.join(names)} ({format_bytes(sum(parts[n] for n in names))}): {hint}" for hint, names in ranked]
-    return [(loc, "\n".join([
-        f"{format_bytes(limit)} per GPU is less than the run's estimated {format_bytes(total)} per "
-        "rank (rlzoo.models.memory); to fit:",
-        *(f"    - {hint}" for hint in hints),
-        "    estimate per rank:",
-        *(f"      {line}" for line in memory.lines(limit)),
-    ]))]
+    return [
+        (
+            loc,
+            "\n".join(
+                [
+                    f"{format_bytes(limit)} per GPU is less than the run's estimated {format_bytes(total)} per "
+                    "rank (rlzoo.models.memory); to fit:",
+                    *(f"    - {hint}" for hint in hints),
+                    "    estimate per rank:",
+                    *(f"      {line}" for line in memory.lines(limit)),
+                ]
+            ),
+        )
+    ]
 
 
 def _memory_hints(run: RunFacts) -> dict[str, str]:
@@ -67,8 +79,14 @@ def _memory_hints(run: RunFacts) -> dict[str, str]:
 
 
 def estimate(
-    config: RunConfig, shape: ModelShape, world: int = 1, *, training: Any = None, rollout: Any = None,
-    teacher: ModelShape | None = None, registry: Registry | None = None,
+    config: RunConfig,
+    shape: ModelShape,
+    world: int = 1,
+    *,
+    training: Any = None,
+    rollout: Any = None,
+    teacher: ModelShape | None = None,
+    registry: Registry | None = None,
 ) -> MemoryEstimate:
     """:func:`rlzoo.models.memory.estimate` of ``config``, its engines constructed from ``registry`` (the default
     registry if none is given) where ``training`` / ``rollout`` are not given."""

@@ -22,22 +22,33 @@ def policy_facts(config: RunConfig, model_config: Path | None = None) -> ModelFa
     """What the preflight knows about the policy (``model_config``: ``rlzoo config check --model-config``, a
     ``config.json`` standing in for the ``model.path`` folder)."""
     if model_config is not None and config.model.path is None:
-        return _unknown([(
-            "--model-config",
-            "stands in for the model.path folder, but model.path is null: name the model folder the recipe trains",
-        )])
+        return _unknown(
+            [
+                (
+                    "--model-config",
+                    "stands in for the model.path folder, but model.path is null: name the model folder the recipe trains",
+                )
+            ]
+        )
     if config.model.path is None:
         tiny = config.model.tiny
         facts = ModelFacts(
-            tiny.moe, tiny.head_dim, tiny.max_position_embeddings, False, ModelShape.from_tiny(tiny), tiny=True,
+            tiny.moe,
+            tiny.head_dim,
+            tiny.max_position_embeddings,
+            False,
+            ModelShape.from_tiny(tiny),
+            tiny=True,
         )
         facts.problems = [(f"model.tiny.{field}", message) for field, message in tiny.shape_problems()]
         if not config.cold_start.enabled:
-            facts.problems.append((
-                "cold_start.enabled",
-                "false while model.path is null leaves no model to train: set cold_start.enabled: true (build and "
-                "fine-tune model.tiny) or model.path: <a Hugging Face model folder>",
-            ))
+            facts.problems.append(
+                (
+                    "cold_start.enabled",
+                    "false while model.path is null leaves no model to train: set cold_start.enabled: true (build and "
+                    "fine-tune model.tiny) or model.path: <a Hugging Face model folder>",
+                )
+            )
         return facts
     if model_config is not None:
         return _config_file(Path(model_config))
@@ -58,14 +69,25 @@ def _folder(path: Path) -> ModelFacts:
     if folder.absent == NO_CONFIG:
         return _unknown([("model.path", f"{path} {NOT_A_MODEL_FOLDER}")])
     if folder.absent is not None:
-        return _unknown([("model.path", f"{path} {folder.absent}; expected a Hugging Face model folder (config.json, "
-                                        "weights, tokenizer), or null to build model.tiny")])
+        return _unknown(
+            [
+                (
+                    "model.path",
+                    f"{path} {folder.absent}; expected a Hugging Face model folder (config.json, "
+                    "weights, tokenizer), or null to build model.tiny",
+                )
+            ]
+        )
     if folder.config is None:
         return _unknown([("model.path", str(folder.unreadable))])
     facts = folder.facts()
-    facts.problems = [("model.path", message) for message in folder.problems(
-        tokenizer="; save the model's tokenizer into the folder", ids=True,
-    )]
+    facts.problems = [
+        ("model.path", message)
+        for message in folder.problems(
+            tokenizer="; save the model's tokenizer into the folder",
+            ids=True,
+        )
+    ]
     return facts
 
 

@@ -34,11 +34,13 @@ def engine_package_rule(run: RunFacts) -> list[Problem]:
             continue
         usable = [n for n in registry.names(kind) if missing_package(registry, kind, n) is None]
         hint = registry.get(kind, spec.name).cls.install_hint
-        problems.append((
-            f"{loc}.name",
-            f"{spec.name!r} needs the Python package {package!r}, which is not installed ({hint}); "
-            f"engines usable here: {', '.join(usable) or '(none)'}",
-        ))
+        problems.append(
+            (
+                f"{loc}.name",
+                f"{spec.name!r} needs the Python package {package!r}, which is not installed ({hint}); "
+                f"engines usable here: {', '.join(usable) or '(none)'}",
+            )
+        )
     return problems
 
 
@@ -61,6 +63,7 @@ def component_package_rule(run: RunFacts) -> list[Problem]:
         package = missing_requirement(type(component))
         if package is not None:
             hint = type(component).install_hint or f"pip install {package}"
-            problems.append((loc, f"{component.name!r} needs the Python package {package!r}, which is not "
-                                  f"installed ({hint})"))
+            problems.append(
+                (loc, f"{component.name!r} needs the Python package {package!r}, which is not installed ({hint})")
+            )
     return problems

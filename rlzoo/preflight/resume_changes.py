@@ -153,14 +153,24 @@ def refusal_problems(changes: Changes) -> list[tuple[str, str]]:
     problems = []
     for field, (old, new) in changes.items():
         if not field.startswith("plugins."):
-            problems.append((field, f"changed since the run started: {_show(old)} -> {_show(new)}; a resume keeps the "
-                             f"run's config. Restore it, start a new run, or pass --allow-changes {field} to continue "
-                             f"with the change (recorded in {CHANGES_FILE})"))
+            problems.append(
+                (
+                    field,
+                    f"changed since the run started: {_show(old)} -> {_show(new)}; a resume keeps the "
+                    f"run's config. Restore it, start a new run, or pass --allow-changes {field} to continue "
+                    f"with the change (recorded in {CHANGES_FILE})",
+                )
+            )
         elif old is not None and new is not None:  # a file added or dropped: the change of the plugins list says so
-            problems.append(("plugins", f"{field.removeprefix('plugins.')} changed since the run started (sha256 "
-                             f"{_short(old)} -> {_short(new)}); a resume runs the code the run ran. Restore the file, "
-                             "start a new run, or pass --allow-changes plugins to continue with the change (recorded "
-                             f"in {CHANGES_FILE})"))
+            problems.append(
+                (
+                    "plugins",
+                    f"{field.removeprefix('plugins.')} changed since the run started (sha256 "
+                    f"{_short(old)} -> {_short(new)}); a resume runs the code the run ran. Restore the file, "
+                    "start a new run, or pass --allow-changes plugins to continue with the change (recorded "
+                    f"in {CHANGES_FILE})",
+                )
+            )
     return problems
 
 
@@ -186,7 +196,11 @@ def record_changes(run_dir: Path, step: int, changes: Changes) -> None:
     changes = _recorded(changes)
     if not changes:
         return
-    row = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": {f: list(v) for f, v in changes.items()}}
+    row = {
+        "step": step,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "changes": {f: list(v) for f, v in changes.items()},
+    }
     with open(Path(run_dir) / CHANGES_FILE, "a") as handle:
         handle.write(json.dumps(row) + "\n")
         handle.flush()

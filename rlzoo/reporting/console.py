@@ -160,7 +160,10 @@ def _descriptors_to(path: Path) -> Iterator[tuple[TextIO, TextIO]]:
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     streams = {
         fd: io.TextIOWrapper(
-            io.FileIO(os.dup(saved[fd]), "w"), encoding="utf-8", errors="replace", line_buffering=True,
+            io.FileIO(os.dup(saved[fd]), "w"),
+            encoding="utf-8",
+            errors="replace",
+            line_buffering=True,
             write_through=True,
         )
         for fd in (1, 2)
@@ -184,7 +187,11 @@ def _descriptors_to(path: Path) -> Iterator[tuple[TextIO, TextIO]]:
 
 # ---------------------------------------------------------------------------------------------------- summaries
 def start_summary(
-    command: str, config_file: str, config: RunConfig, output: Path, console: Console,
+    command: str,
+    config_file: str,
+    config: RunConfig,
+    output: Path,
+    console: Console,
     resumed_changes: dict[str, tuple[object, object]] | None = None,
 ) -> list[str]:
     """What is about to run: the config file, the algorithm, the model, the engines, the output folder; for a
@@ -233,8 +240,11 @@ def start_summary(
         from rlzoo.preflight.resume_changes import CHANGES_FILE, describe
 
         listed = describe(resumed_changes)
-        lines.append(f"  resume     changes going ahead, recorded in {output / CHANGES_FILE}: {listed}" if listed else
-                     "  resume     with the run's config unchanged")
+        lines.append(
+            f"  resume     changes going ahead, recorded in {output / CHANGES_FILE}: {listed}"
+            if listed
+            else "  resume     with the run's config unchanged"
+        )
     if console.log_file is not None and not console.verbose:
         lines.append(f"  log        {console.log_file} (engine messages; --verbose shows them here)")
     return lines
@@ -307,15 +317,24 @@ def scoring_summary(rows: list[dict[str, float]]) -> list[str]:
     held_out = {key.removeprefix("eval/") for key in keys if key.startswith("eval/")}
     phases = {  # (prefix, where): how a count's key is spelled
         **{(prefix, "training steps"): f"{prefix}/{{}}" for prefix in service_prefixes(keys)},
-        **{(prefix, "held-out evaluations"): f"eval/{prefix}_{{}}" for prefix in
-           {key.removesuffix("_requests") for key in held_out
-            if key.endswith("_requests") and key.removesuffix("_requests") + "_cache_hits" in held_out}},
+        **{
+            (prefix, "held-out evaluations"): f"eval/{prefix}_{{}}"
+            for prefix in {
+                key.removesuffix("_requests")
+                for key in held_out
+                if key.endswith("_requests") and key.removesuffix("_requests") + "_cache_hits" in held_out
+            }
+        },
     }
     lines = []
-    for (prefix, where), spelling in sorted(phases.items(), key=lambda item: (item[0][0], item[0][1] != "training steps")):
+    for (prefix, where), spelling in sorted(
+        phases.items(), key=lambda item: (item[0][0], item[0][1] != "training steps")
+    ):
         total = {name: sum(row.get(spelling.format(name), 0.0) for row in rows) for name in SCORING_COUNTS}
-        text = (f"scoring ({prefix}, {where}): {total['requests']:g} requests, {total['cache_hits']:g} cache "
-                f"hits, {total['retries']:g} retries, {total['failures']:g} failed")
+        text = (
+            f"scoring ({prefix}, {where}): {total['requests']:g} requests, {total['cache_hits']:g} cache "
+            f"hits, {total['retries']:g} retries, {total['failures']:g} failed"
+        )
         if total["prompt_tokens"] or total["completion_tokens"]:
             text += f"; {total['prompt_tokens']:g} prompt + {total['completion_tokens']:g} completion tokens"
         lines.append(text)

@@ -55,7 +55,10 @@ def plot_run(run_dir: Path) -> list[Path]:
                 line = ax.plot(xs, ys, marker=None if dense else "o", label=key, alpha=0.35 if dense else 1.0)
                 if dense:  # a moving average shows the trend through per-step noise
                     window = max(5, len(ys) // 30)
-                    smooth = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+                    smooth = [
+                        sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
+                        for i in range(len(ys))
+                    ]
                     ax.plot(xs, smooth, color=line[0].get_color(), label=f"{key} ({window}-step mean)")
                 drawn = True
         ax.set_title(title)

@@ -74,7 +74,11 @@ class Trackers:
             del self._loggers[at]
             log.warning(
                 "%s: logger %r failed in %s (%s: %s); the run goes on without it (metrics.jsonl has every step)",
-                at, logger.name, what, type(exc).__name__, exc,
+                at,
+                logger.name,
+                what,
+                type(exc).__name__,
+                exc,
             )
             if what != "close":
                 try:
@@ -131,8 +135,13 @@ def start_trackers(config: RunConfig, registry: Registry, run_dir: Path, resumed
         package = missing_package(registry, "logger", spec.name)
         if package is not None:
             hint = registry.get("logger", spec.name).cls.install_hint
-            log.warning("%s: logger %r needs the Python package %r, which is not installed (%s); the run goes on "
-                        "without it", at, spec.name, package, hint or f"pip install {package}")
+            log.warning(
+                "%s: logger %r needs the Python package %r, which is not installed (%s); the run goes on without it",
+                at,
+                spec.name,
+                package,
+                hint or f"pip install {package}",
+            )
             continue
         try:
             loggers[at] = registry.create("logger", spec.name, spec.params, loc=at)

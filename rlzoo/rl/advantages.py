@@ -1,9 +1,9 @@
 """The step's advantage phase: what the advantage source sees of the step record, and what it gives back.
 
-    token rewards -= kl_in_reward's beta * KL(old || reference), if configured
-    RewardBatch   <- the rollout's rewards, the critic's values, the correction's weights, and what the source reads:
-                     teacher and old log-probs (needs_teacher), the named token statistics (needs_token_stats)
-    advantages, returns <- the advantage source
+token rewards -= kl_in_reward's beta * KL(old || reference), if configured
+RewardBatch   <- the rollout's rewards, the critic's values, the correction's weights, and what the source reads:
+                 teacher and old log-probs (needs_teacher), the named token statistics (needs_token_stats)
+advantages, returns <- the advantage source
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def reward_batch(record: StepRecord, source: AdvantageSource) -> RewardBatch:
     critic's values (``None`` without a critic); the correction's weights always (no gradient; read by a source's
     rollout-IS option)."""
     old = filled(record.old, "old")
-    rewards = replace(filled(record.rollout, "rollout").rewards, values=record.values, rollout_is_weights=old.correction)
+    rewards = replace(
+        filled(record.rollout, "rollout").rewards, values=record.values, rollout_is_weights=old.correction
+    )
     if source.needs_teacher:
         rewards = replace(rewards, teacher_logprobs=record.teacher_logp, old_logprobs=old.logp)
     if source.needs_token_stats:

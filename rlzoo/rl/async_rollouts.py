@@ -174,7 +174,8 @@ def token_versions(step: int, batch: RolloutBatch) -> dict[str, float]:
     episode's observation tokens (``policy_mask`` 0) were sampled by no version and are not counted."""
     versions = [
         [v for v, policy in zip(g.versions, g.policy_mask or [1] * len(g.versions)) if policy]
-        for g in batch.generations if g.versions
+        for g in batch.generations
+        if g.versions
     ]
     tokens = [v for vs in versions for v in vs]
     if not tokens:

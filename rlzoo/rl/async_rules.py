@@ -19,22 +19,28 @@ def async_rule(run: RunFacts) -> list[Problem]:
                 problems.append((f"rollout.{name}", "only with rollout.max_staleness (null here: no producer thread)"))
         return problems
     if rollout.overlap:
-        problems.append((
-            "rollout.max_staleness",
-            "not with rollout.overlap: 1 (overlap is the one-step-stale schedule with old log-probs under the "
-            "sampling weights; max_staleness is the producer thread): set one of them",
-        ))
+        problems.append(
+            (
+                "rollout.max_staleness",
+                "not with rollout.overlap: 1 (overlap is the one-step-stale schedule with old log-probs under the "
+                "sampling weights; max_staleness is the producer thread): set one of them",
+            )
+        )
     batch = rollout.prompts_per_step * rollout.group_size
     if rollout.queue_size is not None and rollout.queue_size < batch:
-        problems.append((
-            "rollout.queue_size",
-            f"{rollout.queue_size} responses is less than one step's batch, prompts_per_step x group_size = {batch}",
-        ))
+        problems.append(
+            (
+                "rollout.queue_size",
+                f"{rollout.queue_size} responses is less than one step's batch, prompts_per_step x group_size = {batch}",
+            )
+        )
     engine = run.rollout_engine
     if rollout.partial != "off" and engine is not None and not type(engine).updates_in_flight:
-        problems.append((
-            "rollout.partial",
-            f"{rollout.partial!r} needs a rollout engine that can stop or update its weights mid-generation; "
-            f"{engine.name!r} loads weights between batches only: use off",
-        ))
+        problems.append(
+            (
+                "rollout.partial",
+                f"{rollout.partial!r} needs a rollout engine that can stop or update its weights mid-generation; "
+                f"{engine.name!r} loads weights between batches only: use off",
+            )
+        )
     return problems

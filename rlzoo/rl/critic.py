@@ -110,20 +110,24 @@ def critic_rule(run: RunFacts) -> list[Problem]:
     engine = run.registry.get("training_engine", config.trainer.engine.name).cls
     if not engine.trains_values:
         usable = run.names("training_engine", lambda cls: cls.trains_values)
-        problems.append((
-            "trainer.engine.name",
-            f"{engine.name!r} cannot train a critic (algorithm.critic) (trains_values is false); use one of {usable}",
-        ))
+        problems.append(
+            (
+                "trainer.engine.name",
+                f"{engine.name!r} cannot train a critic (algorithm.critic) (trains_values is false); use one of {usable}",
+            )
+        )
     # the constructed source: one that nests another (reverse-kl) reads what the nested one reads
     advantage = run.components.get("algorithm.advantage")
     advantage = advantage or run.registry.get("advantage", config.algorithm.advantage.name).cls
     if not advantage.needs_values:
         usable = run.names("advantage", lambda cls: cls.needs_values)
-        problems.append((
-            "algorithm.critic",
-            f"advantage {advantage.name!r} reads no values and gives the critic no returns to learn; use an advantage "
-            f"that does ({', '.join(usable)}), or critic: null",
-        ))
+        problems.append(
+            (
+                "algorithm.critic",
+                f"advantage {advantage.name!r} reads no values and gives the critic no returns to learn; use an advantage "
+                f"that does ({', '.join(usable)}), or critic: null",
+            )
+        )
     if critic.model is None:
         return problems
     return problems + _critic_folder_problems(run, Path(critic.model))
@@ -141,11 +145,13 @@ def _critic_folder_problems(run: RunFacts, path: Path) -> list[Problem]:
     moe = config_facts(folder.config).moe  # a bool: a config.json says MoE or dense
     if run.model.moe is not None and moe is not None and moe != run.model.moe:
         kinds = {True: "a mixture-of-experts", False: "a dense"}
-        problems.append((
-            loc,
-            f"{path} is {kinds[moe]} model but the policy is {kinds[run.model.moe]} one: the critic trains on "
-            "the policy's engine configuration; use a critic of the policy's kind, or null for a copy of the policy",
-        ))
+        problems.append(
+            (
+                loc,
+                f"{path} is {kinds[moe]} model but the policy is {kinds[run.model.moe]} one: the critic trains on "
+                "the policy's engine configuration; use a critic of the policy's kind, or null for a copy of the policy",
+            )
+        )
     return problems + _critic_tokenizer_problems(run, path, folder, folder.config.get("vocab_size"))
 
 
@@ -160,18 +166,22 @@ def _critic_tokenizer_problems(run: RunFacts, path: Path, folder: ModelFolder, v
     else:
         size, whose = (run.model.shape.vocab if run.model.shape is not None else None), "model.path"
     if size is not None and vocab_size != size:
-        problems.append((
-            loc,
-            f"{path} has vocab_size {vocab_size} but the policy {size} ({whose}): the critic "
-            "reads the policy's token ids; use a critic built on the policy's tokenizer",
-        ))
+        problems.append(
+            (
+                loc,
+                f"{path} has vocab_size {vocab_size} but the policy {size} ({whose}): the critic "
+                "reads the policy's token ids; use a critic built on the policy's tokenizer",
+            )
+        )
     critic = folder.vocab()[0] if folder.tokenizer_file.is_file() else None  # unreadable: nothing to compare
     if critic is None or policy is None:
         return problems
     if (mismatch := vocab_difference(critic, policy, "critic")) is not None:
-        problems.append((
-            loc,
-            f"the tokenizer of {path} differs from the policy's ({source}): {mismatch}; the critic reads the "
-            "policy's token ids: use a critic built on the policy's tokenizer",
-        ))
+        problems.append(
+            (
+                loc,
+                f"the tokenizer of {path} differs from the policy's ({source}): {mismatch}; the critic reads the "
+                "policy's token ids: use a critic built on the policy's tokenizer",
+            )
+        )
     return problems

@@ -243,8 +243,12 @@ def step_metrics(record: StepRecord) -> dict[str, float]:
     if record.teacher_logp is not None:
         policy = {**policy, **distill_metrics(old.logp, record.teacher_logp, mask)}
     return {
-        **reduce_minibatches(record.updates), **filled(record.rollout, "rollout").metrics, **record.advantage_metrics, **mismatch,
-        **policy, **record.reports,
+        **reduce_minibatches(record.updates),
+        **filled(record.rollout, "rollout").metrics,
+        **record.advantage_metrics,
+        **mismatch,
+        **policy,
+        **record.reports,
     }
 
 
@@ -274,8 +278,19 @@ def evaluate(
         top_p=1.0,
         seed=step_seed(config.seed, 0, Stream.EVAL),
     )
-    parts = RolloutParts(rollout, episodes or EpisodeRunner(SingleTurn(), tokenizer), verifier, [], BatchFilter(), (),
-                         tokenizer, SINGLE, per_rank=False, step_rewards=False, config=config)
+    parts = RolloutParts(
+        rollout,
+        episodes or EpisodeRunner(SingleTurn(), tokenizer),
+        verifier,
+        [],
+        BatchFilter(),
+        (),
+        tokenizer,
+        SINGLE,
+        per_rank=False,
+        step_rewards=False,
+        config=config,
+    )
     ran = parts.episodes.run(rollout, samples, sampling, config.prompt)
     groups = ran.groups
     repeated = [s for s, group in zip(samples, groups, strict=True) for _ in group]
@@ -289,7 +304,11 @@ def evaluate(
         "eval/reward_mean": rewards.mean().item(),
         "eval/verifier_errors": float(scores.failed),
         **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
-        **{f"eval/{key.replace('/', '_')}": float(value) for key, value in ran.metrics.items() if key in EVAL_EPISODE_KEYS},
+        **{
+            f"eval/{key.replace('/', '_')}": float(value)
+            for key, value in ran.metrics.items()
+            if key in EVAL_EPISODE_KEYS
+        },
         # what scoring by a service cost (eval/remote_requests, eval/judge_prompt_tokens, ...)
         **{f"eval/{key.replace('/', '_')}": float(value) for key, value in service_metrics(scores.phase).items()},
     }

@@ -35,8 +35,11 @@ class LossInputs:
         """These inputs on ``device``: copied at the first call for it, the same tensors afterwards."""
         if device not in self._copies:
             self._copies[device] = LossInputs(
-                to_device(self.old_logp, device), to_device(self.advantages, device), to_device(self.mask, device),
-                None if self.reference is None else to_device(self.reference, device), to_device(self.weights, device),
+                to_device(self.old_logp, device),
+                to_device(self.advantages, device),
+                to_device(self.mask, device),
+                None if self.reference is None else to_device(self.reference, device),
+                to_device(self.weights, device),
             )
         return self._copies[device]
 

@@ -183,8 +183,15 @@ class _Masked:
     entropy: torch.Tensor | None
 
     @classmethod
-    def of(cls, mask: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-           ref_logp: torch.Tensor | None, entropy: torch.Tensor | None) -> _Masked:
+    def of(
+        cls,
+        mask: torch.Tensor,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        entropy: torch.Tensor | None,
+    ) -> _Masked:
         keep = mask > 0
         zero = torch.zeros_like(logp)
 
@@ -192,8 +199,13 @@ class _Masked:
             return torch.where(keep, values.detach() if detach else values, zero)
 
         return cls(
-            mask, keep, zeroed(logp, False), zeroed(old_logp, True), zeroed(advantages, True),
-            None if ref_logp is None else zeroed(ref_logp, True), None if entropy is None else zeroed(entropy, False),
+            mask,
+            keep,
+            zeroed(logp, False),
+            zeroed(old_logp, True),
+            zeroed(advantages, True),
+            None if ref_logp is None else zeroed(ref_logp, True),
+            None if entropy is None else zeroed(entropy, False),
         )
 
     def aggregate(self, per_token: torch.Tensor, aggregation: LossAggregation) -> torch.Tensor:

@@ -122,7 +122,12 @@ def collect(step: int, prompts: Sequence[Sample], parts: RolloutParts, timer: Ti
     if len(kept) < target:
         _log.warning(
             "step %d: the batch filter %r kept %d of %d prompt groups after %d generation batch(es) "
-            "(max_gen_batches); %s", step, parts.batch_filter.name, len(kept), target, gen_batch,
+            "(max_gen_batches); %s",
+            step,
+            parts.batch_filter.name,
+            len(kept),
+            target,
+            gen_batch,
             "training on those" if kept else "skipping this step's update",
         )
     metrics = {
@@ -140,7 +145,9 @@ def _log_shares(step: int, gen_batch: int, prompts: Sequence[Sample], parts: Rol
     ranks = parts.ranks
     if ranks.active:
         mine = ranks.share_items(prompts)
-        _log.info("step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts))
+        _log.info(
+            "step %d batch %d: rank %d samples %d of %d prompts", step, gen_batch, ranks.rank, len(mine), len(prompts)
+        )
 
 
 def generate_and_score(
@@ -245,7 +252,9 @@ def assemble(groups: list[ScoredGroup], parts: RolloutParts, metrics: dict[str, 
     verdicts = [v for group in groups for v in group.verdicts]
     if not groups:
         empty = torch.zeros(0, config.rollout.max_new_tokens)
-        return RolloutBatch([], None, empty, RewardBatch(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty), metrics)
+        return RolloutBatch(
+            [], None, empty, RewardBatch(torch.zeros(0), torch.zeros(0, dtype=torch.long), empty), metrics
+        )
     rewards = torch.cat([g.rewards + g.shaping for g in groups])
     group_index = torch.tensor([i for i, group in enumerate(groups) for _ in group.generations])
     batch = make_token_batch(
@@ -263,14 +272,22 @@ def assemble(groups: list[ScoredGroup], parts: RolloutParts, metrics: dict[str, 
     elif parts.step_rewards:
         step_rewards = [v.step_rewards or [] for v in verdicts]
         step_ends = [  # the verifier's steps lie in the last turn: after the earlier turns' policy tokens
-            [g.policy_tokens - len(g.last_turn_ids) + end
-             for end in step_token_ends(v.step_spans or [], token_char_ends(parts.tokenizer, g.last_turn_ids))]
+            [
+                g.policy_tokens - len(g.last_turn_ids) + end
+                for end in step_token_ends(v.step_spans or [], token_char_ends(parts.tokenizer, g.last_turn_ids))
+            ]
             for v, g in zip(verdicts, generations, strict=True)
         ]
     token_rewards = token_level_rewards(turn_rewards, turn_ends, mask)
     reward_batch = RewardBatch(
-        rewards, group_index, mask, step_rewards, step_ends, token_rewards=token_rewards,
-        reward_parts=reward_parts(groups, parts), reward_baselines=_baselines(groups) if parts.greedy_baseline else None,
+        rewards,
+        group_index,
+        mask,
+        step_rewards,
+        step_ends,
+        token_rewards=token_rewards,
+        reward_parts=reward_parts(groups, parts),
+        reward_baselines=_baselines(groups) if parts.greedy_baseline else None,
     )
     return RolloutBatch(generations, batch, _rollout_logprobs(generations, mask), reward_batch, metrics)
 
@@ -298,8 +315,10 @@ def reward_parts(groups: list[ScoredGroup], parts: RolloutParts) -> dict[str, to
         extra["turns"] = torch.tensor([float(sum(g.turn_rewards or ())) for group in groups for g in group.generations])
     clash = sorted(set(extra) & set(out))
     if clash:
-        raise RlzooError(f"verifier: its verdicts carry a reward part named {clash[0]!r}, a name kept for the reward's "
-                         f"{'shapers' if clash[0] == 'shaping' else 'turn rewards'}: rename the verifier's part")
+        raise RlzooError(
+            f"verifier: its verdicts carry a reward part named {clash[0]!r}, a name kept for the reward's "
+            f"{'shapers' if clash[0] == 'shaping' else 'turn rewards'}: rename the verifier's part"
+        )
     return {**out, **extra}
 
 
@@ -311,7 +330,9 @@ def _baselines(groups: list[ScoredGroup]) -> torch.Tensor:
     return torch.tensor(out)
 
 
-def token_level_rewards(step_rewards: list[list[float]], step_ends: list[list[int]], mask: torch.Tensor) -> torch.Tensor:
+def token_level_rewards(
+    step_rewards: list[list[float]], step_ends: list[list[int]], mask: torch.Tensor
+) -> torch.Tensor:
     """``[B, T]`` each step's reward at its last policy token (``step_ends`` count policy tokens, i.e. the columns
     where ``mask`` is 1), 0 elsewhere: verl's ``token_level_scores`` (one step: the outcome at the last token)."""
     out = torch.zeros(mask.shape, dtype=torch.float32)

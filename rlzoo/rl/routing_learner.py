@@ -118,10 +118,14 @@ class RoutingLearner(Learner):
         attention = batch.attention_mask[rows]
         per_layer = {}
         for layer in used.routing.layers:
-            reference = self.replayed if self.replayed is not None and layer in self.replayed.layers else self.recorded.old
+            reference = (
+                self.replayed if self.replayed is not None and layer in self.replayed.layers else self.recorded.old
+            )
             if reference is None:  # routed afresh and no old pass recorded (old_logprobs: rollout-only)
                 continue
-            per_layer[layer] = flip_counts(reference.select(rows).only_layers([layer]), used.routing.only_layers([layer]), attention)
+            per_layer[layer] = flip_counts(
+                reference.select(rows).only_layers([layer]), used.routing.only_layers([layer]), attention
+            )
         if per_layer:
             pairs = per_layer.values()  # (differ, total) per layer, summed over the layers
             metrics["moe/flip_rate"] = _rate((sum(d for d, _ in pairs), sum(t for _, t in pairs)))

@@ -66,8 +66,13 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
                 raise ValueError(f"verify_batch returned {len(verdicts)} verdicts for {len(responses)} responses")
             unscored = [v for v in verdicts if isinstance(v, Exception)]
             if unscored:  # one line per scoring: a service that is down fails every response alike
-                log.warning("verifier %s could not score %d of %d responses (the first: %s)", verifier.name,
-                            len(unscored), len(verdicts), unscored[0])
+                log.warning(
+                    "verifier %s could not score %d of %d responses (the first: %s)",
+                    verifier.name,
+                    len(unscored),
+                    len(verdicts),
+                    unscored[0],
+                )
             for index, verdict in enumerate(verdicts):
                 if isinstance(verdict, Exception):  # that response could not be scored (Verifier.verify_batch)
                     raised.add(index)
@@ -100,7 +105,13 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
             verdict = Verdict(0.0, reason=f"verifier timeout: not scored within {timeout_s:g} s")
         verdicts.append(verdict)
     if timeouts:
-        log.warning("verifier %s did not score %d of %d responses within %g s", verifier.name, timeouts, len(verdicts), timeout_s)
+        log.warning(
+            "verifier %s did not score %d of %d responses within %g s",
+            verifier.name,
+            timeouts,
+            len(verdicts),
+            timeout_s,
+        )
     nonfinite = 0
     for index, verdict in enumerate(verdicts):
         if not _finite(verdict):
@@ -113,7 +124,12 @@ def score(verifier: Verifier, samples: list[Sample], responses: list[str], timeo
                 reason=f"non-finite reward {verdict.reward!r} from verifier {verifier.name}",
             )
     if nonfinite:
-        log.warning("verifier %s gave %d of %d responses a non-finite reward; they score 0", verifier.name, nonfinite, len(verdicts))
+        log.warning(
+            "verifier %s gave %d of %d responses a non-finite reward; they score 0",
+            verifier.name,
+            nonfinite,
+            len(verdicts),
+        )
     return Scores(verdicts, errors, timeouts, nonfinite, _phase_metrics(verifier))
 
 

@@ -59,10 +59,12 @@ def teacher_cold_start_config(config: RunConfig) -> RunConfig:
     if teacher is None or teacher.tiny is None:
         raise ValueError("teacher_cold_start_config: the run has no tiny teacher (teacher.tiny)")
     folder = teacher.output_dir or str(Path(config.output_dir) / TEACHER_COLD_START)
-    return config.model_copy(update={
-        "model": config.model.model_copy(update={"path": None, "tiny": teacher.tiny}),
-        "cold_start": config.cold_start.model_copy(update={"output_dir": folder, "enabled": True}),
-    })
+    return config.model_copy(
+        update={
+            "model": config.model.model_copy(update={"path": None, "tiny": teacher.tiny}),
+            "cold_start": config.cold_start.model_copy(update={"output_dir": folder, "enabled": True}),
+        }
+    )
 
 
 def teacher_shape(config: RunConfig) -> ModelShape | None:
@@ -91,22 +93,26 @@ def teacher_rule(run: RunFacts) -> list[Problem]:
     advantage = run.components.get("algorithm.advantage")
     if advantage is not None and not advantage.needs_teacher:
         usable = run.names("advantage", lambda cls: cls.needs_teacher)
-        problems.append((
-            "teacher",
-            f"set, but advantage {advantage.name!r} (algorithm.advantage) reads no teacher, so its passes would be "
-            f"wasted: use an advantage that reads one ({', '.join(usable)}), or teacher: null",
-        ))
+        problems.append(
+            (
+                "teacher",
+                f"set, but advantage {advantage.name!r} (algorithm.advantage) reads no teacher, so its passes would be "
+                f"wasted: use an advantage that reads one ({', '.join(usable)}), or teacher: null",
+            )
+        )
     policy, source = _policy_vocab(run)
     if teacher.tiny is not None:
         problems += [(f"teacher.tiny.{field}", message) for field, message in teacher.tiny.shape_problems()]
         task = run.components.get("task")
         mismatch = vocab_difference(_char_vocab(task), policy, "teacher") if task is not None else None
         if mismatch:
-            problems.append((
-                "teacher.tiny",
-                f"a tiny teacher is cold-started on the task's character tokenizer, which differs from the policy's "
-                f"({source}): {mismatch}; use teacher.model, a folder with the policy's tokenizer",
-            ))
+            problems.append(
+                (
+                    "teacher.tiny",
+                    f"a tiny teacher is cold-started on the task's character tokenizer, which differs from the policy's "
+                    f"({source}): {mismatch}; use teacher.model, a folder with the policy's tokenizer",
+                )
+            )
         return problems
     assert teacher.model is not None  # TeacherConfig: exactly one of model and tiny
     return problems + _teacher_folder_problems(run, Path(teacher.model), policy, source)
@@ -117,14 +123,24 @@ def _teacher_folder_problems(run: RunFacts, path: Path, policy: dict[str, int] |
     loc, folder = "teacher.model", ModelFolder.read(path)
     if folder.absent is not None:
         what = MISSING if folder.absent == MISSING else NOT_A_MODEL_FOLDER
-        return [(loc, f"{path} {what}; name a model folder (config.json, weights, the policy's tokenizer), or use "
-                      "teacher.tiny")]
+        return [
+            (
+                loc,
+                f"{path} {what}; name a model folder (config.json, weights, the policy's tokenizer), or use "
+                "teacher.tiny",
+            )
+        ]
     if folder.config is None:
         return [(loc, str(folder.unreadable))]
     problems = [(loc, message) for message in folder.problems()]
     if not folder.tokenizer_file.is_file():
-        return problems + [(loc, f"{path} has no tokenizer.json to compare with the policy's tokenizer; save the "
-                                 "teacher's tokenizer into the folder")]
+        return problems + [
+            (
+                loc,
+                f"{path} has no tokenizer.json to compare with the policy's tokenizer; save the "
+                "teacher's tokenizer into the folder",
+            )
+        ]
     vocab, unreadable = folder.vocab()
     if vocab is None:
         return problems + [(loc, str(unreadable))]
@@ -132,18 +148,22 @@ def _teacher_folder_problems(run: RunFacts, path: Path, policy: dict[str, int] |
         problems.append((loc, problem))
     size, sampled = folder.config.get("vocab_size"), _policy_vocab_size(run, policy)
     if isinstance(size, int) and sampled is not None and size < sampled:
-        problems.append((
-            loc,
-            f"{path} has vocab_size {size} but the policy's is {sampled}: the policy can sample every id up to "
-            f"{sampled - 1} and the teacher scores each one; use a teacher whose vocab_size is at least {sampled}",
-        ))
+        problems.append(
+            (
+                loc,
+                f"{path} has vocab_size {size} but the policy's is {sampled}: the policy can sample every id up to "
+                f"{sampled - 1} and the teacher scores each one; use a teacher whose vocab_size is at least {sampled}",
+            )
+        )
     mismatch = vocab_difference(vocab, policy, "teacher")
     if mismatch:
-        problems.append((
-            loc,
-            f"the tokenizer of {path} differs from the policy's ({source}): {mismatch}; the teacher scores the "
-            "policy's token ids, so both need one tokenizer: use a teacher built on the policy's tokenizer",
-        ))
+        problems.append(
+            (
+                loc,
+                f"the tokenizer of {path} differs from the policy's ({source}): {mismatch}; the teacher scores the "
+                "policy's token ids, so both need one tokenizer: use a teacher built on the policy's tokenizer",
+            )
+        )
     return problems
 
 

@@ -84,8 +84,7 @@ def prompt_room(config: RunConfig, rollout: RolloutEngine, model_dir: Path) -> t
     context: :func:`episode_context`), and the context as a message names it (:func:`context_name`)."""
     engine, positions = rollout.context_tokens(), model_positions(model_dir)
     budget = prompt_budget(context_limit(engine, positions), config.rollout.max_new_tokens)
-    return budget, context_name(engine, positions, rollout.context_option,
-                                f"max_position_embeddings of {model_dir}")
+    return budget, context_name(engine, positions, rollout.context_option, f"max_position_embeddings of {model_dir}")
 
 
 def model_positions(model_dir: Path) -> int | None:

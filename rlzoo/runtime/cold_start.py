@@ -91,8 +91,11 @@ def _reusable(directory: Path, fingerprint: str, warn: bool = True) -> bool:
         previous = f"{report} is not readable JSON ({type(err).__name__}: {err})"
     if not isinstance(previous, dict):
         if warn:
-            log.warning("cold-start model %s is damaged: %s; building it again", directory,
-                        previous if isinstance(previous, str) else f"{report} is not a JSON object")
+            log.warning(
+                "cold-start model %s is damaged: %s; building it again",
+                directory,
+                previous if isinstance(previous, str) else f"{report} is not a JSON object",
+            )
         return False
     if previous.get("fingerprint") != fingerprint:
         raise RlzooError(
@@ -108,7 +111,12 @@ def _reusable(directory: Path, fingerprint: str, warn: bool = True) -> bool:
 
 
 def train_cold_start(
-    config: RunConfig, task: Task, directory: Path, fingerprint: str, evaluate_fn: Any = None, progress: bool = True,
+    config: RunConfig,
+    task: Task,
+    directory: Path,
+    fingerprint: str,
+    evaluate_fn: Any = None,
+    progress: bool = True,
     registry: Any = None,
 ) -> dict[str, Any]:
     cs = config.cold_start
@@ -124,7 +132,9 @@ def train_cold_start(
     for _ in bar:
         chosen = rng.sample(examples, k=min(cs.batch_size, len(examples)))
         batch = make_token_batch(
-            [prompt for prompt, _, _ in chosen], [response for _, response, _ in chosen], tokenizer.pad_token_id,
+            [prompt for prompt, _, _ in chosen],
+            [response for _, response, _ in chosen],
+            tokenizer.pad_token_id,
             policy_masks=[mask for _, _, mask in chosen],
         )
         logp = response_logprobs(model, batch)
@@ -136,7 +146,12 @@ def train_cold_start(
         schedule.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
     elapsed = time.perf_counter() - start
-    result: dict[str, Any] = {"fingerprint": fingerprint, "steps": cs.steps, "seconds": round(elapsed, 1), "final_loss": loss.item() if cs.steps else None}
+    result: dict[str, Any] = {
+        "fingerprint": fingerprint,
+        "steps": cs.steps,
+        "seconds": round(elapsed, 1),
+        "final_loss": loss.item() if cs.steps else None,
+    }
     if left_out:  # demonstrations the environment failed on (only then: a cold start without faults is as it was)
         result["demonstration_errors"] = left_out
     with atomic_directory(directory) as tmp:
@@ -162,8 +177,9 @@ def _demonstrations(
 ) -> tuple[list[tuple[list[int], list[int], list[int] | None]], int]:
     """:func:`demonstrations`, and how many the environment failed on (left out, its first failure warned)."""
     budget = prompt_budget(config.model.tiny.max_position_embeddings, config.rollout.max_new_tokens)
-    samples = fit_prompts(task.samples("train", config.cold_start.examples, config.seed), tokenizer, config.prompt,
-                          "cold-start", budget)
+    samples = fit_prompts(
+        task.samples("train", config.cold_start.examples, config.seed), tokenizer, config.prompt, "cold-start", budget
+    )
     runner = build_episode_runner(config, registry, tokenizer, config.model.tiny.max_position_embeddings)
     encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     out: list[tuple[list[int], list[int], list[int] | None]] = []
@@ -175,15 +191,24 @@ def _demonstrations(
             except EnvironmentFailure as failure:
                 failures.append(str(failure))
         elif sample.demonstration is not None:
-            out.append((prompt_ids(tokenizer, sample, config.prompt), encode(sample.demonstration) + [tokenizer.eos_token_id], None))
+            out.append(
+                (
+                    prompt_ids(tokenizer, sample, config.prompt),
+                    encode(sample.demonstration) + [tokenizer.eos_token_id],
+                    None,
+                )
+            )
     if failures and not out:
         raise RlzooError(
             f"the cold start has nothing to train on: the environment failed on all {len(failures)} of its "
             f"demonstrations ({failures[0]}); fix it, or start from a trained model (model.path)"
         )
     if failures:
-        log.info("cold start: %d of %d demonstrations left out: the environment failed on them", len(failures),
-                 len(failures) + len(out))
+        log.info(
+            "cold start: %d of %d demonstrations left out: the environment failed on them",
+            len(failures),
+            len(failures) + len(out),
+        )
     if not out:
         raise RlzooError(f"task {task.name!r} has no demonstrations: cold start needs them (or set model.path)")
     return out, len(failures)

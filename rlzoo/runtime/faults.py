@@ -92,7 +92,9 @@ def naming_components(registry: Registry, run_dir: Path) -> Iterator[None]:
 
 def _registration(registry: Registry, component: Component) -> ComponentInfo | None:
     """How ``registry`` registers ``component`` (its name, and a class it is an instance of); ``None``: it does not."""
-    found = [i for i in registry.components(component.kind) if i.name == component.name and isinstance(component, i.cls)]
+    found = [
+        i for i in registry.components(component.kind) if i.name == component.name and isinstance(component, i.cls)
+    ]
     return found[0] if found else None
 
 
@@ -132,7 +134,9 @@ class FaultPolicy:
             return
         self.streak += 1
         if self.streak < self.max_consecutive:
-            log.warning("step %d failed (%d in a row of at most %d): %s", step, self.streak, self.max_consecutive, cause)
+            log.warning(
+                "step %d failed (%d in a row of at most %d): %s", step, self.streak, self.max_consecutive, cause
+            )
             return
         raise StepFailure(
             f"stopped at step {step} after {self.streak} failed steps in a row (train.max_consecutive_failures: "

@@ -74,7 +74,9 @@ from rlzoo.util.atomic import atomic_write_text
 log = logging.getLogger(__name__)
 
 
-def train(config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True) -> Path:
+def train(
+    config: RunConfig, resume: Path | None = None, registry: Registry | None = None, progress: bool = True
+) -> Path:
     """Run (or resume) RL post-training; returns the run folder. Under a launcher every rank calls this."""
     registry = registry or default_registry()
     preflight(config, registry, resume=resume, world=distributed.launched_world_size())
@@ -87,7 +89,9 @@ PROGRESS_KEYS = ("reward/mean", "eval/accuracy", "clip/fraction")  # shown besid
 class TrainingRun:
     """``rlzoo train``: :meth:`setup` builds the run from its config in named steps, :meth:`run` trains."""
 
-    def __init__(self, config: RunConfig, registry: Registry, resume: Path | None = None, progress: bool = True) -> None:
+    def __init__(
+        self, config: RunConfig, registry: Registry, resume: Path | None = None, progress: bool = True
+    ) -> None:
         self.config = config if resume is None else config.model_copy(update={"output_dir": str(resume)})
         self.registry = registry
         self.resume = resume
@@ -154,8 +158,9 @@ class TrainingRun:
         the context beside ``rollout.max_new_tokens`` (the rollout engine's, not yet started, or the model's)."""
         config = self.config
         room = prompt_room(config, self.rollout, self.start.model_dir)
-        train_set = fit_prompts(self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train",
-                                *room)
+        train_set = fit_prompts(
+            self.task.samples("train", None, config.seed), self.tokenizer, config.prompt, "train", *room
+        )
         check_data_parallel(config, self.dist.world, min(config.rollout.prompts_per_step, len(train_set)))
         eval_set = self.task.samples("eval", config.train.eval_prompts, config.seed)
         return train_set, fit_prompts(eval_set, self.tokenizer, config.prompt, "eval", *room)
@@ -218,7 +223,9 @@ class TrainingRun:
             batch = rollout.prompts_per_step * rollout.group_size
             capacity = max(rollout.max_staleness, 1) if rollout.queue_size is None else rollout.queue_size // batch
             side = self.dist.side_group() if self.rollout_per_rank else distributed.SINGLE  # every rank, in this order
-            return AsyncRollouts(prompts_for, config.train.steps, rollout.max_staleness, capacity, rollout.partial, side)
+            return AsyncRollouts(
+                prompts_for, config.train.steps, rollout.max_staleness, capacity, rollout.partial, side
+            )
         if rollout.overlap == 0:
             return loop.RolloutSchedule()
         return OverlappedRollouts(self.trainer, prompts_for, config.train.steps)
@@ -227,9 +234,13 @@ class TrainingRun:
         """A dense policy trains through a plain learner; an MoE policy through the router policy's replay."""
         spec = self.config.algorithm.router
         policy: RouterPolicy = create(self.registry, "router", spec) if spec is not None else RouterPolicy()
-        if self.trainer.moe_layout() is None:  # preflight refused a replaying policy on a dense model whose config.json it could read
+        if (
+            self.trainer.moe_layout() is None
+        ):  # preflight refused a replaying policy on a dense model whose config.json it could read
             if policy.replays_routing():
-                raise RlzooError(f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router")
+                raise RlzooError(
+                    f"algorithm.router {spec.name!r} needs a mixture-of-experts model; this model has no MoE router"
+                )
             return self._with_adapter_sync(Learner(self.trainer, self.dist))
         # R3 (preflight: the engine can record); otherwise the engine records only if its config asks (diagnostics)
         if policy.needs_rollout_routing() and (self.dist.is_main or self.rollout_per_rank):
@@ -282,7 +293,9 @@ class TrainingRun:
         algo = self.config.algorithm
         if algo.kl_in_reward is None:
             return None
-        return KLInReward(create(self.registry, "kl_controller", algo.kl_in_reward), create(self.registry, "kl", algo.kl))
+        return KLInReward(
+            create(self.registry, "kl_controller", algo.kl_in_reward), create(self.registry, "kl", algo.kl)
+        )
 
     def _engines_to_save(self) -> dict[str, Any]:
         """Engines checkpointed beside the policy's, each in its own sub-folder."""
@@ -323,7 +336,12 @@ class TrainingRun:
         logger = MetricsLogger(run_dir, keep_below_step=completed) if dist.is_main else NullMetricsLogger()
         show = self.progress and dist.is_main
         bar = tqdm(
-            range(completed, steps), initial=completed, total=steps, desc="rl", disable=not show, dynamic_ncols=True,
+            range(completed, steps),
+            initial=completed,
+            total=steps,
+            desc="rl",
+            disable=not show,
+            dynamic_ncols=True,
             mininterval=1.0,
         )
         try:
@@ -342,8 +360,14 @@ class TrainingRun:
                     faults.check_weights(step, {"policy": self.trainer, **self._engines_to_save()})  # never save NaN
                     keep = config.train.keep_checkpoints
                     save_checkpoint(
-                        run_dir, step + 1, self.trainer, self.tokenizer, keep, dist,
-                        engines=self._engines_to_save(), state=self._state_to_save(),
+                        run_dir,
+                        step + 1,
+                        self.trainer,
+                        self.tokenizer,
+                        keep,
+                        dist,
+                        engines=self._engines_to_save(),
+                        state=self._state_to_save(),
                     )
             if completed <= steps and dist.is_main:
                 final = {**self.evaluate(), "final": 1.0}

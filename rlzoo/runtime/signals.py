@@ -288,11 +288,15 @@ def stopped_message(signum: int, run_dir: Path, config_file: str, steps: int, se
     same = " (with the same --set options)" if sets else ""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
-        return (f"interrupted by {signal_name(signum)} {where}, before the first checkpoint: start it again with "
-                f"rlzoo train {config_file}{same}")
+        return (
+            f"interrupted by {signal_name(signum)} {where}, before the first checkpoint: start it again with "
+            f"rlzoo train {config_file}{same}"
+        )
     try:
         saved = f"the last checkpoint ({checkpoint}) is at {int(checkpoint.name.removeprefix('step_'))} steps"
     except ValueError:
         saved = f"the last checkpoint is {checkpoint}"
-    return (f"interrupted by {signal_name(signum)} {where}; {saved}; continue from it with: rlzoo train {config_file} "
-            f"--resume {run_dir}{same}")
+    return (
+        f"interrupted by {signal_name(signum)} {where}; {saved}; continue from it with: rlzoo train {config_file} "
+        f"--resume {run_dir}{same}"
+    )

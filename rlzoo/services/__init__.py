@@ -14,6 +14,16 @@ from rlzoo.services.stats import ServiceStats, percentile, service_metrics, serv
 from rlzoo.services.verifier import ServiceVerifier, endpoint_problem
 
 __all__ = [
-    "ResponseCache", "ServiceClient", "ServiceError", "ServiceParams", "ServiceStats", "ServiceVerifier",
-    "cache_key", "endpoint_problem", "percentile", "retry_after_s", "service_metrics", "service_prefixes",
+    "ResponseCache",
+    "ServiceClient",
+    "ServiceError",
+    "ServiceParams",
+    "ServiceStats",
+    "ServiceVerifier",
+    "cache_key",
+    "endpoint_problem",
+    "percentile",
+    "retry_after_s",
+    "service_metrics",
+    "service_prefixes",
 ]

@@ -47,7 +47,9 @@ class ServiceClient:
         self.params = params
         self.stats = stats
         self.headers = dict(headers or {})
-        self._backoff = wait_exponential_jitter(multiplier=params.backoff_s, max=params.max_backoff_s, jitter=params.backoff_s)
+        self._backoff = wait_exponential_jitter(
+            multiplier=params.backoff_s, max=params.max_backoff_s, jitter=params.backoff_s
+        )
 
     def post_all(self, requests: list[tuple[str, Any]]) -> list[Any]:
         """POST each ``(url, json body)`` concurrently; the parsed JSON replies in order, a :class:`ServiceError`
@@ -70,8 +72,11 @@ class ServiceClient:
             self.stats.count(requests=1)
             try:
                 retrying = AsyncRetrying(
-                    stop=stop_after_attempt(self.params.retries + 1), wait=self._wait, reraise=True,
-                    retry=retry_if_exception_type(_Transient), before_sleep=lambda _: self.stats.count(retries=1),
+                    stop=stop_after_attempt(self.params.retries + 1),
+                    wait=self._wait,
+                    reraise=True,
+                    retry=retry_if_exception_type(_Transient),
+                    before_sleep=lambda _: self.stats.count(retries=1),
                 )
                 async for attempt in retrying:
                     with attempt:

@@ -109,8 +109,12 @@ def _result(outcome: Verdict | Exception) -> dict[str, Any]:
     numbers = [outcome.reward, *(outcome.parts or {}).values(), *(outcome.step_rewards or [])]
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in numbers):
         return {"error": f"the verifier gave a reward that is not a finite number: {outcome.reward!r}"}
-    result = {"reward": outcome.reward, "correct": outcome.correct, "parts": outcome.parts,
-              "info": {"reason": outcome.reason} if outcome.reason else None}
+    result = {
+        "reward": outcome.reward,
+        "correct": outcome.correct,
+        "parts": outcome.parts,
+        "info": {"reason": outcome.reason} if outcome.reason else None,
+    }
     if outcome.step_rewards is not None:
         spans = outcome.step_spans or []
         if len(spans) != len(outcome.step_rewards):

@@ -71,8 +71,11 @@ def service_prefixes(keys: Iterable[str]) -> list[str]:
     """The prefixes of service counters among metric keys, sorted: each ``P`` with both ``P/requests`` and
     ``P/cache_hits`` there (what :meth:`ServiceStats.take` always writes)."""
     keys = set(keys)
-    return sorted(key.removesuffix("/requests") for key in keys
-                  if key.endswith("/requests") and key.removesuffix("/requests") + "/cache_hits" in keys)
+    return sorted(
+        key.removesuffix("/requests")
+        for key in keys
+        if key.endswith("/requests") and key.removesuffix("/requests") + "/cache_hits" in keys
+    )
 
 
 def service_metrics(metrics: Mapping[str, float]) -> dict[str, float]:

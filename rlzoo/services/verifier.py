@@ -86,7 +86,9 @@ class ServiceVerifier(Verifier):
         problems = list(super().preflight(run, at))
         name = self.params.api_key_env
         if name is not None and not os.environ.get(name):
-            problems.append((f"{at}.api_key_env", f"the environment variable {name} is not set: export it with the key"))
+            problems.append(
+                (f"{at}.api_key_env", f"the environment variable {name} is not set: export it with the key")
+            )
         trouble = endpoint_problem(self.probe_url(), min(self.params.timeout_s, PROBE_TIMEOUT_S))
         if trouble:
             problems.append((f"{at}.{self.endpoint_field}", trouble))
@@ -100,7 +102,10 @@ class ServiceVerifier(Verifier):
 
     def verify_batch(self, samples: list[Sample], responses: list[str]) -> list[Verdict | Exception]:
         identity = self.cache_identity()
-        keys = [cache_key(self.name, *identity, s.prompt, r, s.answer, s.meta) for s, r in zip(samples, responses, strict=True)]
+        keys = [
+            cache_key(self.name, *identity, s.prompt, r, s.answer, s.meta)
+            for s, r in zip(samples, responses, strict=True)
+        ]
         cached = self.cache.get_many(keys) if self.cache is not None else {}
         todo = [i for i, key in enumerate(keys) if key not in cached]
         self.stats.count(cache_hits=len(keys) - len(todo))
@@ -132,5 +137,7 @@ def endpoint_problem(url: str, timeout_s: float) -> str | None:
     try:
         httpx.get(url, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        return f"{url} does not answer ({type(exc).__name__}: {exc or 'no reply'}): start the service or correct the URL"
+        return (
+            f"{url} does not answer ({type(exc).__name__}: {exc or 'no reply'}): start the service or correct the URL"
+        )
     return None

@@ -68,7 +68,10 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
         file=sys.stderr,
     )
     status: dict[str, int] = {}
-    for stage, stage_jobs, total, finished in (("cold start", cold_jobs, len(cold_jobs), 0), ("runs", jobs, len(sweep.runs), len(done))):
+    for stage, stage_jobs, total, finished in (
+        ("cold start", cold_jobs, len(cold_jobs), 0),
+        ("runs", jobs, len(sweep.runs), len(done)),
+    ):
         if stage == "runs":  # a run whose cold start failed to build is failed too (its log says why)
             for job in [j for j in stage_jobs if j.needs is not None and not j.needs.is_file()]:
                 print(f"failed: {job.name}: its cold start was not built; log: {job.needs.parent}.log", file=sys.stderr)

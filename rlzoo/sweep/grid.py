@@ -113,16 +113,23 @@ def sweep_tracking(tracking: TrackingConfig, out: Path, cell: str, seed: int, va
     """A sweep run as experiment trackers show it: grouped by the sweep, tagged with its cell, seed and varied
     values, its trackers' local store shared in the sweep folder; the user's own ``tracking`` settings win."""
     sweep = out.resolve().name
-    return tracking.model_copy(update={
-        "name": f"{tracking.name or sweep}/{cell}/seed{seed}",
-        "group": tracking.group or sweep,
-        "tags": {"sweep": sweep, "cell": cell, "seed": str(seed), **values, **tracking.tags},
-        "store_dir": tracking.store_dir or str(out),
-    })
+    return tracking.model_copy(
+        update={
+            "name": f"{tracking.name or sweep}/{cell}/seed{seed}",
+            "group": tracking.group or sweep,
+            "tags": {"sweep": sweep, "cell": cell, "seed": str(seed), **values, **tracking.tags},
+            "store_dir": tracking.store_dir or str(out),
+        }
+    )
 
 
 def build_sweep(
-    config_file: str, varies: list[Vary], seeds: int, out: Path, sets: list[str], registry: Registry,
+    config_file: str,
+    varies: list[Vary],
+    seeds: int,
+    out: Path,
+    sets: list[str],
+    registry: Registry,
     plugins: Sequence[str] = (),
 ) -> Sweep:
     """Every cell's config built and validated (``ConfigError`` naming the cell and the field at second 0).
@@ -144,8 +151,13 @@ def build_sweep(
             seed = base_config.seed + i
             run_dir = out / cell / f"seed{seed}"
             try:
-                config = build_config(base, [*overrides, f"seed={seed}", f"output_dir={run_dir}"], registry,
-                                      plugins=plugins, folder=Path(config_file).parent)
+                config = build_config(
+                    base,
+                    [*overrides, f"seed={seed}", f"output_dir={run_dir}"],
+                    registry,
+                    plugins=plugins,
+                    folder=Path(config_file).parent,
+                )
             except ConfigError as err:
                 problems.extend((f"cell {cell}: {loc}", msg) for loc, msg in err.problems)
                 break  # the other seeds of this cell fail the same way

@@ -92,5 +92,8 @@ def make_jobs(todo: list[tuple[Run, Path | None]], threads: int) -> tuple[list[J
         needs = cold / "cold_start.json" if resume is None and run.config.cold_start.output_dir else None
         jobs.append(Job(name, args, run.run_dir / PROCESS_LOG, threads, needs))
         if needs is not None and not needs.is_file():
-            cold_jobs.setdefault(cold, Job(f"cold start {cold.name}", ["sft", str(config_file)], cold.parent / f"{cold.name}.log", threads))
+            cold_jobs.setdefault(
+                cold,
+                Job(f"cold start {cold.name}", ["sft", str(config_file)], cold.parent / f"{cold.name}.log", threads),
+            )
     return list(cold_jobs.values()), jobs

@@ -14,7 +14,9 @@ class SweepProgress:
 
     def __init__(self, total: int, done: int, desc: str, enabled: bool = True) -> None:
         self.running, self.failed = 0, 0
-        self.bar = tqdm(total=total, initial=done, desc=desc, unit="run", disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+        self.bar = tqdm(
+            total=total, initial=done, desc=desc, unit="run", disable=not enabled, dynamic_ncols=True, file=sys.stderr
+        )
         self._postfix()
 
     def _postfix(self) -> None:

@@ -27,7 +27,9 @@ def _run_job(command: list[str], log: str, env: dict[str, str]) -> int:
     with open(log, "a") as handle:
         handle.write(f"$ {' '.join(command)}   (ray task)\n")
         handle.flush()
-        return subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env}).returncode
+        return subprocess.run(
+            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env}
+        ).returncode
 
 
 def check_ray() -> None:
@@ -35,7 +37,9 @@ def check_ray() -> None:
         raise RlzooError("--backend ray needs Ray: pip install 'rlzoo[ray]' (or use --backend local)")
 
 
-def run_ray(jobs: list[Job], address: str | None, progress: SweepProgress, local_cpus: int | None = None) -> dict[str, int]:
+def run_ray(
+    jobs: list[Job], address: str | None, progress: SweepProgress, local_cpus: int | None = None
+) -> dict[str, int]:
     """Submit every job as a Ray task with ``num_cpus=job.threads``; returns each job's exit status.
 
     ``local_cpus`` caps a local cluster started here (no ``address``) at that many CPUs.

@@ -89,7 +89,9 @@ def collect(paths: list[Path]) -> list[RunRecord]:
     for path in map(Path, paths):
         if (path / MANIFEST).is_file():
             for cell in json.loads((path / MANIFEST).read_text())["cells"]:
-                for run_dir in sorted((path / cell).glob("seed*"), key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else 0):
+                for run_dir in sorted(
+                    (path / cell).glob("seed*"), key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else 0
+                ):
                     rows = read_metrics(run_dir / "metrics.jsonl")
                     if rows:
                         records.append(RunRecord(cell, run_dir, rows))
@@ -179,7 +181,9 @@ def write_tables(rows: list[dict[str, Any]], out_dir: Path, unfinished: list[Pat
         values = []
         for key in keys:
             mean, ci = row.get(key, (math.nan, math.nan))
-            values.append("—" if not math.isfinite(mean) else _fmt(mean) + (f" ± {_fmt(ci)}" if math.isfinite(ci) else ""))
+            values.append(
+                "—" if not math.isfinite(mean) else _fmt(mean) + (f" ± {_fmt(ci)}" if math.isfinite(ci) else "")
+            )
         lines.append(f"| {row['cell']} | {row['seeds']} | " + " | ".join(values) + " |")
     lines += ["", "mean ± 95% confidence interval over seeds (Student t, n - 1 degrees of freedom); docs/ablation.md"]
     if unfinished:

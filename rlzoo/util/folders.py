@@ -28,8 +28,10 @@ def folder_problem(folder: Path, field: str) -> str | None:
         if not folder.is_dir():
             return f"{folder} is a file, not a folder: choose another {field}, or move the file away"
         if not os.access(folder, os.W_OK | os.X_OK):
-            return (f"{folder} is a folder this user cannot write to: make it writable (chmod u+rwx {folder}) or "
-                    f"choose another {field}")
+            return (
+                f"{folder} is a folder this user cannot write to: make it writable (chmod u+rwx {folder}) or "
+                f"choose another {field}"
+            )
         return None
     ancestor = folder.absolute().parent
     while not exists(ancestor) and ancestor != ancestor.parent:
@@ -37,6 +39,8 @@ def folder_problem(folder: Path, field: str) -> str | None:
     if not ancestor.is_dir():
         return f"{folder} cannot be made: {ancestor} is a file, not a folder; choose another {field}"
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        return (f"{folder} cannot be made: its parent folder {ancestor} is not writable by this user; choose another "
-                f"{field}, or make the folder yourself with write permission")
+        return (
+            f"{folder} cannot be made: its parent folder {ancestor} is not writable by this user; choose another "
+            f"{field}, or make the folder yourself with write permission"
+        )
     return None

@@ -23,8 +23,25 @@ MAX_HEADER_BYTES = 100_000_000
 
 #: bits per element of the dtypes safetensors 0.8 knows; a dtype not listed here has its byte count unchecked
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
     "C64": 64,
 }
 
@@ -71,12 +88,15 @@ def read_header(path: Path | str) -> dict[str, TensorInfo]:
     end = 0
     for (begin, stop), name, tensor in sorted(spans, key=lambda item: item[0]):
         if begin != end:
-            raise HeaderProblem(f"damaged header (tensor {name!r} starts at data byte {begin}, the one before it "
-                                f"ends at {end})")
+            raise HeaderProblem(
+                f"damaged header (tensor {name!r} starts at data byte {begin}, the one before it ends at {end})"
+            )
         bits = DTYPE_BITS.get(tensor.dtype)
         if bits is not None and math.prod(tensor.shape) * bits != (stop - begin) * 8:
-            raise HeaderProblem(f"damaged header (tensor {name!r}, {tensor.dtype} of shape {list(tensor.shape)}, "
-                                f"is given {stop - begin} bytes)")
+            raise HeaderProblem(
+                f"damaged header (tensor {name!r}, {tensor.dtype} of shape {list(tensor.shape)}, "
+                f"is given {stop - begin} bytes)"
+            )
         end = stop
     expected = 8 + length + end
     if size < expected:
@@ -101,8 +121,15 @@ def _entry(name: str, entry: object) -> tuple[TensorInfo, tuple[int, int]]:
     """A header entry as ``(TensorInfo, (begin, end))``, or :class:`HeaderProblem` naming the tensor."""
     if isinstance(entry, dict):
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if (isinstance(dtype, str) and isinstance(shape, list) and _naturals(shape) and isinstance(offsets, list)
-                and len(offsets) == 2 and _naturals(offsets) and offsets[0] <= offsets[1]):
+        if (
+            isinstance(dtype, str)
+            and isinstance(shape, list)
+            and _naturals(shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and _naturals(offsets)
+            and offsets[0] <= offsets[1]
+        ):
             return TensorInfo(dtype, tuple(shape)), (offsets[0], offsets[1])
     raise HeaderProblem(f"damaged header (tensor {name!r} has no valid dtype, shape and data_offsets)")
 

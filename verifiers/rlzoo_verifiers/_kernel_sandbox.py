@@ -48,8 +48,7 @@ WORK = f"{ROOT}/work"
 SRC = f"{ROOT}/src"
 RUNNER = f"{ROOT}/runner.py"
 _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache")
-_NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-               "--unshare-cgroup")
+_NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup")
 _HOW_TO_WEAKEN = (
     "set `isolation: process` in the code verifier's params to run responses with the weaker in-process guards "
     "only (not safe for untrusted code; see docs/security.md)"
@@ -87,8 +86,21 @@ class KernelSandbox:
             binds.append(info["libdir"])
         if site_packages:
             binds += [info["prefix"], *info["path"], *_link_chain(os.path.abspath(python))]
-        argv = [bwrap, *_NAMESPACES, "--disable-userns", "--uid", str(UID), "--gid", str(UID),
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+        argv = [
+            bwrap,
+            *_NAMESPACES,
+            "--disable-userns",
+            "--uid",
+            str(UID),
+            "--gid",
+            str(UID),
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            "sandbox",
+        ]
         for path in _SYSTEM_LIBS:
             if os.path.islink(path):
                 argv += ["--symlink", os.readlink(path), path]
@@ -100,8 +112,18 @@ class KernelSandbox:
             for path in sorted(set(info["site"])):
                 if os.path.isdir(path):
                     argv += ["--tmpfs", path, "--remount-ro", path]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "0700", "--size", str(disk_mb * 1024 * 1024), "--tmpfs", WORK]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "0700",
+            "--size",
+            str(disk_mb * 1024 * 1024),
+            "--tmpfs",
+            WORK,
+        ]
         self._argv = argv
         self.runner = Path(runner).read_bytes()
         self.user: int | None = None
@@ -123,25 +145,44 @@ class KernelSandbox:
         """Where :meth:`run` creates a ``pids`` group per response: only where bwrap runs as root, whom
         ``RLIMIT_NPROC`` does not bind (``None`` there too when the machine offers no writable hierarchy)."""
         if refused is not None:
-            cap = (f"a pids cgroup ({self.pids_root}) caps each response at max_processes instead"
-                   if self.pids_root is not None else
-                   "no writable pids cgroup exists, so max_processes is not enforced: only the timeout bounds a "
-                   "fork bomb")
+            cap = (
+                f"a pids cgroup ({self.pids_root}) caps each response at max_processes instead"
+                if self.pids_root is not None
+                else "no writable pids cgroup exists, so max_processes is not enforced: only the timeout bounds a "
+                "fork bomb"
+            )
             logger.warning(
                 "the code verifier's sandbox runs bwrap as root, because uid %d cannot reach what it needs "
                 "(%s). The code inside is still uid %d without capabilities in its own namespaces, but it is "
                 "root outside them and RLIMIT_NPROC does not bind root: %s. To run it unprivileged, give the "
                 "verifier an interpreter every user can read (its `python` param, e.g. /usr/bin/python3; now "
                 "%s) or let others enter each folder above the path named (and above TMPDIR) (docs/security.md)",
-                UID, refused, UID, cap, self.python,
+                UID,
+                refused,
+                UID,
+                cap,
+                self.python,
             )
 
     def command(self, src_dir: str, interpreter_flags: list[str]) -> tuple[list[str], list[int]]:
         """The command that runs the runner on the sources in ``src_dir`` (mounted read-only at ``SRC``), and the
         pipes bwrap reads (the seccomp filter, the runner's source): pass them to the child, then close them."""
         fds = [_pipe(self.runner)]
-        argv = [*self._argv, "--perms", "0444", "--ro-bind-data", str(fds[0]), RUNNER,
-                "--ro-bind", src_dir, SRC, "--remount-ro", "/", "--chdir", WORK]
+        argv = [
+            *self._argv,
+            "--perms",
+            "0444",
+            "--ro-bind-data",
+            str(fds[0]),
+            RUNNER,
+            "--ro-bind",
+            src_dir,
+            SRC,
+            "--remount-ro",
+            "/",
+            "--chdir",
+            WORK,
+        ]
         if self.filter is not None:
             fds.append(_pipe(self.filter))
             argv += ["--seccomp", str(fds[-1])]
@@ -153,10 +194,18 @@ class KernelSandbox:
             os.chmod(empty, 0o755)
             argv, fds = self.command(empty, [])
             try:
-                proc = subprocess.run(argv[:-1] + ["-I", "-S", "-c", "pass"], env={}, capture_output=True,
-                                      timeout=60, cwd="/", user=user, group=user,
-                                      extra_groups=None if user is None else [], pass_fds=fds,
-                                      stdin=subprocess.DEVNULL)
+                proc = subprocess.run(
+                    argv[:-1] + ["-I", "-S", "-c", "pass"],
+                    env={},
+                    capture_output=True,
+                    timeout=60,
+                    cwd="/",
+                    user=user,
+                    group=user,
+                    extra_groups=None if user is None else [],
+                    pass_fds=fds,
+                    stdin=subprocess.DEVNULL,
+                )
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -180,8 +229,7 @@ def _pipe(data: bytes) -> int:
 def _interpreter(python: str, site_packages: bool) -> dict:
     flags = ["-I"] if site_packages else ["-I", "-S"]
     try:
-        out = subprocess.run([python, *flags, "-c", _QUERY], capture_output=True, check=True, timeout=60,
-                             env={}).stdout
+        out = subprocess.run([python, *flags, "-c", _QUERY], capture_output=True, check=True, timeout=60, env={}).stdout
     except (OSError, subprocess.SubprocessError) as err:
         raise RlzooError(f"the code verifier's python {python!r} cannot be run: {err}") from err
     return json.loads(out)

@@ -137,8 +137,24 @@ def _install_guards(work):
 
         return guarded
 
-    for name in ("mkdir", "rmdir", "remove", "unlink", "chmod", "chown", "lchown", "lchmod", "truncate", "utime",
-                 "mkfifo", "mknod", "setxattr", "removexattr", "chflags", "lchflags"):
+    for name in (
+        "mkdir",
+        "rmdir",
+        "remove",
+        "unlink",
+        "chmod",
+        "chown",
+        "lchown",
+        "lchmod",
+        "truncate",
+        "utime",
+        "mkfifo",
+        "mknod",
+        "setxattr",
+        "removexattr",
+        "chflags",
+        "lchflags",
+    ):
         replace(name, one_path_factory, os, posix)
 
     def two_path_factory(original):
@@ -184,8 +200,16 @@ def _install_guards(work):
 
     socket.socket = socket.SocketType = DeniedSocket
     _socket.socket = _socket.SocketType = DeniedRawSocket
-    for name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo", "gethostbyname",
-                 "gethostbyname_ex", "gethostbyaddr"):
+    for name in (
+        "create_connection",
+        "create_server",
+        "socketpair",
+        "fromfd",
+        "getaddrinfo",
+        "gethostbyname",
+        "gethostbyname_ex",
+        "gethostbyaddr",
+    ):
         for module in (socket, _socket):
             if hasattr(module, name):
                 setattr(module, name, deny_network)
@@ -194,10 +218,36 @@ def _install_guards(work):
     def deny_process(*args, **kwargs):
         _report(EXIT_PROCESS, "process creation or control blocked")
 
-    for name in ("fork", "forkpty", "vfork", "system", "popen", "posix_spawn", "posix_spawnp", "execv", "execve",
-                 "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "spawnl",
-                 "spawnle", "spawnlp", "spawnlpe", "spawnvp", "spawnvpe", "killpg", "setsid", "setpgid",
-                 "setpgrp", "pidfd_open"):
+    for name in (
+        "fork",
+        "forkpty",
+        "vfork",
+        "system",
+        "popen",
+        "posix_spawn",
+        "posix_spawnp",
+        "execv",
+        "execve",
+        "execl",
+        "execle",
+        "execlp",
+        "execlpe",
+        "execvp",
+        "execvpe",
+        "spawnv",
+        "spawnve",
+        "spawnl",
+        "spawnle",
+        "spawnlp",
+        "spawnlpe",
+        "spawnvp",
+        "spawnvpe",
+        "killpg",
+        "setsid",
+        "setpgid",
+        "setpgrp",
+        "pidfd_open",
+    ):
         for module in (os, posix):
             if hasattr(module, name):
                 setattr(module, name, deny_process)

@@ -134,7 +134,8 @@ class CodeVerifier(Verifier):
         p = self.params
         self.sandbox: KernelSandbox | None = (
             KernelSandbox(p.python or sys.executable, p.site_packages, p.disk_mb, str(RUNNER))
-            if p.isolation == "kernel" else None
+            if p.isolation == "kernel"
+            else None
         )
 
     def verify(self, sample: Sample, response: str) -> Verdict:
@@ -191,8 +192,9 @@ class CodeVerifier(Verifier):
             if self.sandbox.pids_root is not None:
                 group = PidsGroup(self.sandbox.pids_root, p.max_processes)
                 argv = group.wrap(argv)
-            config.update(solution=f"{SRC}/solution.py", tests=f"{SRC}/tests.py", started_fd=started_w,
-                          nproc=p.max_processes)
+            config.update(
+                solution=f"{SRC}/solution.py", tests=f"{SRC}/tests.py", started_fd=started_w, nproc=p.max_processes
+            )
             cwd = outer
         else:
             work = cwd = os.path.join(outer, "work")

@@ -74,8 +74,9 @@ class JudgeVerifier(ServiceVerifier):
         max_tokens: int = Field(256, ge=1, description="the most tokens of one judgement")
         correct_at: float | None = Field(None, description="correct when reward >= correct_at; null: not judged")
         extra_body: dict[str, Any] = Field(
-            default_factory=dict, description="more fields of each request, e.g. vLLM's structured_outputs (a regex "
-            "the judgement must match) or OpenAI's response_format"
+            default_factory=dict,
+            description="more fields of each request, e.g. vLLM's structured_outputs (a regex "
+            "the judgement must match) or OpenAI's response_format",
         )
 
         @model_validator(mode="after")
@@ -95,8 +96,18 @@ class JudgeVerifier(ServiceVerifier):
 
     def cache_identity(self) -> tuple[Any, ...]:
         p = self.params
-        return (p.base_url, p.model, self._rubrics(), p.score_format, p.min_score, p.max_score, p.samples,
-                p.temperature, p.max_tokens, p.extra_body)
+        return (
+            p.base_url,
+            p.model,
+            self._rubrics(),
+            p.score_format,
+            p.min_score,
+            p.max_score,
+            p.samples,
+            p.temperature,
+            p.max_tokens,
+            p.extra_body,
+        )
 
     def _rubrics(self) -> dict[str, str]:
         return dict(self.params.parts) if self.params.parts else {"": self.params.rubric}
@@ -104,16 +115,34 @@ class JudgeVerifier(ServiceVerifier):
     def score_uncached(self, samples: list[Sample], responses: list[str]) -> list[Any]:
         p, rubrics = self.params, self._rubrics()
         url = p.base_url.rstrip("/") + "/chat/completions"
-        asks = [(s, r, name, rubric) for s, r in zip(samples, responses, strict=True) for name, rubric in rubrics.items()]
-        replies = self.client.post_all([(url, {
-            "model": p.model, "messages": [{"role": "user", "content": self.fill(rubric, sample, response)}],
-            "n": p.samples, "temperature": p.temperature, "max_tokens": p.max_tokens, **p.extra_body,
-        }) for sample, response, _, rubric in asks])
+        asks = [
+            (s, r, name, rubric) for s, r in zip(samples, responses, strict=True) for name, rubric in rubrics.items()
+        ]
+        replies = self.client.post_all(
+            [
+                (
+                    url,
+                    {
+                        "model": p.model,
+                        "messages": [{"role": "user", "content": self.fill(rubric, sample, response)}],
+                        "n": p.samples,
+                        "temperature": p.temperature,
+                        "max_tokens": p.max_tokens,
+                        **p.extra_body,
+                    },
+                )
+                for sample, response, _, rubric in asks
+            ]
+        )
         results: list[Any] = []
         for start in range(0, len(asks), len(rubrics)):
             try:
-                parts = {name: self._part(reply) for (_, _, name, _), reply in
-                         zip(asks[start : start + len(rubrics)], replies[start : start + len(rubrics)], strict=True)}
+                parts = {
+                    name: self._part(reply)
+                    for (_, _, name, _), reply in zip(
+                        asks[start : start + len(rubrics)], replies[start : start + len(rubrics)], strict=True
+                    )
+                }
                 results.append({"parts": parts})
             except ServiceError as exc:
                 results.append(exc)
@@ -122,8 +151,13 @@ class JudgeVerifier(ServiceVerifier):
     def fill(self, rubric: str, sample: Sample, response: str) -> str:
         """The rubric with its placeholders replaced (literally: the response's own braces stay as they are)."""
         p = self.params
-        values = {"{min_score}": f"{p.min_score:g}", "{max_score}": f"{p.max_score:g}", "{prompt}": sample.prompt,
-                  "{reference}": sample.answer, "{response}": response}
+        values = {
+            "{min_score}": f"{p.min_score:g}",
+            "{max_score}": f"{p.max_score:g}",
+            "{prompt}": sample.prompt,
+            "{reference}": sample.answer,
+            "{response}": response,
+        }
         pattern = re.compile("|".join(re.escape(key) for key in values))
         return pattern.sub(lambda m: values[m.group(0)], rubric)  # one pass: a value's text is never re-read
 
@@ -144,8 +178,11 @@ class JudgeVerifier(ServiceVerifier):
             message = choice.get("message") if isinstance(choice, dict) else None
             text = message.get("content") if isinstance(message, dict) else None
             try:
-                rewards.append(self.reward_of(parse_score(text, self.params.score_format, self.params.min_score,
-                                                          self.params.max_score)))
+                rewards.append(
+                    self.reward_of(
+                        parse_score(text, self.params.score_format, self.params.min_score, self.params.max_score)
+                    )
+                )
             except ValueError as exc:
                 why = str(exc)
         self.stats.add("unread_judgements", len(choices) - len(rewards))

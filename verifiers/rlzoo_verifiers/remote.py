@@ -78,10 +78,12 @@ class RemoteVerifier(ServiceVerifier):
                 "prompts": [s.prompt for s in samples],
                 "labels": [s.answer for s in samples],
             }
-        return {"items": [
-            {"prompt": s.prompt, "response": r, "answer": s.answer, "metadata": s.meta}
-            for s, r in zip(samples, responses, strict=True)
-        ]}
+        return {
+            "items": [
+                {"prompt": s.prompt, "response": r, "answer": s.answer, "metadata": s.meta}
+                for s, r in zip(samples, responses, strict=True)
+            ]
+        }
 
     def _results(self, reply: Any, count: int) -> list[Any]:
         """One result (a dict with ``reward``, or a ServiceError) per item of a request of ``count``."""
@@ -91,8 +93,12 @@ class RemoteVerifier(ServiceVerifier):
             raise ServiceError(f"{self.params.url} replied without a list {key!r} of {count} (got {_shape(reply)})")
         if self.params.protocol == "openrlhf":
             return [{"reward": reward} for reward in found]
-        results = [ServiceError(f"{self.params.url}: {item['error']}") if isinstance(item, dict) and item.get("error")
-                   else item for item in found]
+        results = [
+            ServiceError(f"{self.params.url}: {item['error']}")
+            if isinstance(item, dict) and item.get("error")
+            else item
+            for item in found
+        ]
         self.stats.count(failures=sum(isinstance(result, ServiceError) for result in results))
         return results
 
@@ -113,8 +119,14 @@ class RemoteVerifier(ServiceVerifier):
         reason = info.get("reason") if isinstance(info, dict) and isinstance(info.get("reason"), str) else info
         reason = str(reason)[:200] if reason else None
         step_rewards, step_spans = self._steps(result.get("steps"))
-        return Verdict(reward, correct=bool(correct) if isinstance(correct, bool) else None, parts=parts, reason=reason,
-                       step_rewards=step_rewards, step_spans=step_spans)
+        return Verdict(
+            reward,
+            correct=bool(correct) if isinstance(correct, bool) else None,
+            parts=parts,
+            reason=reason,
+            step_rewards=step_rewards,
+            step_spans=step_spans,
+        )
 
     def _steps(self, steps: Any) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
         """A result's per-step rewards and their character spans (``steps``; absent: none). A step that is not a
@@ -128,10 +140,15 @@ class RemoteVerifier(ServiceVerifier):
         rewards = [_number(step.get("reward"), f"{where}[{k}].reward") for k, step in enumerate(steps)]
         spans = [step.get("span") for step in steps]
         for k, span in enumerate(spans):
-            if not (isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)
-                    and 0 <= span[0] <= span[1]):
-                raise ServiceError(f"{where}[{k}].span is not [start, end] character offsets, 0 <= start <= end: "
-                                   f"{_shape(span)}")
+            if not (
+                isinstance(span, list)
+                and len(span) == 2
+                and all(type(x) is int for x in span)
+                and 0 <= span[0] <= span[1]
+            ):
+                raise ServiceError(
+                    f"{where}[{k}].span is not [start, end] character offsets, 0 <= start <= end: {_shape(span)}"
+                )
         return rewards, [(span[0], span[1]) for span in spans]
 
 

@@ -52,7 +52,9 @@ class RewardModelVerifier(Verifier):
     verl_name = "reward_model"
 
     class Params(Params):
-        path: str = Field(description="a Hugging Face sequence-classification model folder (one label), tokenizer included")
+        path: str = Field(
+            description="a Hugging Face sequence-classification model folder (one label), tokenizer included"
+        )
         scale: float = Field(1.0, allow_inf_nan=False, description="reward = scale * score + shift")
         shift: float = Field(0.0, allow_inf_nan=False, description="reward = scale * score + shift")
         threshold: float | None = Field(
@@ -92,11 +94,16 @@ class RewardModelVerifier(Verifier):
         weights = weight_bytes(Path(self.params.path).expanduser(), self._dtype_name(cuda=True))
         total = run.memory.total(run.device_memory)
         if weights is not None and total <= run.device_memory < total + weights:
-            problems.append((f"{at}.path", (
-                f"the reward model's weights ({weights / GB:.2f} GB in {self._dtype_name(cuda=True)}) do not fit beside "
-                f"the run's estimated {total / GB:.1f} GB per rank in {run.device_memory / GB:.1f} GB: use a smaller "
-                f"reward model or dtype, or {at}.device: cpu"
-            )))
+            problems.append(
+                (
+                    f"{at}.path",
+                    (
+                        f"the reward model's weights ({weights / GB:.2f} GB in {self._dtype_name(cuda=True)}) do not fit beside "
+                        f"the run's estimated {total / GB:.1f} GB per rank in {run.device_memory / GB:.1f} GB: use a smaller "
+                        f"reward model or dtype, or {at}.device: cpu"
+                    ),
+                )
+            )
         return problems
 
     # -- scoring -----------------------------------------------------------------------------------------------
@@ -225,9 +232,7 @@ def folder_problems(params: RewardModelVerifier.Params) -> list[tuple[str, str]]
     metadata (``config.json``, file names; :meth:`rlzoo.interfaces.RunFacts.model_folder`, the policy's check),
     nothing loaded."""
     path = Path(params.path).expanduser()
-    expected = (
-        f"a Hugging Face sequence-classification model folder (config.json naming a ...{HEAD_SUFFIX}, weights, tokenizer)"
-    )
+    expected = f"a Hugging Face sequence-classification model folder (config.json naming a ...{HEAD_SUFFIX}, weights, tokenizer)"
     folder = RunFacts.model_folder(path)
     if folder.absent is not None:
         return [("path", f"{path} {folder.absent}; expected {expected}")]
@@ -236,25 +241,46 @@ def folder_problems(params: RewardModelVerifier.Params) -> list[tuple[str, str]]
         return [("path", str(folder.unreadable))]
     architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     if not any(a.endswith(HEAD_SUFFIX) for a in architectures):
-        what = f"a {', '.join(architectures)} folder" if architectures else "a folder whose config.json names no model class"
-        return [("path", (
-            f"{path} is {what}, not a sequence-classification model (...{HEAD_SUFFIX}); a reward model has a "
-            f"one-score head: save one with AutoModelForSequenceClassification (num_labels=1)"
-        ))]
+        what = (
+            f"a {', '.join(architectures)} folder"
+            if architectures
+            else "a folder whose config.json names no model class"
+        )
+        return [
+            (
+                "path",
+                (
+                    f"{path} is {what}, not a sequence-classification model (...{HEAD_SUFFIX}); a reward model has a "
+                    f"one-score head: save one with AutoModelForSequenceClassification (num_labels=1)"
+                ),
+            )
+        ]
     problems = []
     labels = config.get("id2label")
     count = len(labels) if isinstance(labels, dict) else config.get("num_labels", 2)  # transformers' default: 2
     if count != 1:
-        problems.append(("path", (
-            f"{path} has {count} labels (config.json id2label); the reward-model verifier reads one score: use a "
-            "model saved with num_labels=1"
-        )))
-    problems += [("path", message) for message in folder.problems(tokenizer=": save the reward model's tokenizer into it",
-                                                                    head="score")]
+        problems.append(
+            (
+                "path",
+                (
+                    f"{path} has {count} labels (config.json id2label); the reward-model verifier reads one score: use a "
+                    "model saved with num_labels=1"
+                ),
+            )
+        )
+    problems += [
+        ("path", message)
+        for message in folder.problems(tokenizer=": save the reward model's tokenizer into it", head="score")
+    ]
     context = config.get("max_position_embeddings")
     if params.max_tokens is not None and isinstance(context, int) and params.max_tokens > context:
-        problems.append(("max_tokens", f"{params.max_tokens} exceeds the reward model's context ({context} positions, "
-                                       "config.json max_position_embeddings); use at most that, or null"))
+        problems.append(
+            (
+                "max_tokens",
+                f"{params.max_tokens} exceeds the reward model's context ({context} positions, "
+                "config.json max_position_embeddings); use at most that, or null",
+            )
+        )
     return problems
 
 

@@ -58,7 +58,9 @@ class WeightedVerifier(Verifier):
     parts' phase metrics (``time/reward_model``, ...) are passed on.
     """
 
-    formula = "reward = sum_i weight_i * reward_i; parts = {label_i: reward_i}; correct = all(correct_i, deciding parts)"
+    formula = (
+        "reward = sum_i weight_i * reward_i; parts = {label_i: reward_i}; correct = all(correct_i, deciding parts)"
+    )
 
     class Params(Params):
         verifiers: list[dict[str, Any]] = Field(
@@ -157,10 +159,15 @@ class WeightedVerifier(Verifier):
             problems += part.preflight(run, f"{at}.verifiers.{index}")
         for k, index in enumerate(self.params.correct_from or []):
             if not self.parts[index].judges_correctness():
-                problems.append((f"{at}.correct_from.{k}", (
-                    f"part {index} ({self.parts[index].name}) does not judge correctness (its verdicts are never "
-                    "correct; a reward-model needs a threshold): name parts that do, or null"
-                )))
+                problems.append(
+                    (
+                        f"{at}.correct_from.{k}",
+                        (
+                            f"part {index} ({self.parts[index].name}) does not judge correctness (its verdicts are never "
+                            "correct; a reward-model needs a threshold): name parts that do, or null"
+                        ),
+                    )
+                )
         return problems
 
     def verify(self, sample: Sample, response: str) -> Verdict:

@@ -73,8 +73,17 @@ def test_a_kernel_that_refuses_user_namespaces_stops_the_verifier():
         f"print(weak.verify(Sample('p', '', meta={ADD.meta!r}), {GOOD!r}).reward)\n"
     )
     proc = subprocess.run(
-        ["unshare", "-Ur", "sh", "-c", f"echo 0 > /proc/sys/user/max_user_namespaces && {sys.executable} -c \"$0\"",
-         script], capture_output=True, text=True, timeout=120,
+        [
+            "unshare",
+            "-Ur",
+            "sh",
+            "-c",
+            f"echo 0 > /proc/sys/user/max_user_namespaces && {sys.executable} -c \"$0\"",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr

@@ -51,53 +51,105 @@ HOSTILE = [
     ("open-write", "open('@TMP@', 'w').write('x')\n", "write outside sandbox"),
     ("pathlib-write-repo", "import pathlib\npathlib.Path('@REPO@').write_text('x')\n", "write outside sandbox"),
     ("symlink-escape", "import os\nos.symlink('/tmp', 'l')\nopen('l/x', 'w')\n", "write outside sandbox"),
-    ("reload-os", "import importlib, os\nimportlib.reload(os)\nos.open('@TMP@', os.O_CREAT | os.O_WRONLY)\n",
-     "write outside sandbox"),
-    ("bypass-reimport-posix-tmp", BYPASS_POSIX + "posix.open('@TMP@', posix.O_CREAT | posix.O_WRONLY)\n",
-     "runtime error"),  # /tmp does not exist in the sandbox: FileNotFoundError
-    ("bypass-reimport-posix-stdlib", BYPASS_POSIX + "posix.open('@LIB@', posix.O_CREAT | posix.O_WRONLY)\n",
-     "write outside sandbox"),  # EROFS
-    ("closure-original-open", "import builtins\nf = builtins.open\n"
-     "original = f.__closure__[f.__code__.co_freevars.index('original')].cell_contents\n"
-     "original('@USRLIB@', 'w').write('x')\n", "write outside sandbox"),
-    ("gc-find-original-os-open", "import gc, os\nfns = [o for o in gc.get_objects() if callable(o) and "
-     "getattr(o, '__name__', '') == 'open' and getattr(o, '__module__', '') == 'posix']\n"
-     "for f in fns:\n    f('@LIB@', os.O_CREAT | os.O_WRONLY)\n", "write outside sandbox"),
-    ("overwrite-own-tests", BYPASS_POSIX + "posix.open('/sandbox/src/tests.py', posix.O_WRONLY | posix.O_TRUNC)\n",
-     "write outside sandbox"),
+    (
+        "reload-os",
+        "import importlib, os\nimportlib.reload(os)\nos.open('@TMP@', os.O_CREAT | os.O_WRONLY)\n",
+        "write outside sandbox",
+    ),
+    (
+        "bypass-reimport-posix-tmp",
+        BYPASS_POSIX + "posix.open('@TMP@', posix.O_CREAT | posix.O_WRONLY)\n",
+        "runtime error",
+    ),  # /tmp does not exist in the sandbox: FileNotFoundError
+    (
+        "bypass-reimport-posix-stdlib",
+        BYPASS_POSIX + "posix.open('@LIB@', posix.O_CREAT | posix.O_WRONLY)\n",
+        "write outside sandbox",
+    ),  # EROFS
+    (
+        "closure-original-open",
+        "import builtins\nf = builtins.open\n"
+        "original = f.__closure__[f.__code__.co_freevars.index('original')].cell_contents\n"
+        "original('@USRLIB@', 'w').write('x')\n",
+        "write outside sandbox",
+    ),
+    (
+        "gc-find-original-os-open",
+        "import gc, os\nfns = [o for o in gc.get_objects() if callable(o) and "
+        "getattr(o, '__name__', '') == 'open' and getattr(o, '__module__', '') == 'posix']\n"
+        "for f in fns:\n    f('@LIB@', os.O_CREAT | os.O_WRONLY)\n",
+        "write outside sandbox",
+    ),
+    (
+        "overwrite-own-tests",
+        BYPASS_POSIX + "posix.open('/sandbox/src/tests.py', posix.O_WRONLY | posix.O_TRUNC)\n",
+        "write outside sandbox",
+    ),
     ("rmtree-host-dir", "import shutil\nshutil.rmtree('@VICTIM@')\n", "runtime error"),  # not visible inside
-    ("bypass-shell-as-root", BYPASS_POSIX + "worked = posix.system('touch @TMP@ @HOME@') == 0\n" + IF_WORKED,
-     "runtime error"),  # no shell in the sandbox; nothing runs as root
+    (
+        "bypass-shell-as-root",
+        BYPASS_POSIX + "worked = posix.system('touch @TMP@ @HOME@') == 0\n" + IF_WORKED,
+        "runtime error",
+    ),  # no shell in the sandbox; nothing runs as root
     ("subprocess", "import subprocess\nsubprocess.run(['touch', '@TMP@'])\n", "process control"),
     ("os-system", "import os\nos.system('touch @TMP@')\n", "process control"),
     ("ctypes-import", "import ctypes\n", "runtime error"),
-    ("bypass-ctypes-namespaces", BYPASS_CTYPES + "libc = ctypes.CDLL(None, use_errno=True)\n"
-     "worked = libc.unshare(0x10000000) == 0 or libc.mount(b'none', b'/sandbox', b'tmpfs', 0, None) == 0"
-     " or libc.ptrace(0, 0, 0, 0) == 0\n" + IF_WORKED, "runtime error"),  # seccomp: EPERM
-    ("bypass-ctypes-system", BYPASS_CTYPES + "worked = ctypes.CDLL(None).system(b'touch @TMP@') == 0\n" + IF_WORKED,
-     "runtime error"),
+    (
+        "bypass-ctypes-namespaces",
+        BYPASS_CTYPES + "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "worked = libc.unshare(0x10000000) == 0 or libc.mount(b'none', b'/sandbox', b'tmpfs', 0, None) == 0"
+        " or libc.ptrace(0, 0, 0, 0) == 0\n" + IF_WORKED,
+        "runtime error",
+    ),  # seccomp: EPERM
+    (
+        "bypass-ctypes-system",
+        BYPASS_CTYPES + "worked = ctypes.CDLL(None).system(b'touch @TMP@') == 0\n" + IF_WORKED,
+        "runtime error",
+    ),
     ("fork-bomb", "import os\nwhile True:\n    os.fork()\n", "process control"),
-    ("bypass-fork-many", BYPASS_POSIX + "import time\nfor i in range(200):\n    if posix.fork() == 0:\n"
-     "        time.sleep(600)\ntime.sleep(600)\n", None),  # see test_fork_many: timeout, or EAGAIN if not root
+    (
+        "bypass-fork-many",
+        BYPASS_POSIX + "import time\nfor i in range(200):\n    if posix.fork() == 0:\n"
+        "        time.sleep(600)\ntime.sleep(600)\n",
+        None,
+    ),  # see test_fork_many: timeout, or EAGAIN if not root
     ("kill-parent", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", "process control"),
-    ("bypass-kill-everything", BYPASS_POSIX + "for pid in (posix.getppid(), 1, -1):\n"
-     "    for sig in (15, 1, 10):\n        try:\n            posix.kill(pid, sig)\n        except OSError:\n"
-     "            pass\nworked = False\n" + IF_WORKED, "runtime error"),
+    (
+        "bypass-kill-everything",
+        BYPASS_POSIX + "for pid in (posix.getppid(), 1, -1):\n"
+        "    for sig in (15, 1, 10):\n        try:\n            posix.kill(pid, sig)\n        except OSError:\n"
+        "            pass\nworked = False\n" + IF_WORKED,
+        "runtime error",
+    ),
     ("network", "import socket\nsocket.create_connection(('127.0.0.1', @PORT@), timeout=1)\n", "network access"),
-    ("bypass-network", BYPASS_SOCKET + "socket.create_connection(('127.0.0.1', @PORT@), timeout=1)\n",
-     "network access"),  # seccomp: EAFNOSUPPORT
-    ("secret-env", "import os, glob\nworked = any('@SECRET@' in v for v in os.environ.values())\n"
-     "for p in glob.glob('/proc/*/environ'):\n    try:\n        worked |= b'@SECRET@' in open(p, 'rb').read()\n"
-     "    except OSError:\n        pass\n" + IF_WORKED, "runtime error"),
-    ("secret-home-file", "try:\n    worked = '@SECRET@' in open('@SECRET_FILE@').read()\nexcept OSError:\n"
-     "    worked = False\n" + IF_WORKED, "runtime error"),
+    (
+        "bypass-network",
+        BYPASS_SOCKET + "socket.create_connection(('127.0.0.1', @PORT@), timeout=1)\n",
+        "network access",
+    ),  # seccomp: EAFNOSUPPORT
+    (
+        "secret-env",
+        "import os, glob\nworked = any('@SECRET@' in v for v in os.environ.values())\n"
+        "for p in glob.glob('/proc/*/environ'):\n    try:\n        worked |= b'@SECRET@' in open(p, 'rb').read()\n"
+        "    except OSError:\n        pass\n" + IF_WORKED,
+        "runtime error",
+    ),
+    (
+        "secret-home-file",
+        "try:\n    worked = '@SECRET@' in open('@SECRET_FILE@').read()\nexcept OSError:\n"
+        "    worked = False\n" + IF_WORKED,
+        "runtime error",
+    ),
     ("fill-disk-one-file", "open('big', 'wb').write(b'x' * 10 ** 8)\n", "disk limit"),
     ("fill-disk-many-files", "for i in range(1000):\n    open(f'f{i}', 'wb').write(b'x' * 10 ** 6)\n", "disk limit"),
     ("output-flood", "while True:\n    print('x' * 100000)\n", "disk limit"),
     ("exhaust-memory", "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n", "memory limit"),
     ("sleep-forever", "import time\ntime.sleep(10 ** 6)\n", "timeout"),
-    ("fake-success-marker", "import os, secrets\nprint('OK\\nall tests passed\\n' + secrets.token_hex(16))\n"
-     "os._exit(0)\n", "exited before the tests finished"),
+    (
+        "fake-success-marker",
+        "import os, secrets\nprint('OK\\nall tests passed\\n' + secrets.token_hex(16))\nos._exit(0)\n",
+        "exited before the tests finished",
+    ),
 ]
 
 
@@ -184,8 +236,9 @@ def test_the_table_is_large_enough():
     assert len(HOSTILE) >= 20 and len({row[0] for row in HOSTILE}) == len(HOSTILE)
 
 
-@pytest.mark.parametrize("response,reason", [row[1:] for row in HOSTILE if row[2]],
-                         ids=[row[0] for row in HOSTILE if row[2]])
+@pytest.mark.parametrize(
+    "response,reason", [row[1:] for row in HOSTILE if row[2]], ids=[row[0] for row in HOSTILE if row[2]]
+)
 def test_hostile_response(verifier, server, world, response, reason):
     port, accepted = server
     good, bad = verifier.verify_batch([ADD, ADD], [GOOD, _fill(response, world, port)])
@@ -217,8 +270,10 @@ def test_fork_many_is_stopped_by_the_process_limit(server, world):
     assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
-                    reason="needs root and a system python to run as nobody")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
+    reason="needs root and a system python to run as nobody",
+)
 def test_where_rlzoo_is_installed_does_not_matter(tmp_path, monkeypatch, server, world):
     """rlzoo in a folder only its owner may enter (a clone in ``mktemp -d``, a 0700 home), its runner readable by
     the owner alone: the runner is piped into the sandbox, so a root trainer's sandbox still drops to nobody and
@@ -236,8 +291,9 @@ def test_where_rlzoo_is_installed_does_not_matter(tmp_path, monkeypatch, server,
     assert (bad.reward, bad.reason, good.reward) == (0.0, "runtime error", 1.0)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK),
-                    reason="needs root and a system python to copy")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access("/usr/bin/python3", os.X_OK), reason="needs root and a system python to copy"
+)
 def test_a_root_sandbox_is_announced_never_silent(tmp_path, caplog):
     """An interpreter nobody cannot reach (a copy of the system python in a 0700 folder) keeps bwrap root: the
     verifier still works, and a warning names the path bwrap could not reach and the way out."""

@@ -121,11 +121,60 @@ def test_fast_enough_for_a_training_step():
 
 # ---------------------------------------------------------------- fast path == math-verify
 FORMS = [
-    "46", "4.0", "4", "-3", "+7", "007", "0", "-0", "1,000", "1000", "0.5", ".5", "1/2", "\\frac{1}{2}",
-    "-\\frac{3}{4}", "2^{10}", "1024", "x^2+1", "1+x^2", "\\sqrt{2}", "3\\pi", "\\infty", "-\\infty", "e",
-    "nan", "inf", "x<1", "x \\le 2", "(1,2]", "[0, 1)", "\\{1,2\\}", "1,2", "a=3", "50\\%", "1e5", "1.0e-3",
-    "The answer is 46", "$46$", "\\boxed{46}", "%%%", "abc", "12+34", "46 47", "", "  ", "\\emptyset", "10^{100}",
-    "123456789012345678901234567890", "0.1234567", "\\frac{22}{7}", "\\pi/2", "i", "2i+1", "\\text{yes}",
+    "46",
+    "4.0",
+    "4",
+    "-3",
+    "+7",
+    "007",
+    "0",
+    "-0",
+    "1,000",
+    "1000",
+    "0.5",
+    ".5",
+    "1/2",
+    "\\frac{1}{2}",
+    "-\\frac{3}{4}",
+    "2^{10}",
+    "1024",
+    "x^2+1",
+    "1+x^2",
+    "\\sqrt{2}",
+    "3\\pi",
+    "\\infty",
+    "-\\infty",
+    "e",
+    "nan",
+    "inf",
+    "x<1",
+    "x \\le 2",
+    "(1,2]",
+    "[0, 1)",
+    "\\{1,2\\}",
+    "1,2",
+    "a=3",
+    "50\\%",
+    "1e5",
+    "1.0e-3",
+    "The answer is 46",
+    "$46$",
+    "\\boxed{46}",
+    "%%%",
+    "abc",
+    "12+34",
+    "46 47",
+    "",
+    "  ",
+    "\\emptyset",
+    "10^{100}",
+    "123456789012345678901234567890",
+    "0.1234567",
+    "\\frac{22}{7}",
+    "\\pi/2",
+    "i",
+    "2i+1",
+    "\\text{yes}",
 ]
 TEXT = st.text(alphabet="0123456789+-*/^.,=<>()[]{}\\ $%abcxyzeip", max_size=12)
 ANSWERS = st.one_of(st.sampled_from(FORMS), TEXT)
@@ -152,8 +201,18 @@ def answer_response(draw):
     if kind == "integers":
         answer = draw(INTEGERS)
         value = int(answer)
-        response = draw(st.one_of(st.builds(_integer_text, st.sampled_from([value, value + 1, value - 1, -value]),
-                                             st.booleans(), st.integers(0, 2)), INTEGERS, ANSWERS))
+        response = draw(
+            st.one_of(
+                st.builds(
+                    _integer_text,
+                    st.sampled_from([value, value + 1, value - 1, -value]),
+                    st.booleans(),
+                    st.integers(0, 2),
+                ),
+                INTEGERS,
+                ANSWERS,
+            )
+        )
         return answer, draw(PADDING) + response + draw(PADDING)
     return draw(st.one_of(INTEGERS, ANSWERS)), draw(st.one_of(INTEGERS, ANSWERS))
 
@@ -174,8 +233,15 @@ LENIENT = MathVerifier(MathVerifier.Params(numbers_only=False))
 
 @pytest.mark.parametrize(
     "answer,response,decided",
-    [("46", " 46\n", True), ("46", "047", True), ("46", "47", True), ("46", "46.0", False),
-     ("\\frac{1}{2}", "\\frac{1}{2}", True), ("\\frac{1}{2}", "0.5", False), ("%%%", "%%%", True)],
+    [
+        ("46", " 46\n", True),
+        ("46", "047", True),
+        ("46", "47", True),
+        ("46", "46.0", False),
+        ("\\frac{1}{2}", "\\frac{1}{2}", True),
+        ("\\frac{1}{2}", "0.5", False),
+        ("%%%", "%%%", True),
+    ],
 )
 def test_fast_path_decides_exact_and_integer_answers(answer, response, decided):
     assert (V._fast_verdict(answer, response) is not None) == decided

@@ -27,7 +27,9 @@ def test_weighted_returns_each_parts_unweighted_reward_by_label():
     verdicts = verifier.verify_batch([Sample("1+3=", "4")] * 3, ["4", "46", "x"])
     assert [v.reward for v in verdicts] == [1.5, 0.5, 0.0]
     assert [v.parts for v in verdicts] == [
-        {"correct": 1.0, "regex": 1.0}, {"correct": 0.0, "regex": 1.0}, {"correct": 0.0, "regex": 0.0},
+        {"correct": 1.0, "regex": 1.0},
+        {"correct": 0.0, "regex": 1.0},
+        {"correct": 0.0, "regex": 0.0},
     ]
     assert verifier.verify(Sample("1+3=", "4"), "46").parts == {"correct": 0.0, "regex": 1.0}
 
@@ -43,8 +45,11 @@ def test_two_parts_of_one_verifier_are_told_apart_by_index():
 @pytest.mark.parametrize(
     ("parts", "field", "message"),
     [
-        ([{"name": "exact", "label": "x"}, {"name": "math", "label": "x"}], "verifier.verifiers.1.label",
-         "two parts are labelled 'x': give each part its own label"),
+        (
+            [{"name": "exact", "label": "x"}, {"name": "math", "label": "x"}],
+            "verifier.verifiers.1.label",
+            "two parts are labelled 'x': give each part its own label",
+        ),
         ([{"name": "exact", "label": ""}], "verifier.verifiers.0.label", "a part's label is a non-empty name"),
         ([{"name": "exact", "label": "a/b"}], "verifier.verifiers.0.label", "without '/'"),
         ([{"name": "exact", "label": 3}], "verifier.verifiers.0.label", "a part's label is a non-empty name"),

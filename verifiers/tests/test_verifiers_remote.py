@@ -18,20 +18,27 @@ def remote(**params):
 def test_a_result_becomes_a_verdict_with_its_parts_and_correctness():
     verdict = remote().verdict({"reward": 0.5, "parts": {"format": 1, "correct": 0.0}, "correct": True, "info": "ok"})
     assert (verdict.reward, verdict.parts, verdict.correct, verdict.reason) == (
-        0.5, {"format": 1.0, "correct": 0.0}, True, "ok")
+        0.5,
+        {"format": 1.0, "correct": 0.0},
+        True,
+        "ok",
+    )
     assert remote().verdict({"reward": 1}).correct is True  # no flag: reward >= 1
     assert remote().verdict({"reward": 0.9}).correct is False
 
 
-@pytest.mark.parametrize(("result", "message"), [
-    ({"reward": True}, "reward is not a finite number: True"),
-    ({"reward": "1.0"}, "reward is not a finite number: '1.0'"),
-    ({}, "reward is not a finite number: None"),
-    ({"reward": float("inf")}, "reward is not a finite number: inf"),
-    ({"reward": 1.0, "parts": [1.0]}, "parts is not an object"),
-    ({"reward": 1.0, "parts": {"a": None}}, "part 'a' is not a finite number"),
-    ([1.0], "not an object"),
-])
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        ({"reward": True}, "reward is not a finite number: True"),
+        ({"reward": "1.0"}, "reward is not a finite number: '1.0'"),
+        ({}, "reward is not a finite number: None"),
+        ({"reward": float("inf")}, "reward is not a finite number: inf"),
+        ({"reward": 1.0, "parts": [1.0]}, "parts is not an object"),
+        ({"reward": 1.0, "parts": {"a": None}}, "part 'a' is not a finite number"),
+        ([1.0], "not an object"),
+    ],
+)
 def test_a_result_that_means_no_score_is_a_service_error(result, message):
     with pytest.raises(ServiceError, match=message.replace("(", r"\(").replace("[", r"\[")):
         remote().verdict(result)
@@ -50,6 +57,10 @@ def test_the_protocols_ask_in_their_own_shapes():
 
     samples, responses = [Sample("2+2=", "4", meta={"id": 7})], ["4"]
     assert remote()._request(samples, responses) == {
-        "items": [{"prompt": "2+2=", "response": "4", "answer": "4", "metadata": {"id": 7}}]}
+        "items": [{"prompt": "2+2=", "response": "4", "answer": "4", "metadata": {"id": 7}}]
+    }
     assert remote(protocol="openrlhf")._request(samples, responses) == {
-        "query": ["2+2=4"], "prompts": ["2+2="], "labels": ["4"]}
+        "query": ["2+2=4"],
+        "prompts": ["2+2="],
+        "labels": ["4"],
+    }

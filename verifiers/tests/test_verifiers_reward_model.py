@@ -57,9 +57,18 @@ def reward_model_config(tokenizer):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=64, num_labels=1,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
     )
 
 
@@ -124,11 +133,21 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out = {"trained": save_model(train_reward_model(tokenizer), tokenizer, root / "trained")}
     with torch.random.fork_rng():
         torch.manual_seed(1)
-        out["untrained"] = save_model(Qwen3ForSequenceClassification(reward_model_config(plain)), plain, root / "untrained")
+        out["untrained"] = save_model(
+            Qwen3ForSequenceClassification(reward_model_config(plain)), plain, root / "untrained"
+        )
     from rlzoo.config.schema import TinyModelConfig
 
-    tiny = TinyModelConfig(architecture="qwen3", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                           head_dim=16, intermediate_size=64, max_position_embeddings=64)
+    tiny = TinyModelConfig(
+        architecture="qwen3",
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     out["causal"] = save_model(build_tiny_model(tiny, plain), plain, root / "causal")
     return out
 
@@ -228,7 +247,12 @@ def test_weighted_adds_weighted_rewards_and_takes_correctness_from_the_parts_tha
     scores = reward_model(folders["trained"]).scores(samples, responses)
     verdicts = combined.verify_batch(samples, responses)
     assert [v.reward for v in verdicts] == pytest.approx([m + 0.5 * s for m, s in zip([1, 0, 1, 0], scores)], abs=1e-5)
-    assert [v.correct for v in verdicts] == [True, False, True, False]  # math decides: the reward model has no threshold
+    assert [v.correct for v in verdicts] == [
+        True,
+        False,
+        True,
+        False,
+    ]  # math decides: the reward model has no threshold
     assert verdicts[3].reason == "math: no answer found in response"
     assert combined.verify(samples[1], "64").reward == pytest.approx(verdicts[1].reward, abs=1e-5)
 
@@ -258,8 +282,11 @@ def test_weighted_reports_its_parts_mistakes_at_their_fields():
         registry.create("verifier", "weighted", bad, loc="verifier")
     fields = {field: message for field, message in info.value.problems}
     assert set(fields) == {
-        "verifier.verifiers.0.strp", "verifier.verifiers.1.name", "verifier.verifiers.2.verifiers.0.weight",
-        "verifier.verifiers.3.path", "verifier.verifiers.4.name",
+        "verifier.verifiers.0.strp",
+        "verifier.verifiers.1.name",
+        "verifier.verifiers.2.verifiers.0.weight",
+        "verifier.verifiers.3.path",
+        "verifier.verifiers.4.name",
     }, fields
     assert "did you mean 'strip'" in fields["verifier.verifiers.0.strp"]
     assert fields["verifier.verifiers.1.name"].startswith("unknown verifier 'mth'; did you mean 'math'?")
@@ -288,11 +315,14 @@ def test_config_check_rejects_a_causal_lm_folder_at_the_field(folders, tmp_path,
         "(...ForSequenceClassification)"
     ) in err, err
     assert "Traceback" not in err
-    nested = write_config(tmp_path, f"{{name: weighted, verifiers: [{{name: math}}, {{name: reward-model, path: {causal}}}]}}")
+    nested = write_config(
+        tmp_path, f"{{name: weighted, verifiers: [{{name: math}}, {{name: reward-model, path: {causal}}}]}}"
+    )
     assert main(["config", "check", str(nested)]) == 1
     assert f"verifier.verifiers.1.path: {causal} is a Qwen3ForCausalLM folder" in capsys.readouterr().err
     good = write_config(
-        tmp_path, f"{{name: weighted, verifiers: [{{name: math}}, {{name: reward-model, path: {trained}, weight: 0.5}}]}}"
+        tmp_path,
+        f"{{name: weighted, verifiers: [{{name: math}}, {{name: reward-model, path: {trained}, weight: 0.5}}]}}",
     )
     assert main(["config", "check", str(good)]) == 0, capsys.readouterr().err
 
@@ -301,7 +331,10 @@ def test_train_refuses_a_causal_lm_reward_model_without_a_traceback(folders, tmp
     config = write_config(tmp_path, f"{{name: reward-model, path: {folders['causal']}}}")
     proc = subprocess.run(
         [sys.executable, "-m", "rlzoo.cli", "train", str(config), "--set", f"output_dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -311,8 +344,9 @@ def test_train_refuses_a_causal_lm_reward_model_without_a_traceback(folders, tmp
 
 def run_facts(tmp_path: Path, memory: MemoryEstimate | None = None, device_memory: int | None = None) -> RunFacts:
     config = rlzoo.load_config(write_config(tmp_path, "null"))
-    return RunFacts(config, ModelFacts(None, None, None), 1, rlzoo.default_registry(), memory=memory,
-                    device_memory=device_memory)
+    return RunFacts(
+        config, ModelFacts(None, None, None), 1, rlzoo.default_registry(), memory=memory, device_memory=device_memory
+    )
 
 
 def test_preflight_reads_the_folder_metadata_only(folders, tmp_path):
@@ -325,7 +359,9 @@ def test_preflight_reads_the_folder_metadata_only(folders, tmp_path):
     problems = reward_model(two, max_tokens=65).preflight(run, "verifier.verifiers.0")
     messages = dict(problems)
     assert [field for field, _ in problems] == ["verifier.verifiers.0.path"] * 3 + ["verifier.verifiers.0.max_tokens"]
-    assert "has 2 labels" in problems[0][1] and "holds no weights" in problems[1][1] and "no tokenizer" in problems[2][1]
+    assert (
+        "has 2 labels" in problems[0][1] and "holds no weights" in problems[1][1] and "no tokenizer" in problems[2][1]
+    )
     assert "exceeds the reward model's context (64 positions" in messages["verifier.verifiers.0.max_tokens"]
     assert "does not exist" in reward_model(tmp_path / "nowhere").preflight(run, "verifier")[0][1]
 
@@ -366,11 +402,15 @@ def test_reward_model_time_and_memory_are_their_own_metrics(folders):
     assert verifier.take_phase_metrics() == {}  # taken by score
 
     combined = rlzoo.default_registry().create(
-        "verifier", "weighted", {"verifiers": [{"name": "exact"}, {"name": "reward-model", "path": str(folders["trained"])}]}
+        "verifier",
+        "weighted",
+        {"verifiers": [{"name": "exact"}, {"name": "reward-model", "path": str(folders["trained"])}]},
     )
     metrics = score(combined, samples, right).metrics()
     assert metrics["time/reward_model"] > 0 and metrics["verifier/errors"] == 0
-    assert "time/reward_model" not in score(rlzoo.default_registry().create("verifier", "exact"), samples, right).metrics()
+    assert (
+        "time/reward_model" not in score(rlzoo.default_registry().create("verifier", "exact"), samples, right).metrics()
+    )
 
 
 def test_a_model_that_fails_to_load_costs_the_responses_not_the_run(folders, tmp_path):

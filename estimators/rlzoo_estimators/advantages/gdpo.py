@@ -46,7 +46,9 @@ class GDPOAdvantage(AdvantageSource):
         weights: dict[str, float] | None = Field(
             None, description="weight per part name (verl: gdpo_reward_weights); a part not named weighs 1"
         )
-        std_normalize: bool = Field(True, description="divide each part by its group std (verl: norm_adv_by_std_in_grpo)")
+        std_normalize: bool = Field(
+            True, description="divide each part by its group std (verl: norm_adv_by_std_in_grpo)"
+        )
         eps: float = Field(1e-6, ge=0.0, description="added to the std before dividing")
 
         @field_validator("weights")
@@ -68,9 +70,12 @@ class GDPOAdvantage(AdvantageSource):
             named += [(f"{at}.weights.{part}", part) for part in self.params.weights or {}]
             for loc, part in named:
                 if part not in declared and part not in RUN_PARTS:  # the run's own parts are checked when scored
-                    problems.append((
-                        loc, f"{part!r} is not a reward part of verifier {verifier.name!r}; its parts: {', '.join(declared)}",
-                    ))
+                    problems.append(
+                        (
+                            loc,
+                            f"{part!r} is not a reward part of verifier {verifier.name!r}; its parts: {', '.join(declared)}",
+                        )
+                    )
         return problems
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
@@ -97,8 +102,11 @@ class GDPOAdvantage(AdvantageSource):
         total = torch.zeros(batch.mask.shape[0], dtype=torch.float64, device=batch.mask.device)
         for name in names:
             normalised = group_normalise(
-                batch.reward_parts[name], batch.group_index, std_normalize=self.params.std_normalize,
-                unbiased_std=True, eps=self.params.eps,
+                batch.reward_parts[name],
+                batch.group_index,
+                std_normalize=self.params.std_normalize,
+                unbiased_std=True,
+                eps=self.params.eps,
             )
             total = total + weights.get(name, 1.0) * normalised.to(total.device)
         per_token = total.unsqueeze(-1).expand(batch.mask.shape)

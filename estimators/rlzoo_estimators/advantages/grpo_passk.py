@@ -30,7 +30,9 @@ class PassKAdvantage(AdvantageSource):
     verl_name = "adv_estimator=grpo_passk"
 
     class Params(Params):
-        std_normalize: bool = Field(True, description="divide the margin by the group's std (verl: norm_adv_by_std_in_grpo)")
+        std_normalize: bool = Field(
+            True, description="divide the margin by the group's std (verl: norm_adv_by_std_in_grpo)"
+        )
         eps: float = Field(1e-6, ge=0.0, description="added to the std before dividing")
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:

@@ -37,8 +37,14 @@ from rlzoo_estimators.advantages.remax import reward_to_go
 
 
 def group_token_baselines(
-    returns: torch.Tensor, energy: torch.Tensor, valid: torch.Tensor, group_index: torch.Tensor,
-    *, zero_tail: bool, eps: float, skip_empty: bool,
+    returns: torch.Tensor,
+    energy: torch.Tensor,
+    valid: torch.Tensor,
+    group_index: torch.Tensor,
+    *,
+    zero_tail: bool,
+    eps: float,
+    skip_empty: bool,
 ) -> torch.Tensor:
     """``[B, L]`` baselines ``B_t = sum_g m G W / (sum_g m W + eps)`` per group of equal ``group_index`` and column;
     0 for a group of one (``skip_empty``: empty rows belong to no group). ``zero_tail``: 0 in the unique longest row
@@ -101,7 +107,8 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
 
     class Params(Params):
         zero_tail: bool = Field(
-            True, description="0 baseline for a group's unique longest response past the second-longest (verl: handle_zero_tail)"
+            True,
+            description="0 baseline for a group's unique longest response past the second-longest (verl: handle_zero_tail)",
         )
         eps: float = Field(1e-8, ge=0.0, description="added to the baseline's denominator")
         rollout_is: bool = Field(
@@ -114,7 +121,12 @@ class OptimalTokenBaselineAdvantage(AdvantageSource):
         returns = reward_to_go(batch.token_rewards, batch.mask)
         energy = energy_of(self, batch)
         baselines = group_token_baselines(
-            returns, energy, batch.mask > 0, batch.group_index, zero_tail=self.params.zero_tail, eps=self.params.eps,
+            returns,
+            energy,
+            batch.mask > 0,
+            batch.group_index,
+            zero_tail=self.params.zero_tail,
+            eps=self.params.eps,
             skip_empty=False,
         )
         return masked(returns - baselines, batch.mask).to(float_dtype(batch.rewards, batch.mask))

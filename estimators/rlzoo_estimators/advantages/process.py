@@ -68,7 +68,10 @@ class ProcessAdvantage(AdvantageSource):
         flat = torch.tensor([r for rewards_i in step_rewards for r in rewards_i], dtype=torch.float64)
         groups = batch.group_index.reshape(-1).cpu()[torch.tensor(owners, dtype=torch.long)]
         normalised = group_normalise(
-            flat, groups, std_normalize=self.params.std_normalize, unbiased_std=self.params.unbiased_std,
+            flat,
+            groups,
+            std_normalize=self.params.std_normalize,
+            unbiased_std=self.params.unbiased_std,
             eps=self.params.eps,
         )
 

@@ -35,7 +35,9 @@ class ReMaxAdvantage(AdvantageSource):
     reads_token_rewards = True
 
     def compute(self, batch: RewardBatch) -> torch.Tensor:
-        batch.require(self.name, "token rewards and each prompt's greedy-response reward", "token_rewards", "reward_baselines")
+        batch.require(
+            self.name, "token rewards and each prompt's greedy-response reward", "token_rewards", "reward_baselines"
+        )
         baseline = batch.reward_baselines.to(torch.float64).reshape(-1, 1)
         adv = reward_to_go(batch.token_rewards, batch.mask) - baseline
         return masked(adv, batch.mask).to(float_dtype(batch.rewards, batch.mask))

@@ -54,7 +54,12 @@ class TIROptimalTokenBaselineAdvantage(OptimalTokenBaselineAdvantage):
         lengths = valid.sum(dim=-1, keepdim=True)
         in_response = torch.arange(returns.shape[-1], device=lengths.device).unsqueeze(0) < lengths
         baselines = group_token_baselines(
-            returns, energy, in_response, batch.group_index, zero_tail=self.params.zero_tail, eps=self.params.eps,
+            returns,
+            energy,
+            in_response,
+            batch.group_index,
+            zero_tail=self.params.zero_tail,
+            eps=self.params.eps,
             skip_empty=True,
         )
         compact_adv = returns - baselines

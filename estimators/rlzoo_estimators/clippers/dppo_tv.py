@@ -40,7 +40,9 @@ def truncated_masked_loss(batch: PolicyBatch, valid: torch.Tensor, c: float) -> 
     truncated = (r > c) & valid & keep
     share = truncated.sum().item() / max(int(keep.sum().item()), 1)
     return ClipResult(
-        loss=loss, clipped_low=dropped & (adv < 0), clipped_high=dropped & (adv > 0),
+        loss=loss,
+        clipped_low=dropped & (adv < 0),
+        clipped_high=dropped & (adv > 0),
         metrics={"clip/truncated_fraction": share},
     )
 

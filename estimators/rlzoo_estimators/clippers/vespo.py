@@ -36,7 +36,11 @@ MAX_LOG_WEIGHT = 20.0
 
 
 def gamma_weights(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, k: tuple[float, float], lam: tuple[float, float]
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    k: tuple[float, float],
+    lam: tuple[float, float],
 ) -> torch.Tensor:
     """``[B, T]`` ``phi_t = exp(lambda + k log w - lambda w)``, ``w`` the response's clamped sequence weight; ``k`` and
     ``lam`` are ``(for A >= 0, for A < 0)``. No gradient."""
@@ -66,7 +70,9 @@ class VESPOClipper(Clipper):
 
     def clip_batch(self, batch: PolicyBatch) -> ClipResult:
         p = self.params
-        phi = gamma_weights(batch.log_ratio, batch.advantages, batch.mask, (p.k_pos, p.k_neg), (p.lambda_pos, p.lambda_neg))
+        phi = gamma_weights(
+            batch.log_ratio, batch.advantages, batch.mask, (p.k_pos, p.k_neg), (p.lambda_pos, p.lambda_neg)
+        )
         r = batch.ratio.detach()
         loss = -(phi / r) * batch.ratio * batch.advantages
         never = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)

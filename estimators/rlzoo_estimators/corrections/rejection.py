@@ -139,4 +139,3 @@ class RejectionSampling(MismatchCorrection):
         self.report("masked_fraction", token_fraction(~keep, mask))
         self.report("seq_masked_fraction", response_fraction(~keep, mask))
         return keep.to(mask.dtype)
-

@@ -26,8 +26,9 @@ def test_a_bad_parameter_names_the_field():
 
 
 def test_loss_is_the_capped_weight_and_every_token_keeps_its_gradient():
-    objective = rlzoo.build_objective({"ratio": {"name": "token"}, "clipper": {"name": "capped-is"},
-                                       "aggregation": {"name": "token-mean"}})
+    objective = rlzoo.build_objective(
+        {"ratio": {"name": "token"}, "clipper": {"name": "capped-is"}, "aggregation": {"name": "token-mean"}}
+    )
     old = torch.zeros(1, 3)
     logp = torch.tensor([[1.0, 0.0, -1.0]], requires_grad=True)  # ratios e, 1, 1/e
     advantages = torch.ones(1, 3)
@@ -42,7 +43,11 @@ def test_loss_is_the_capped_weight_and_every_token_keeps_its_gradient():
 def test_config_check_accepts_it(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("algorithm:\n  preset: dapo\n  clipper: {name: capped-is, eps_high: 0.28}\n")
-    proc = subprocess.run([sys.executable, "-m", "rlzoo.cli", "config", "check", str(config)],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlzoo.cli", "config", "check", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "name: capped-is" in proc.stdout

@@ -101,7 +101,7 @@ class MlflowLogger(Logger):
             store_dir.mkdir(parents=True, exist_ok=True)
         self.tracking_uri = self.params.tracking_uri or f"sqlite:///{store_dir / DATABASE}"
         name = self.params.experiment or run.group or "rlzoo"
-        with self._limits(), (_file_lock(store_dir / f"{DATABASE}.lock") if local else contextlib.nullcontext()):
+        with self._limits(), _file_lock(store_dir / f"{DATABASE}.lock") if local else contextlib.nullcontext():
             # the lock: the runs of a sweep share one database; the client makes its tables (MLflow's migrations)
             # when it is new, and two processes doing that at once break it
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -140,12 +140,19 @@ class MlflowLogger(Logger):
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_DOES_NOT_EXIST":  # e.g. a server out of reach: the logger fails
                 raise
-            log.warning("mlflow: the run %s this run logged to is not in %s (%s); starting a new MLflow run",
-                        run_id, self.tracking_uri, exc)
+            log.warning(
+                "mlflow: the run %s this run logged to is not in %s (%s); starting a new MLflow run",
+                run_id,
+                self.tracking_uri,
+                exc,
+            )
             return False
         if found.info.lifecycle_stage == "deleted":
-            log.warning("mlflow: the run %s this run logged to was deleted in %s; starting a new MLflow run",
-                        run_id, self.tracking_uri)
+            log.warning(
+                "mlflow: the run %s this run logged to was deleted in %s; starting a new MLflow run",
+                run_id,
+                self.tracking_uri,
+            )
             return False
         self._client.update_run(run_id, status="RUNNING")
         return True
@@ -169,9 +176,9 @@ class MlflowLogger(Logger):
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
 
         for i in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
-            self._client.log_batch(run_id, params=list(params[i:i + MAX_PARAMS_TAGS_PER_BATCH]))
+            self._client.log_batch(run_id, params=list(params[i : i + MAX_PARAMS_TAGS_PER_BATCH]))
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self._client.log_batch(run_id, metrics=list(metrics[i:i + MAX_METRICS_PER_BATCH]))
+            self._client.log_batch(run_id, metrics=list(metrics[i : i + MAX_METRICS_PER_BATCH]))
 
     def _metrics(self, step: int, metrics: Mapping[str, float]) -> list[Any]:
         from mlflow.entities import Metric

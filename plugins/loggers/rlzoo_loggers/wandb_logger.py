@@ -57,7 +57,9 @@ class WandbLogger(Logger):
             description="offline: written under <run folder>/wandb, uploaded by `wandb sync`; online: streamed",
         )
         init_timeout_s: float = Field(
-            90.0, gt=0, le=600,
+            90.0,
+            gt=0,
+            le=600,
             description="online: how long the start may wait for the server before the logger is dropped",
         )
 

@@ -69,7 +69,9 @@ def complete(logger: Any, steps: int, artifacts: list[Path]) -> dict[str, float]
     return summary
 
 
-def whole_run(logger: Any, run: TrackedRun, steps: int, artifacts: list[Path], through_trackers: bool) -> dict[str, float]:
+def whole_run(
+    logger: Any, run: TrackedRun, steps: int, artifacts: list[Path], through_trackers: bool
+) -> dict[str, float]:
     """Start, log ``steps`` steps, finish and close ``logger``: called directly, or through :class:`Trackers` as a run
     calls it; returns the summary."""
     target = Trackers({"loggers.0": logger}) if through_trackers else logger
@@ -100,8 +102,8 @@ def wandb_records(path: Path) -> Iterator[Any]:
         if left < 7:  # the block's tail is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        payload = data[pos + 7:pos + 7 + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == FULL:
             whole = payload
@@ -154,8 +156,15 @@ def read_wandb(run_dir: Path) -> list[dict[str, Any]]:
     for folder in sorted((run_dir / "wandb").glob("offline-run-*")):
         (path,) = folder.glob("run-*.wandb")
         _wait_complete(path)
-        read: dict[str, Any] = {"history": {}, "history_rows": [], "config": {}, "summary": {}, "run": None,
-                                "artifacts": [], "exit": None}
+        read: dict[str, Any] = {
+            "history": {},
+            "history_rows": [],
+            "config": {},
+            "summary": {},
+            "run": None,
+            "artifacts": [],
+            "exit": None,
+        }
         for record in wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "history":

@@ -22,10 +22,17 @@ pytest.importorskip("tensorboard")
 REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "examples" / "gspo_tiny_moe.yaml"
 TINY = [
-    "rollout.engine={name: hf}", "trainer.engine={name: torch}",
-    "cold_start.steps=2", "cold_start.batch_size=8", "cold_start.examples=32",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
-    "train.eval_every=2", "train.eval_prompts=4", "train.checkpoint_every=2",
+    "rollout.engine={name: hf}",
+    "trainer.engine={name: torch}",
+    "cold_start.steps=2",
+    "cold_start.batch_size=8",
+    "cold_start.examples=32",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=4",
+    "train.eval_every=2",
+    "train.eval_prompts=4",
+    "train.checkpoint_every=2",
 ]
 LOGGERS = "loggers=[{name: tensorboard}, {name: wandb}, {name: mlflow}]"
 
@@ -127,8 +134,18 @@ def test_ablate_groups_the_sweep_and_tags_each_run(tmp_path):
 
     out = tmp_path / "sweep"
     rlzoo(
-        "ablate", str(CONFIG), "--vary", "trainer.lr=0.0001,0.0002", "--seeds", "2", "--out", str(out), "--jobs", "2",
-        *sets(*TINY, "train.steps=1", "loggers=[{name: mlflow}]"), cwd=tmp_path,
+        "ablate",
+        str(CONFIG),
+        "--vary",
+        "trainer.lr=0.0001,0.0002",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+        *sets(*TINY, "train.steps=1", "loggers=[{name: mlflow}]"),
+        cwd=tmp_path,
     )
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")  # one store for the sweep
     (experiment,) = [e for e in client.search_experiments() if e.name == "sweep"]

@@ -46,8 +46,10 @@ def test_an_unreachable_mlflow_server_fails_fast_with_one_warning(tmp_path, arti
     unreachable = MlflowLogger(MlflowLogger.Params(tracking_uri="http://127.0.0.1:9"))  # the discard port: refused
     board = TensorBoardLogger()
     trackers = Trackers({"loggers.0": unreachable, "loggers.1": board})
-    runs = {"loggers.0": tracked_run(tmp_path, state_dir=tmp_path / "run" / "loggers" / "mlflow"),
-            "loggers.1": tracked_run(tmp_path, state_dir=tmp_path / "run" / "loggers" / "tensorboard")}
+    runs = {
+        "loggers.0": tracked_run(tmp_path, state_dir=tmp_path / "run" / "loggers" / "mlflow"),
+        "loggers.1": tracked_run(tmp_path, state_dir=tmp_path / "run" / "loggers" / "tensorboard"),
+    }
     began = time.monotonic()
     with caplog.at_level(logging.WARNING):
         trackers.start(runs)

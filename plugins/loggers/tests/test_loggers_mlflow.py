@@ -151,7 +151,9 @@ def test_long_values_and_non_finite_metrics(tmp_path, empty_store):
     mlflow = client(tmp_path)
     found = mlflow.get_run(logger.run_id)
     assert found.data.params == {
-        "prompt.system": "x" * MAX_PARAM_VAL_LENGTH, "empty": "{}", **{f"many.k{i}": str(i) for i in range(250)}
+        "prompt.system": "x" * MAX_PARAM_VAL_LENGTH,
+        "empty": "{}",
+        **{f"many.k{i}": str(i) for i in range(250)},
     }
     assert found.data.metrics == {"c": 2.0}
     assert mlflow.get_experiment(found.info.experiment_id).name == "mine"
@@ -176,8 +178,10 @@ def test_a_sweeps_runs_share_one_new_store_at_once(tmp_path):
         "    logger.log_metrics(step, {'loss': 1.0 / (step + 1)})\n"
         "logger.finish({'steps': 3.0}, []); logger.close()\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(i)], stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(i)], stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err[-2000:]

@@ -34,7 +34,11 @@ def rng_for(*parts: object) -> random.Random:
 def fresh(sample: Sample) -> Sample:
     """A copy the caller may mutate without changing the task's cached pools."""
     return Sample(
-        sample.prompt, sample.answer, sample.demonstration, copy.deepcopy(sample.meta), copy.deepcopy(sample.messages),
+        sample.prompt,
+        sample.answer,
+        sample.demonstration,
+        copy.deepcopy(sample.meta),
+        copy.deepcopy(sample.messages),
         copy.deepcopy(sample.demonstration_turns),
     )
 
@@ -82,8 +86,10 @@ def unreadable(path: Path) -> str | None:
             mode = f" (mode {status.st_mode & 0o777:03o}, owner uid {status.st_uid})"
         except OSError:
             mode = ""
-        return (f"{path}: {err.strerror or err}: this user (uid {os.geteuid()}) may not read it{mode}; give it read "
-                "permission (chmod a+r), or run as a user who may read it")
+        return (
+            f"{path}: {err.strerror or err}: this user (uid {os.geteuid()}) may not read it{mode}; give it read "
+            "permission (chmod a+r), or run as a user who may read it"
+        )
     return None
 
 

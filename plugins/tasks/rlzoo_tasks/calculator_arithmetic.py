@@ -38,8 +38,10 @@ class CalculatorArithmeticTask(ArithmeticTask):
             default_factory=lambda: ["*"], min_length=1, description="operations to draw from"
         )
         tool_demonstrations: float = Field(
-            0.5, ge=0.0, le=1.0, description="share of the demonstrations that call the calculator (the rest answer "
-            "directly)",
+            0.5,
+            ge=0.0,
+            le=1.0,
+            description="share of the demonstrations that call the calculator (the rest answer directly)",
         )
 
     def draw(self, rng: random.Random) -> Sample:

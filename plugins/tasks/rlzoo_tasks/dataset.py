@@ -49,10 +49,18 @@ if TYPE_CHECKING:
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 LAYOUTS = {
-    "fields": {"prompt_field": "prompt", "answer_field": "answer", "demonstration_field": "demonstration",
-               "verifier": "exact"},
-    "verl": {"prompt_field": "prompt", "answer_field": "reward_model.ground_truth", "demonstration_field": None,
-             "verifier": "math"},
+    "fields": {
+        "prompt_field": "prompt",
+        "answer_field": "answer",
+        "demonstration_field": "demonstration",
+        "verifier": "exact",
+    },
+    "verl": {
+        "prompt_field": "prompt",
+        "answer_field": "reward_model.ground_truth",
+        "demonstration_field": None,
+        "verifier": "math",
+    },
 }
 INSTALL_HINT = "pip install datasets (a dependency of rlzoo-tasks: bash scripts/install.sh installs it)"
 
@@ -71,11 +79,15 @@ def path_problem(path: str, fmt: str) -> str | None:
     if p.is_dir():
         return None if fmt in ("auto", "arrow") else f"{p} is a folder; format {fmt!r} needs a file (folders: auto)"
     if not p.exists():
-        return f"{p}: data file not found (expected a local .jsonl, .json, .parquet or .arrow file, or a folder " \
-               "written by save_to_disk)"
+        return (
+            f"{p}: data file not found (expected a local .jsonl, .json, .parquet or .arrow file, or a folder "
+            "written by save_to_disk)"
+        )
     if fmt == "auto" and p.suffix not in BUILDERS:
-        return f"{p}: cannot tell the format from the suffix {p.suffix!r}; name it .jsonl/.json/.parquet/.arrow " \
-               "or set format: json, parquet or arrow"
+        return (
+            f"{p}: cannot tell the format from the suffix {p.suffix!r}; name it .jsonl/.json/.parquet/.arrow "
+            "or set format: json, parquet or arrow"
+        )
     return None
 
 
@@ -100,8 +112,9 @@ def read_records(path: str, fmt: str, hf_split: str, cache_dir: str | None) -> l
                 data = datasets.load_from_disk(str(p))
                 if isinstance(data, datasets.DatasetDict):
                     if hf_split not in data:
-                        raise DataError(f"{p}: no split {hf_split!r} in this saved DatasetDict; hf_split: one of "
-                                        f"{', '.join(data)}")
+                        raise DataError(
+                            f"{p}: no split {hf_split!r} in this saved DatasetDict; hf_split: one of {', '.join(data)}"
+                        )
                     data = data[hf_split]
             else:
                 data = datasets.load_dataset(builder, data_files=str(p), split="train", cache_dir=cache_dir)
@@ -115,8 +128,9 @@ def read_records(path: str, fmt: str, hf_split: str, cache_dir: str | None) -> l
         if where is not None:
             raise DataError(where) from None
         cause = err.__cause__ if type(err).__name__ == "DatasetGenerationError" and err.__cause__ else err
-        raise DataError(f"{p}: cannot be read as {fmt if fmt != 'auto' else 'data'}: {type(cause).__name__}: "
-                        f"{cause}") from None
+        raise DataError(
+            f"{p}: cannot be read as {fmt if fmt != 'auto' else 'data'}: {type(cause).__name__}: {cause}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -217,8 +231,10 @@ def messages_of(value: Any, where: str, field: str) -> list[dict[str, str]]:
     messages = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DataError(f"{where}: field {field!r} message {i} must be an object with string 'role' and "
-                            f"'content', got {m!r:.80}")
+            raise DataError(
+                f"{where}: field {field!r} message {i} must be an object with string 'role' and "
+                f"'content', got {m!r:.80}"
+            )
         messages.append({"role": m["role"], "content": m["content"]})
     return messages
 
@@ -229,8 +245,9 @@ class Row:
     number: int  # 1-based row of its file
 
 
-def to_rows(records: list[dict[str, Any]], path: str, prompt_field: str, answer_field: str,
-            demonstration_field: str | None) -> list[Row]:
+def to_rows(
+    records: list[dict[str, Any]], path: str, prompt_field: str, answer_field: str, demonstration_field: str | None
+) -> list[Row]:
     """Validate every record; the first problem raises :class:`DataError` naming file, row and field."""
     rows = []
     top_level = {f.split(".")[0] for f in (prompt_field, answer_field, demonstration_field) if f}
@@ -244,8 +261,9 @@ def to_rows(records: list[dict[str, Any]], path: str, prompt_field: str, answer_
             messages = messages_of(prompt, where, prompt_field)
             prompt = "\n".join(m["content"] for m in messages)
         elif not isinstance(prompt, str):
-            raise DataError(f"{where}: field {prompt_field!r} must be a string or a list of chat messages, got "
-                            f"{_type_name(prompt)}")
+            raise DataError(
+                f"{where}: field {prompt_field!r} must be a string or a list of chat messages, got {_type_name(prompt)}"
+            )
         if not prompt:
             raise DataError(f"{where}: field {prompt_field!r} is empty")
         found, answer = field_value(record, answer_field)
@@ -259,8 +277,9 @@ def to_rows(records: list[dict[str, Any]], path: str, prompt_field: str, answer_
         if demonstration_field is not None:
             _, demonstration = field_value(record, demonstration_field)
             if demonstration is not None and not isinstance(demonstration, str):
-                raise DataError(f"{where}: field {demonstration_field!r} must be a string or null, got "
-                                f"{_type_name(demonstration)}")
+                raise DataError(
+                    f"{where}: field {demonstration_field!r} must be a string or null, got {_type_name(demonstration)}"
+                )
         meta = {k: v for k, v in record.items() if k not in top_level}
         rows.append(Row(Sample(prompt, answer, demonstration, meta, messages), number))
     if not rows:
@@ -319,8 +338,9 @@ class DatasetTask(Task):
         p = self.params
         problems = []
         if importlib.util.find_spec("datasets") is None:
-            problems.append(("name", f"'dataset' needs the Python package 'datasets', which is not installed "
-                                     f"({INSTALL_HINT})"))
+            problems.append(
+                ("name", f"'dataset' needs the Python package 'datasets', which is not installed ({INSTALL_HINT})")
+            )
         problems += [(field, problem) for field, path in data_files(p) if (problem := path_problem(path, p.format))]
         return problems
 
@@ -334,8 +354,12 @@ class DatasetTask(Task):
         for field, path in data_files(p):
             file = Path(path).expanduser()
             json_file = p.format == "json" or (p.format == "auto" and BUILDERS.get(file.suffix) == "json")
-            if json_file and path_problem(path, p.format) is None and file.is_file() \
-                    and file.stat().st_size <= MEASURE_BYTES:
+            if (
+                json_file
+                and path_problem(path, p.format) is None
+                and file.is_file()
+                and file.stat().st_size <= MEASURE_BYTES
+            ):
                 lengths = prompt_lengths(file, self.fields["prompt_field"])
                 if (problem := overlong_problem(lengths, run)) is not None:
                     problems.append((f"{at}.{field}", problem))
@@ -344,8 +368,9 @@ class DatasetTask(Task):
     def _load(self, path: str) -> list[Row]:
         p = self.params
         records = read_records(path, p.format, p.hf_split, p.cache_dir)
-        return to_rows(records, path, self.fields["prompt_field"], self.fields["answer_field"],
-                       self.fields["demonstration_field"])
+        return to_rows(
+            records, path, self.fields["prompt_field"], self.fields["answer_field"], self.fields["demonstration_field"]
+        )
 
     @functools.cached_property
     def splits(self) -> dict[str, list[Sample]]:

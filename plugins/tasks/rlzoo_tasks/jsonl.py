@@ -68,9 +68,7 @@ def prompt_lengths(path: str | Path, prompt_field: str) -> Iterator[tuple[str, i
                 yield f"{path}, line {line_no}", len(obj[prompt_field])
 
 
-def load_jsonl(
-    path: str | Path, prompt_field: str, answer_field: str, demonstration_field: str | None
-) -> list[Row]:
+def load_jsonl(path: str | Path, prompt_field: str, answer_field: str, demonstration_field: str | None) -> list[Row]:
     """Read and validate every row; the first problem raises :class:`DataError` naming file, line and problem."""
     problem = missing_file(path)
     if problem is not None:

@@ -74,8 +74,9 @@ def test_verl_parquet_works_with_layout_alone(tmp_path):
 
 @pytest.mark.parametrize("name", ["d.jsonl", "d.json", "d.parquet", "folder"])
 def test_every_format_with_field_mapping(tmp_path, name):
-    t = task(write(tmp_path / name, plain_records(10)), tmp_path, prompt_field="question",
-             answer_field="solution.final")
+    t = task(
+        write(tmp_path / name, plain_records(10)), tmp_path, prompt_field="question", answer_field="solution.final"
+    )
     assert t.check() == [] and not t.chat_prompts() and t.default_verifier == "exact"
     samples = t.samples("train", None, 0) + t.samples("eval", None, 0)
     assert len(samples) == 10
@@ -86,8 +87,12 @@ def test_every_format_with_field_mapping(tmp_path, name):
 
 def test_saved_dataset_dict_folder_and_eval_path(tmp_path):
     folder = tmp_path / "dd"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(verl_records(6)),
-                          "test": datasets.Dataset.from_list(verl_records(3, start=100))}).save_to_disk(str(folder))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(verl_records(6)),
+            "test": datasets.Dataset.from_list(verl_records(3, start=100)),
+        }
+    ).save_to_disk(str(folder))
     t = task(folder, tmp_path, layout="verl", hf_split="test")
     assert len(t.samples("train", None, 0) + t.samples("eval", None, 0)) == 3
     with pytest.raises(DataError, match="no split 'dev'.*train, test"):
@@ -114,8 +119,10 @@ def test_check_reports_paths_without_reading(tmp_path):
     [
         ({"answer": "1"}, "missing field 'prompt'"),
         ({"prompt": 3, "answer": "1"}, "field 'prompt' must be a string or a list of chat messages, got a number"),
-        ({"prompt": [{"role": "user"}], "answer": "1"},
-         "field 'prompt' message 0 must be an object with string 'role' and 'content'"),
+        (
+            {"prompt": [{"role": "user"}], "answer": "1"},
+            "field 'prompt' message 0 must be an object with string 'role' and 'content'",
+        ),
         ({"prompt": [], "answer": "1"}, "field 'prompt' is an empty list of chat messages"),
         ({"prompt": "", "answer": "1"}, "field 'prompt' is empty"),
         ({"prompt": "x"}, "missing field 'answer'"),

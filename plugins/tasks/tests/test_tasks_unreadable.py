@@ -42,8 +42,11 @@ def unreadable(tmp_path, monkeypatch) -> Path:
     real_listdir = os.listdir
     monkeypatch.setattr(_common, "open", fake_open, raising=False)
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: fake_open(self, *a, **k))
-    monkeypatch.setattr(_common.os, "listdir", lambda p: (_ for _ in ()).throw(_denied(Path(p)))
-                        if Path(p) == tmp_path / "locked" else real_listdir(p))
+    monkeypatch.setattr(
+        _common.os,
+        "listdir",
+        lambda p: (_ for _ in ()).throw(_denied(Path(p))) if Path(p) == tmp_path / "locked" else real_listdir(p),
+    )
     return locked
 
 
@@ -79,8 +82,11 @@ def test_the_dataset_task_refuses_an_unreadable_file_or_folder(unreadable, tmp_p
     assert [(f, "may not read it" in p) for f, p in folder.check()] == [("path", True)]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file (its override); the stubbed tests above "
-                    "and the CLI case run as another user (tests/test_fault_table_config.py) cover it")
+@pytest.mark.skipif(
+    os.geteuid() == 0,
+    reason="root reads a mode-000 file (its override); the stubbed tests above "
+    "and the CLI case run as another user (tests/test_fault_table_config.py) cover it",
+)
 def test_a_real_mode_000_file(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text(ROWS)

@@ -73,10 +73,18 @@ class PythonTool(Tool):
         super().__init__(params)
         p = self.params
         # the verifier builds and probes the sandbox here: no bwrap, or namespaces refused, raise RlzooError
-        self.sandbox = CodeVerifier(CodeVerifier.Params(
-            timeout_s=p.timeout_s, memory_mb=p.memory_mb, file_mb=p.file_mb, python=p.python,
-            site_packages=p.site_packages, isolation=p.isolation, disk_mb=p.disk_mb, max_processes=p.max_processes,
-        ))
+        self.sandbox = CodeVerifier(
+            CodeVerifier.Params(
+                timeout_s=p.timeout_s,
+                memory_mb=p.memory_mb,
+                file_mb=p.file_mb,
+                python=p.python,
+                site_packages=p.site_packages,
+                isolation=p.isolation,
+                disk_mb=p.disk_mb,
+                max_processes=p.max_processes,
+            )
+        )
 
     @property
     def timeout_s(self) -> float:
@@ -139,7 +147,7 @@ def _clean(stderr: str) -> str:
         if in_runner:
             continue
         if line.startswith(_MARKER):
-            line = line[len(_MARKER):].strip().replace("tests does not compile", "the code does not compile")
+            line = line[len(_MARKER) :].strip().replace("tests does not compile", "the code does not compile")
         lines.append(line.replace('"<tests>"', '"<code>"').replace("<tests>", "<code>"))
     return "\n".join(lines).strip("\n")
 

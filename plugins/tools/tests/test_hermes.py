@@ -18,16 +18,22 @@ def block(body: str) -> str:
 
 
 def test_one_call():
-    turn = PARSER.parse('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n'
-                        "</tool_call>")
+    turn = PARSER.parse(
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+    )
     assert turn.items == (ToolCall("calculator", {"expression": "1+1"}),)
     assert turn.calls == [ToolCall("calculator", {"expression": "1+1"})] and turn.errors == []
     assert turn.content == "Let me compute." and turn.has_calls
 
 
 def test_several_calls_in_order():
-    text = "a" + block('{"name": "python", "arguments": {"code": "print(1)"}}') + " b " + block(
-        '{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}') + block('{"name": "clock"}')
+    text = (
+        "a"
+        + block('{"name": "python", "arguments": {"code": "print(1)"}}')
+        + " b "
+        + block('{"name": "calculator", "arguments": "{\\"expression\\": \\"2*3\\"}"}')
+        + block('{"name": "clock"}')
+    )
     turn = PARSER.parse(text)
     assert [c.name for c in turn.calls] == ["python", "calculator", "clock"]
     assert turn.calls[1].arguments == {"expression": "2*3"}  # OpenAI style: arguments as a JSON string
@@ -35,19 +41,22 @@ def test_several_calls_in_order():
     assert turn.content == "a b"
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("{name: calculator}", "not valid JSON"),
-    ('{"name": "calculator", "arguments": {"expression": "1+1"}', "not valid JSON"),
-    ("", "not valid JSON"),
-    ('["calculator"]', "must hold a JSON object"),
-    ('{"arguments": {"expression": "1"}}', 'no "name"'),
-    ('{"name": "", "arguments": {}}', 'no "name"'),
-    ('{"name": 3, "arguments": {}}', 'no "name"'),
-    ('{"name": "calculator", "arguments": [1, 2]}', "must be a JSON object, not an array"),
-    ('{"name": "calculator", "arguments": "not json"}', "not valid JSON"),
-    ('{"name": "calculator", "arguments": "[1]"}', "must be a JSON object"),
-    ("[" * 100000 + "]" * 100000, "nested too deeply|not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{name: calculator}", "not valid JSON"),
+        ('{"name": "calculator", "arguments": {"expression": "1+1"}', "not valid JSON"),
+        ("", "not valid JSON"),
+        ('["calculator"]', "must hold a JSON object"),
+        ('{"arguments": {"expression": "1"}}', 'no "name"'),
+        ('{"name": "", "arguments": {}}', 'no "name"'),
+        ('{"name": 3, "arguments": {}}', 'no "name"'),
+        ('{"name": "calculator", "arguments": [1, 2]}', "must be a JSON object, not an array"),
+        ('{"name": "calculator", "arguments": "not json"}', "not valid JSON"),
+        ('{"name": "calculator", "arguments": "[1]"}', "must be a JSON object"),
+        ("[" * 100000 + "]" * 100000, "nested too deeply|not valid JSON"),
+    ],
+)
 def test_malformed_calls_are_reported_not_raised(body, message):
     turn = PARSER.parse("x " + block(body))
     assert len(turn.items) == 1 and turn.calls == []

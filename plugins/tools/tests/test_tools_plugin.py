@@ -40,7 +40,9 @@ def test_the_tools_and_the_parser_are_registered(registry):
 
 
 def test_the_installed_registry_finds_them():
-    infos = {(i.kind, i.name): i for i in default_registry().components() if i.kind in ("tool", "tool_parser", "environment")}
+    infos = {
+        (i.kind, i.name): i for i in default_registry().components() if i.kind in ("tool", "tool_parser", "environment")
+    }
     assert EXPECTED <= set(infos)
     assert {infos[key].distribution for key in EXPECTED} == {"rlzoo-tools"}
 

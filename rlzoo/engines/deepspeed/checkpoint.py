@@ -123,8 +123,10 @@ def load_checkpoint(ds_engine: Any, placement: Placement, directory: Path, lora:
         raise FileNotFoundError(f"{directory} has no deepspeed.json: not a checkpoint of the deepspeed engine")
     saved, expected = json.loads(layout_file.read_text()), checkpoint_layout(placement)
     if saved != expected:
-        raise ValueError(f"checkpoint {directory} was written with {saved}; this engine is {expected}:"
-                         " resuming needs the same ZeRO stage, moe, ep_size and world size")
+        raise ValueError(
+            f"checkpoint {directory} was written with {saved}; this engine is {expected}:"
+            " resuming needs the same ZeRO stage, moe, ep_size and world size"
+        )
     files = sorted((directory / "model").glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{directory / 'model'} holds no safetensors weights")

@@ -74,7 +74,9 @@ def init_deepspeed_distributed(backend: str = "auto") -> str:
     if get_accelerator().device_name() == "cpu" and os.environ.get("RLZOO_DS_SHM_COMM", "0") != "1":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not dist.is_initialized():
-        _init_with_port_retry(lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False))
+        _init_with_port_retry(
+            lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        )
     else:  # already initialised (an earlier engine, or the caller): DeepSpeed wraps the existing process group
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
     return dist.get_backend()

@@ -84,8 +84,10 @@ class DeepSpeedMoe(ModelMoe):
 
     def zero_stage_problem(self, stage: int) -> str | None:
         if stage == 3:
-            return ("3 cannot run DeepSpeed-MoE (moe: deepspeed; DeepSpeed rejects native MoE at ZeRO-3): use 0, 1 "
-                    "or 2, or moe: none")
+            return (
+                "3 cannot run DeepSpeed-MoE (moe: deepspeed; DeepSpeed rejects native MoE at ZeRO-3): use 0, 1 "
+                "or 2, or moe: none"
+            )
         return None
 
     def ep_size_problem(self, ep_size: int) -> str | None:
@@ -93,32 +95,42 @@ class DeepSpeedMoe(ModelMoe):
 
     def model_problems(self, run: RunFacts, at: str) -> list[Problem]:
         if run.model.moe is False:
-            hint = "model.path: a mixture-of-experts model" if run.config.model.path else "model.tiny.architecture: qwen3_moe"
+            hint = (
+                "model.path: a mixture-of-experts model"
+                if run.config.model.path
+                else "model.tiny.architecture: qwen3_moe"
+            )
             return [(f"{at}.moe", f"'deepspeed' converts MoE blocks but the model is dense: use 'none', or set {hint}")]
         return []
 
     def lora_problems(self, run: RunFacts, at: str, zero_stage: int) -> list[Problem]:
         if zero_stage in (1, 2):
-            return [(
-                f"{at}.zero_stage",
-                f"{zero_stage} with moe: deepspeed needs trainable experts (DeepSpeed's ZeRO 1-2 optimizer asserts an "
-                "expert parameter group), but under model.lora the experts are frozen: use moe: none (the adapters "
-                "may then target the experts too), or zero_stage 0",
-            )]
+            return [
+                (
+                    f"{at}.zero_stage",
+                    f"{zero_stage} with moe: deepspeed needs trainable experts (DeepSpeed's ZeRO 1-2 optimizer asserts an "
+                    "expert parameter group), but under model.lora the experts are frozen: use moe: none (the adapters "
+                    "may then target the experts too), or zero_stage 0",
+                )
+            ]
         return []
 
     def adapter_targets_problem(self, fused_parameters: list[str]) -> str | None:
         if fused_parameters:
-            return (f"{fused_parameters} are the fused experts of transformers' MoE blocks, which moe: deepspeed "
-                    "replaces with DeepSpeed-MoE experts: target attention only, or use trainer.engine.moe: none")
+            return (
+                f"{fused_parameters} are the fused experts of transformers' MoE blocks, which moe: deepspeed "
+                "replaces with DeepSpeed-MoE experts: target attention only, or use trainer.engine.moe: none"
+            )
         return None
 
     def memory_layout(self, zero_stage: int, ep_size: int) -> TrainingLayout:
         return TrainingLayout(zero_stage, ep_size, experts_as_linear=True)
 
     def memory_hint(self, zero_stage: int, ep_size: int) -> str:
-        return (f"raise trainer.engine.ep_size (now {ep_size}) with more processes, or "
-                f"trainer.engine.zero_stage (now {zero_stage}; DeepSpeed-MoE allows 0-2)")
+        return (
+            f"raise trainer.engine.ep_size (now {ep_size}) with more processes, or "
+            f"trainer.engine.zero_stage (now {zero_stage}; DeepSpeed-MoE allows 0-2)"
+        )
 
     def convert(self, model: nn.Module, ep_size: int, model_dir: Path, lora: bool) -> None:
         from rlzoo.models.deepspeed_moe import convert_to_deepspeed_moe

@@ -101,26 +101,32 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         problems = self.moe_blocks.model_problems(run, at)
         if run.world % p.ep_size:
             divisors = [d for d in range(1, run.world + 1) if run.world % d == 0]
-            problems.append((
-                f"{at}.ep_size",
-                f"{p.ep_size} does not divide the {run.world} process(es) the run is started with; use one of "
-                f"{divisors} (or start more processes; rlzoo config check --processes N checks for N)",
-            ))
+            problems.append(
+                (
+                    f"{at}.ep_size",
+                    f"{p.ep_size} does not divide the {run.world} process(es) the run is started with; use one of "
+                    f"{divisors} (or start more processes; rlzoo config check --processes N checks for N)",
+                )
+            )
         if run.config.model.lora is not None and p.zero_stage == 3:
-            problems.append((
-                f"{at}.zero_stage",
-                "3 under model.lora is not supported: ZeRO-3 releases the frozen output layer before backward "
-                "recomputes the chunked log-probs (rlzoo.engines.tokens.hidden_logprobs); use 0, 1 or 2 (LoRA's base "
-                "has no gradients or optimizer state to partition), or full fine-tuning (model.lora: null)",
-            ))
+            problems.append(
+                (
+                    f"{at}.zero_stage",
+                    "3 under model.lora is not supported: ZeRO-3 releases the frozen output layer before backward "
+                    "recomputes the chunked log-probs (rlzoo.engines.tokens.hidden_logprobs); use 0, 1 or 2 (LoRA's base "
+                    "has no gradients or optimizer state to partition), or full fine-tuning (model.lora: null)",
+                )
+            )
         if run.config.model.lora is not None:
             problems += self.moe_blocks.lora_problems(run, at, p.zero_stage)
         if run.config.rollout.overlap and p.zero_stage == 3:
-            problems.append((
-                "rollout.overlap",
-                "1 swaps the sampling weights into the training engine's parameters for the old-log-prob pass, which "
-                f"ZeRO-3 partitions: use {at}.zero_stage 0, 1 or 2, or rollout.overlap: 0",
-            ))
+            problems.append(
+                (
+                    "rollout.overlap",
+                    "1 swaps the sampling weights into the training engine's parameters for the old-log-prob pass, which "
+                    f"ZeRO-3 partitions: use {at}.zero_stage 0, 1 or 2, or rollout.overlap: 0",
+                )
+            )
         return problems
 
     def adapter_targets_supported(self, fused_parameters: list[str]) -> str | None:
@@ -162,9 +168,7 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         # the HF router stays the block's `mlp.gate` after conversion: one finder serves both MoE paths
         self._aux_loss = AuxLoss(model, p.aux_loss_coef)
         optimizer = client_optimizer(model, trainer_config, expert_groups=self.moe_blocks.expert_groups)
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=ds_config
-        )
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self._check_expert_groups()
 
     def _check_expert_groups(self) -> None:

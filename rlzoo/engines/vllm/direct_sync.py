@@ -40,8 +40,14 @@ _EXPERT = re.compile(
     r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
 )
 #: checkpoint projection → (fused parameter, shard index within it); w1/w3/w2 are Mixtral's names for the same
-_EXPERT_SHARDS = {"gate_proj": ("w13_weight", 0), "w1": ("w13_weight", 0), "up_proj": ("w13_weight", 1),
-                  "w3": ("w13_weight", 1), "down_proj": ("w2_weight", 0), "w2": ("w2_weight", 0)}
+_EXPERT_SHARDS = {
+    "gate_proj": ("w13_weight", 0),
+    "w1": ("w13_weight", 0),
+    "up_proj": ("w13_weight", 1),
+    "w3": ("w13_weight", 1),
+    "down_proj": ("w2_weight", 0),
+    "w2": ("w2_weight", 0),
+}
 
 
 class DirectSyncUnsupported(NotImplementedError):
@@ -121,8 +127,10 @@ def _assemble(target: _Target, experts: int | None) -> torch.Tensor:
 def _removed_shape(module: torch.nn.Module) -> tuple[int, int]:
     """The weight shape of a linear layer whose weight vLLM emptied (its ``LinearBase`` sizes, this rank's part)."""
     try:
-        return (getattr(module, "output_size_per_partition", None) or module.output_size,
-                getattr(module, "input_size_per_partition", None) or module.input_size)
+        return (
+            getattr(module, "output_size_per_partition", None) or module.output_size,
+            getattr(module, "input_size_per_partition", None) or module.input_size,
+        )
     except AttributeError:
         raise DirectSyncUnsupported(f"cannot tell the weight shape of {type(module).__name__}") from None
 
@@ -154,9 +162,15 @@ def copy_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
         value = _assemble(target, param.shape[0] if moe else None)
         removed = param.numel() == 0 and _kernel_packed(target.module)
         shape = _removed_shape(target.module) if removed else tuple(param.shape)
-        fits = tuple(value.shape) == shape or not removed and (
-            # vocab rows padded by vLLM (embeddings, LM head): the padding rows are never read
-            value.dim() == param.dim() == 2 and value.shape[1] == param.shape[1] and value.shape[0] <= param.shape[0]
+        fits = (
+            tuple(value.shape) == shape
+            or not removed
+            and (
+                # vocab rows padded by vLLM (embeddings, LM head): the padding rows are never read
+                value.dim() == param.dim() == 2
+                and value.shape[1] == param.shape[1]
+                and value.shape[0] <= param.shape[0]
+            )
         )
         if not fits:
             raise DirectSyncUnsupported(

@@ -97,8 +97,12 @@ def generate_following(
         response.request = f"rlzoo-partial-{call}-{next(submitted)}"
         response.pieces.append((response.request, len(response.tokens)))
         by_request[response.request] = response
-        engine.add_request(response.request, TokensPrompt(prompt_token_ids=response.prompt + response.tokens), params,
-                           lora_request=lora_request())
+        engine.add_request(
+            response.request,
+            TokensPrompt(prompt_token_ids=response.prompt + response.tokens),
+            params,
+            lora_request=lora_request(),
+        )
 
     if capture is not None:
         capture.begin(llm)
@@ -118,8 +122,9 @@ def generate_following(
         if unfinished:
             engine.abort_request(unfinished)
         raise
-    generations = [[Generation(r.prompt, r.tokens, r.logprobs, r.finished, versions=r.versions) for r in group]
-                   for group in groups]
+    generations = [
+        [Generation(r.prompt, r.tokens, r.logprobs, r.finished, versions=r.versions) for r in group] for group in groups
+    ]
     if capture is not None:
         capture.end(llm)
         for response, generation in zip(responses, (g for group in generations for g in group)):

@@ -27,18 +27,26 @@ def model_problems(params: Params, run: RunFacts, at: str, engine: str) -> list[
     GPU) that holds one whole sequence. ``engine``: the engine's name, as the config names it."""
     model, problems = run.model, []
     if model.head_dim is not None and model.head_dim not in VLLM_HEAD_DIMS:
-        fix = "use one of them" if model.tiny else f"use rollout.engine: {{name: {DEFAULT_ROLLOUT_ENGINE}}} or another model"
-        problems.append((
-            model.field("head_dim"),
-            f"the model's head_dim {model.head_dim} is not supported by vLLM ({at} {engine}); vLLM supports "
-            f"{list(VLLM_HEAD_DIMS)}: {fix}",
-        ))
+        fix = (
+            "use one of them"
+            if model.tiny
+            else f"use rollout.engine: {{name: {DEFAULT_ROLLOUT_ENGINE}}} or another model"
+        )
+        problems.append(
+            (
+                model.field("head_dim"),
+                f"the model's head_dim {model.head_dim} is not supported by vLLM ({at} {engine}); vLLM supports "
+                f"{list(VLLM_HEAD_DIMS)}: {fix}",
+            )
+        )
     limit, positions = params.max_model_len, model.max_positions
     if limit is not None and positions is not None and limit > positions:
-        problems.append((
-            f"{at}.max_model_len",
-            f"{limit} exceeds the model's max_position_embeddings {positions}; use at most {positions} or null",
-        ))
+        problems.append(
+            (
+                f"{at}.max_model_len",
+                f"{limit} exceeds the model's max_position_embeddings {positions}; use at most {positions} or null",
+            )
+        )
     context = limit if limit is not None else positions  # the response's room in it: the core's rule
     if model.shape is not None and context is not None:
         problems += cache_problems(params, run, at, model.shape, context)
@@ -52,22 +60,29 @@ def cache_problems(params: Params, run: RunFacts, at: str, shape: ModelShape, co
     if fraction is None:
         if params.kv_cache_memory_bytes >= needed:
             return []
-        return [(
-            f"{at}.kv_cache_memory_bytes",
-            f"{params.kv_cache_memory_bytes} bytes cannot hold one sequence of the {context}-token context "
-            f"({needed} bytes of keys and values in {run.config.model.dtype}); use at least {needed}, or lower "
-            f"{at}.max_model_len",
-        )]
+        return [
+            (
+                f"{at}.kv_cache_memory_bytes",
+                f"{params.kv_cache_memory_bytes} bytes cannot hold one sequence of the {context}-token context "
+                f"({needed} bytes of keys and values in {run.config.model.dtype}); use at least {needed}, or lower "
+                f"{at}.max_model_len",
+            )
+        ]
     if run.device_memory is None or run.memory is None:
         return []
     budget, weights = fraction * run.device_memory, run.memory.rollout_weights
     if budget > weights + needed:
         return []
-    return [(f"{at}.gpu_memory_utilization", (
-        f"{fraction:g} x {format_bytes(run.device_memory)} = {format_bytes(budget)} cannot hold vLLM's "
-        f"{run.config.model.dtype} weights ({format_bytes(weights)}) and a KV cache: raise it above "
-        f"{(weights + needed) / run.device_memory:.2f}, or use GPUs with more memory"
-    ))]
+    return [
+        (
+            f"{at}.gpu_memory_utilization",
+            (
+                f"{fraction:g} x {format_bytes(run.device_memory)} = {format_bytes(budget)} cannot hold vLLM's "
+                f"{run.config.model.dtype} weights ({format_bytes(weights)}) and a KV cache: raise it above "
+                f"{(weights + needed) / run.device_memory:.2f}, or use GPUs with more memory"
+            ),
+        )
+    ]
 
 
 def rollout_memory(params: Params, config: RunConfig, shape: ModelShape) -> RolloutMemory:

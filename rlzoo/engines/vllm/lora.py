@@ -47,8 +47,10 @@ def targets_problem(targets: list[str]) -> str | None:
     """Why vLLM cannot serve adapters on ``targets`` (``model.lora.target_modules``), or ``None``."""
     experts = [t for t in targets if "experts" in t.split(".")]
     if experts:
-        return (f"vLLM cannot load adapters on mixture-of-experts expert parameters ({experts}): on CPU it has no MoE "
-                "LoRA kernel, and peft's fused expert adapters are not wired to vLLM's MoE LoRA (GPU)")
+        return (
+            f"vLLM cannot load adapters on mixture-of-experts expert parameters ({experts}): on CPU it has no MoE "
+            "LoRA kernel, and peft's fused expert adapters are not wired to vLLM's MoE LoRA (GPU)"
+        )
     other = [t for t in targets if t.rpartition(".")[2] not in VLLM_LORA_TARGETS]
     if other:
         return f"vLLM loads adapters on {list(VLLM_LORA_TARGETS)} only, not on {other}"

@@ -26,9 +26,7 @@ WORKER_EXTENSION = "rlzoo.engines.vllm.worker.RlzooWorkerExtension"
 
 # VLLMRolloutEngine.Params, the engine's options (rollout.engine); no docstring, so its schema has no description
 class Params(rlzoo.interfaces.Params):
-    kv_cache_memory_bytes: int = Field(
-        64 * 2**20, gt=0, description="KV cache size in bytes (always explicit on CPU)"
-    )
+    kv_cache_memory_bytes: int = Field(64 * 2**20, gt=0, description="KV cache size in bytes (always explicit on CPU)")
     enforce_eager: bool = Field(
         True, description="no torch.compile / CUDA graphs: quick start; the setting tested on CPU"
     )

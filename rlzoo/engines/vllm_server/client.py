@@ -59,28 +59,41 @@ class ServerClient:
         try:
             reply = self.http.request(method, path, json=body, timeout=timeout_s or self.timeout_s)
         except httpx.TimeoutException:  # a slow server, not a dead one: the request fails, the server is kept
-            raise ServerError(f"{self.url}{path}: no reply within {timeout_s or self.timeout_s:g} s "
-                              "(rollout.engine.request_timeout_s / transfer_timeout_s)") from None
+            raise ServerError(
+                f"{self.url}{path}: no reply within {timeout_s or self.timeout_s:g} s "
+                "(rollout.engine.request_timeout_s / transfer_timeout_s)"
+            ) from None
         except httpx.TransportError as exc:
             raise ServerError(f"{self.url}{path}: {type(exc).__name__}: {exc or 'no connection'}", True) from None
         if reply.status_code >= 400:
             hint = ""
             if reply.status_code == 404 and not path.startswith("/v1/"):  # vLLM's RL routes are opt-in
-                hint = (" (vLLM's RL routes need the server started with VLLM_SERVER_DEV_MODE=1 and "
-                        "--weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}')")
+                hint = (
+                    " (vLLM's RL routes need the server started with VLLM_SERVER_DEV_MODE=1 and "
+                    "--weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}')"
+                )
             raise ServerError(f"{self.url}{path} answered HTTP {reply.status_code}: {reply.text[:300]}{hint}")
         return reply.json()
 
     def complete(self, prompt: list[int], n: int, max_tokens: int, sampling: dict[str, Any]) -> list[Completion]:
         """``n`` responses to ``prompt`` (token ids) of at most ``max_tokens``, in index order."""
         body = {
-            "model": "policy", "prompt": prompt, "n": n, "max_tokens": max_tokens, "logprobs": 0,
-            "return_token_ids": True, "skip_special_tokens": False, "top_k": 0, **sampling,
+            "model": "policy",
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": max_tokens,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "top_k": 0,
+            **sampling,
         }
         reply = self.call("POST", "/v1/completions", body)
         choices = sorted(reply["choices"], key=lambda c: c["index"])
-        return [Completion(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]], c["finish_reason"])
-                for c in choices]
+        return [
+            Completion(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]], c["finish_reason"])
+            for c in choices
+        ]
 
     def weight_version(self) -> str | None:
         return self.call("GET", "/weight_info")["weight_version"]

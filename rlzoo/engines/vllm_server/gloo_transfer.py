@@ -75,8 +75,9 @@ class GlooWeightTransferEngine(_engine_base()):  # type: ignore[misc]  # vLLM's 
         self.group = None
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
-        self.group = join(init_info.master_address, init_info.master_port, init_info.rank, init_info.world_size,
-                          init_info.timeout_s)
+        self.group = join(
+            init_info.master_address, init_info.master_port, init_info.rank, init_info.world_size, init_info.timeout_s
+        )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload

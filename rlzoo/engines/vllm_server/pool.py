@@ -56,8 +56,14 @@ class VersionMismatch(RlzooError):
 class ServerPool:
     """Sends prompt groups to ``servers``; ``restart(server)`` brings a launched server back with current weights."""
 
-    def __init__(self, servers: list[Server], requests_per_server: int, retries: int, max_restarts: int,
-                 restart: Callable[[Server], None]) -> None:
+    def __init__(
+        self,
+        servers: list[Server],
+        requests_per_server: int,
+        retries: int,
+        max_restarts: int,
+        restart: Callable[[Server], None],
+    ) -> None:
         self.servers, self.retries, self.max_restarts, self.restart = servers, retries, max_restarts, restart
         self.expected_version: str | None = None  # None: the servers' own (before the first push)
         self._choose = threading.Lock()
@@ -110,8 +116,10 @@ class ServerPool:
                 return  # would restart a busy server that answers late)
             if server.restarts >= self.max_restarts:
                 server.dead = True
-                raise RlzooError(f"rollout server {server.url} stopped answering and was restarted "
-                                 f"{server.restarts} time(s) already (rollout.engine.launch.restarts): {exc}") from exc
+                raise RlzooError(
+                    f"rollout server {server.url} stopped answering and was restarted "
+                    f"{server.restarts} time(s) already (rollout.engine.launch.restarts): {exc}"
+                ) from exc
             server.restarts += 1
             logger.warning("rollout server %s stopped answering (%s): restarting it", server.url, exc)
             self.restart(server)
@@ -123,9 +131,11 @@ class ServerPool:
             return
         reported = server.client.weight_version()
         if reported != self.expected_version:
-            raise VersionMismatch(f"rollout server {server.url} reports weight version {reported!r}, the trainer "
-                                  f"pushed {self.expected_version!r}: refused (another trainer or a restart without "
-                                  "weights changed it)")
+            raise VersionMismatch(
+                f"rollout server {server.url} reports weight version {reported!r}, the trainer "
+                f"pushed {self.expected_version!r}: refused (another trainer or a restart without "
+                "weights changed it)"
+            )
 
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)

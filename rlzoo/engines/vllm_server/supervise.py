@@ -53,7 +53,7 @@ def _others_alive(group: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    trainer, command = int(argv[0]), argv[argv.index("--") + 1:]
+    trainer, command = int(argv[0]), argv[argv.index("--") + 1 :]
     signal.signal(signal.SIGTERM, lambda *_: stop_group())
     signal.signal(signal.SIGINT, lambda *_: stop_group())
     if os.getppid() != trainer:  # the trainer died before this process could watch it

@@ -35,27 +35,40 @@ class GlooPusher:
         in a thread and gives up as soon as the server's request fails (a server that never joins is not waited
         for until the group's timeout)."""
         port = gloo_group.free_port(self.host)
-        info = {"master_address": self.host, "master_port": port, "rank": 1, "world_size": 2,
-                "timeout_s": self.timeout_s}
+        info = {
+            "master_address": self.host,
+            "master_port": port,
+            "rank": 1,
+            "world_size": 2,
+            "timeout_s": self.timeout_s,
+        }
         request = self._in_thread("POST", "/init_weight_transfer_engine", {"init_info": info})
         joined: list[Any] = []
-        joiner = threading.Thread(target=lambda: joined.append(gloo_group.join(self.host, port, 0, 2, self.timeout_s)),
-                                  name="rlzoo-gloo-join", daemon=True)
+        joiner = threading.Thread(
+            target=lambda: joined.append(gloo_group.join(self.host, port, 0, 2, self.timeout_s)),
+            name="rlzoo-gloo-join",
+            daemon=True,
+        )
         joiner.start()
         while joiner.is_alive() and not request.done():
             joiner.join(0.1)
         request.result()  # the server's error, if it failed
         joiner.join(self.timeout_s)
         if not joined:
-            raise ServerError(f"{self.client.url}: the weight-transfer group was not joined within {self.timeout_s:g} s")
+            raise ServerError(
+                f"{self.client.url}: the weight-transfer group was not joined within {self.timeout_s:g} s"
+            )
         self.group = joined[0]
 
     def push(self, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
         if self.group is None:
             self.connect()
         self.client.call("POST", "/start_weight_update", timeout_s=self.timeout_s)
-        info = {"names": [n for n, _ in weights], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in weights],
-                "shapes": [list(t.shape) for _, t in weights]}
+        info = {
+            "names": [n for n, _ in weights],
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in weights],
+            "shapes": [list(t.shape) for _, t in weights],
+        }
         request = self._in_thread("POST", "/update_weights", {"update_info": info})
         try:
             for _, tensor in weights:

@@ -84,9 +84,13 @@ def verify_checkpoint(checkpoint: Path, within: str | None = None) -> Checkpoint
     try:
         data = json.loads(manifest.read_bytes())
         files = data["files"]
-        if data.get("format") != MANIFEST_FORMAT or data.get("files_sha256") != _listing_digest(files) or not all(
-            isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("size"), int)
-            for e in files.values()
+        if (
+            data.get("format") != MANIFEST_FORMAT
+            or data.get("files_sha256") != _listing_digest(files)
+            or not all(
+                isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("size"), int)
+                for e in files.values()
+            )
         ):
             raise ValueError("not a list of digests")
     except OSError as err:

@@ -55,7 +55,8 @@ def choose_checkpoint(run_dir: Path) -> Path:
         log.warning(
             "checkpoint %s has no %s (written by an earlier rlzoo): its files cannot be verified against digests, "
             "only checked for truncation; resuming from it as it is",
-            chosen, MANIFEST,
+            chosen,
+            MANIFEST,
         )
     return chosen
 

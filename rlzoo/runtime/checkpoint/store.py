@@ -90,7 +90,9 @@ def save_checkpoint(
             atomic_write_text(root / "latest", final.name)
     except Exception as err:
         previous = latest_checkpoint(run_dir)
-        kept = f"the previous checkpoint {previous} is intact" if previous is not None else "no earlier checkpoint exists"
+        kept = (
+            f"the previous checkpoint {previous} is intact" if previous is not None else "no earlier checkpoint exists"
+        )
         raise CheckpointError(f"could not write checkpoint {final}: {one_line(err)}; {kept}") from err
     if dist.is_main:
         _prune(root, completed_steps, keep)

@@ -54,7 +54,9 @@ class WordCountCaller(HFRolloutEngine):
                     f.writelines(json.dumps(texts[i]) + "\n" for i in later)
             for i, group in zip(later, super().generate([prompts[i] for i in later], sampling), strict=True):
                 out[i] = group
-        call = list(self.tokenizer(self.call_text(), add_special_tokens=False)["input_ids"]) + [self.context.eos_token_id]
+        call = list(self.tokenizer(self.call_text(), add_special_tokens=False)["input_ids"]) + [
+            self.context.eos_token_id
+        ]
         for i, prompt in enumerate(prompts):
             if i not in later:
                 out[i] = [self._scripted(prompt, call, sampling.max_new_tokens) for _ in range(sampling.n)]
