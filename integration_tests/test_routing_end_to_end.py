@@ -11,7 +11,7 @@ from conftest import assert_finite_metrics, make_config, preset_needs
 from rlzoo import hookimpl
 from rlzoo.config.presets import PRESETS
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
-from rlzoo.registry import default_registry
+from rlzoo.registry import Registry
 from rlzoo.runtime.run import train
 
 TRAINERS = {
