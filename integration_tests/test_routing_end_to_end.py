@@ -100,7 +100,9 @@ class SecondHalfPlugin:
 
 @pytest.mark.parametrize("trainer", [pytest.param(t, marks=needs_deepspeed) if t != "torch" else t for t in TRAINERS])
 def test_a_plugin_policy_replays_only_some_layers(trainer, tmp_path, cold_start_root):
-    registry = Registry.discover()  # its own: the process's default registry (the CLI's, other tests') stays as installed
+    registry = (
+        Registry.discover()
+    )  # its own: the process's default registry (the CLI's, other tests') stays as installed
     registry.add_plugin(SecondHalfPlugin(), name="second-half", distribution="test-plugin")
     config = make_config(
         tmp_path,
