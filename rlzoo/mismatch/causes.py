@@ -7,8 +7,8 @@
     routing (MoE)         the config's router policy off (routed afresh) when it replays experts in the old pass
                           (from the same measurement); else, when the rollout engine records experts, the first
                           registered router policy that replays the rollout's experts (R3) on
-    engine                the other rollout engine (hf <-> vllm, the latter with a 64 MiB KV cache) on the same
-                          weights, when vLLM is installed
+    engine                the reference rollout engine (the default, transformers generate) on the same weights,
+                          for a config that samples with another (e.g. vLLM); the core names no engine
 
 Each changed measurement samples the same prompts with the same seeds (a dtype change may still sample other
 tokens). With ``G0`` the baseline's mean |d| and ``G1`` the changed one's, ``explains = |G0 - G1| / max(G0, G1)``:
@@ -19,11 +19,10 @@ batched gap on the same rows.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from rlzoo.config.base import SPECS
+from rlzoo.config.base import DEFAULT_ROLLOUT_ENGINE, SPECS
 from rlzoo.config.schema import RunConfig
 from rlzoo.errors import RlzooError
 from rlzoo.mismatch.measures import gap_metrics
@@ -31,7 +30,6 @@ from rlzoo.mismatch.session import Measured, measure_config
 from rlzoo.registry import Registry
 
 OTHER_DTYPE = {"float32": "bfloat16", "bfloat16": "float32"}
-VLLM_KV_CACHE = 64 * 2**20
 
 
 def _gap(train: Any, rollout: Any, mask: Any) -> float:
@@ -95,12 +93,12 @@ def _routing_row(
 
 
 def _other_engine(config: RunConfig) -> dict[str, Any] | None:
-    name = config.rollout.engine.name
-    if name == "hf" and importlib.util.find_spec("vllm") is not None:
-        return {"name": "vllm", "kv_cache_memory_bytes": VLLM_KV_CACHE}
-    if name == "vllm":
-        return {"name": "hf"}
-    return None
+    """The reference rollout engine (the default one, transformers ``generate``) for a config that samples with
+    another; ``None`` when it samples with the reference already (measure another engine against it by running the
+    command with ``--set rollout.engine=...``)."""
+    if config.rollout.engine.name == DEFAULT_ROLLOUT_ENGINE:
+        return None
+    return {"name": DEFAULT_ROLLOUT_ENGINE}
 
 
 def _with(config: RunConfig, section: str, **update: Any) -> RunConfig:

@@ -30,7 +30,7 @@ import torch
 from rlzoo.config.base import ComponentSpec
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import MismatchCorrection
-from rlzoo.interfaces.base import take_reports
+from rlzoo.interfaces.base import collecting
 from rlzoo.mismatch.measures import MAX_LOG_RATIO, ess
 from rlzoo.registry import Registry
 
@@ -47,9 +47,9 @@ def correction_effect(
 ) -> dict[str, float]:
     """The module docstring's numbers for one correction on ``[B, T]`` log-probs, mask and advantages."""
     valid = mask > 0
-    weights = correction.weights(train, rollout, mask).detach().double()
-    keep = correction.keep(train, rollout, mask, advantages).detach().double()
-    take_reports(correction)  # what it reported belongs to a step's metrics, not here
+    with collecting():  # what it reports belongs to a step's metrics, not to this measurement
+        weights = correction.weights(train, rollout, mask).detach().double()
+        keep = correction.keep(train, rollout, mask, advantages).detach().double()
     effective = torch.where(valid, weights * keep, torch.zeros((), dtype=torch.float64))[valid]
     log_r = (train.double() - rollout.double())[valid].clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     kept = effective > 0
