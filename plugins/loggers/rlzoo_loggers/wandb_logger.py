@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import secrets
 import shutil
@@ -88,20 +90,21 @@ class WandbLogger(Logger):
             init_timeout=self.params.init_timeout_s,
         )
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)  # wandb warns about a dir that does not exist
-        self._run = wandb.init(
-            project=self.params.project,
-            entity=self.params.entity,
-            mode=self.params.mode,
-            id=self.run_id,
-            resume="allow",
-            name=run.name,
-            group=run.group,
-            tags=[f"{k}={v}"[:MAX_TAG_LENGTH] for k, v in tags.items()],
-            config=config,
-            dir=str(run.run_dir),
-            reinit="create_new",
-            settings=settings,
-        )
+        with _weave_suggestion_off():
+            self._run = wandb.init(
+                project=self.params.project,
+                entity=self.params.entity,
+                mode=self.params.mode,
+                id=self.run_id,
+                resume="allow",
+                name=run.name,
+                group=run.group,
+                tags=[f"{k}={v}"[:MAX_TAG_LENGTH] for k, v in tags.items()],
+                config=config,
+                dir=str(run.run_dir),
+                reinit="create_new",
+                settings=settings,
+            )
         self._state_dir = Path(run.state_dir)
         self._resumed = run if state.get("id") else None  # a new tracker run holds nothing yet
 
@@ -150,3 +153,19 @@ def new_run_id(length: int = 8) -> str:
 def _artifact_name(text: str) -> str:
     """Only the characters wandb allows in an artifact's name."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+
+
+@contextlib.contextmanager
+def _weave_suggestion_off():
+    """``wandb.init`` prints "Detected [openai] in use" and an advert for its Weave product on the console, even when
+    silent, whenever openai or anthropic is imported (vLLM imports openai); its documented switch is the
+    ``WANDB_DISABLE_WEAVE`` variable, set here for the call only so that the process's environment is left as it was."""
+    before = os.environ.get("WANDB_DISABLE_WEAVE")
+    os.environ["WANDB_DISABLE_WEAVE"] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("WANDB_DISABLE_WEAVE", None)
+        else:
+            os.environ["WANDB_DISABLE_WEAVE"] = before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -30,6 +31,8 @@ def values(history: dict, key: str) -> dict[int, float]:
 
 @pytest.mark.parametrize("through_trackers", [False, True])
 def test_config_metrics_summary_and_artifacts(tmp_path, artifacts, through_trackers, capfd):
+    if importlib.util.find_spec("openai") is not None:  # vLLM imports it; wandb then adverts Weave on the console
+        import openai  # noqa: F401 - imported for that side effect
     run = tracked_run(tmp_path, state_dir=tmp_path / "run" / "loggers" / "wandb")
     logger = WandbLogger()
     environ = dict(os.environ)
