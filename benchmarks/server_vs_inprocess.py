@@ -92,7 +92,11 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=1)
     parser.add_argument("--push-sizes", default="256,512,1024", help="hidden sizes of the dense models pushed")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="rlzoo-bench-servers-"))
+    with tempfile.TemporaryDirectory(prefix="rlzoo-bench-servers-") as scratch:  # models and logs: gone on exit
+        measure(Path(scratch), args)
+
+
+def measure(work: Path, args: argparse.Namespace) -> None:
     model_dir, model, tokenizer = build(work / "moe", **MOE)
     prompts = [
         tokenizer.encode(f"{a}+{b}=") for a, b in zip(range(10, 10 + args.prompts), range(50, 50 + args.prompts))
