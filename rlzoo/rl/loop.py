@@ -64,6 +64,7 @@ from rlzoo.engines.device import device_memory_metrics
 from rlzoo.episodes.environments import SingleTurn
 from rlzoo.episodes.runner import EpisodeRunner
 from rlzoo.interfaces import AdvantageSource, BatchFilter, MismatchCorrection, RewardShaper, Sample, Verifier
+from rlzoo.interfaces.base import collecting
 from rlzoo.rl.advantages import advantages
 from rlzoo.rl.critic import Critic, value_metrics
 from rlzoo.rl.learner import Learner
@@ -138,7 +139,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         c.schedule.settle(timer)
         c.schedule.publish(step, c.learner, parts, updated=False)
         return c.dist.reduce_metrics({**record.rollout.metrics, **timer.metrics()})
-    with timer("old_logprobs"), record.collecting():
+    with timer("old_logprobs"), collecting(into=record.reports):
         old_pass(record, c, config.algorithm.old_logprobs)
     with timer("teacher"):
         record.teacher_logp = c.teacher.logprobs(record.batch) if c.teacher is not None else None
@@ -146,7 +147,7 @@ def rl_step(step: int, prompts: Sequence[Sample], c: Components, config: RunConf
         record.values = c.critic.values(record.batch) if c.critic is not None else None
     with timer("advantage"):
         advantages(record, c.advantage, c.kl_in_reward)
-    with timer("train"), record.collecting():
+    with timer("train"), collecting(into=record.reports):
         minibatch_updates(record, c, config)
     c.schedule.settle(timer, new_weights=True)  # the rollout engine's weights never change under a generation
     with timer("sync"):
@@ -211,7 +212,7 @@ def minibatch_updates(record: StepRecord, c: Components, config: RunConfig) -> N
 
 def kept_tokens(correction: MismatchCorrection, record: StepRecord, mask: Tensor) -> Tensor:
     """The tokens the correction keeps in the policy loss (a rejected one counts as padding there); what it reports
-    joins the step's reports (the train phase's scope, :meth:`StepRecord.collecting`) with its weights' reports."""
+    joins the step's reports (the train phase's scope, ``collecting(into=record.reports)``) with its weights' reports."""
     old = filled(record.old, "old")
     train = old.rollout if old.train is None else old.train  # rollout-only: the correction reads no old_train
     return correction.keep(train, old.rollout, mask, filled(record.advantages, "advantages"))

@@ -8,9 +8,10 @@
     advantages, returns, advantage_metrics <- the advantage source (and the KL-in-reward penalty)
     loss_mask    <- the response mask less the tokens the correction rejects
     updates, critic_updates <- each minibatch's metrics
-    reports      <- what components report in the old pass and the train phase (each a scope of the record,
-                    :meth:`StepRecord.collecting`) outside the narrower scopes of the learner's passes, each
-                    minibatch's update and the objective's call (:func:`rlzoo.interfaces.base.collecting`)
+    reports      <- what components report in the old pass and the train phase (each a scope into this dict,
+                    ``collecting(into=record.reports)``, :func:`rlzoo.interfaces.base.collecting`) outside the
+                    narrower scopes of the learner's passes, each minibatch's update and the objective's call;
+                    a later report of the same key in the step keeps the last value
 
 Like torchtune's ``GRPOTrajectory`` (``recipes/dev/grpo_full_finetune_distributed.py``) and the one ``inputs`` dict
 of TRL's ``_generate_and_score_completions``: the step's data travels in one object from generation to the loss,
@@ -20,14 +21,12 @@ is ``None`` until its phase ran (or when the run has no such phase: no teacher, 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from torch import Tensor
 
 from rlzoo.engines import TokenBatch
-from rlzoo.interfaces.base import collecting
 from rlzoo.rl.rollouts import RolloutBatch
 from rlzoo.util.timer import Timer
 
@@ -64,11 +63,6 @@ class StepRecord:
     updates: list[dict[str, float]] = field(default_factory=list)
     critic_updates: list[dict[str, float]] = field(default_factory=list)
     reports: dict[str, float] = field(default_factory=dict)
-
-    def collecting(self) -> AbstractContextManager[dict[str, Any]]:
-        """A phase's scope of reports: what a component reports during it (and not in a narrower scope) is one of
-        the step's :attr:`reports`; a later report of the same key in the step keeps the last value."""
-        return collecting(into=self.reports)
 
     @property
     def batch(self) -> TokenBatch | None:
