@@ -32,6 +32,7 @@ the plugins sit above the whole core (they import its public API, never the othe
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -89,7 +90,7 @@ TINY = [
     "train.eval_prompts=4",
     "train.eval_samples_per_prompt=1",
 ]
-CO_VARARGS, CO_VARKEYWORDS = 0x04, 0x08
+GENERATORS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def layer_of(module: str) -> int:
@@ -190,7 +191,7 @@ class Follower:
         stop = self.stops[code]
         if stop is None:
             return
-        if code.co_flags & 0x2A0:  # a generator, coroutine or async generator: its first entry only
+        if code.co_flags & GENERATORS:  # its first entry only, not each resume
             if id(frame) in self.started:
                 return
             self.started.add(id(frame))
@@ -237,10 +238,10 @@ def arguments(frame: FrameType) -> Iterator[Any]:
         if name in values:
             yield values[name]
     extra = code.co_argcount + code.co_kwonlyargcount
-    if code.co_flags & CO_VARARGS:
+    if code.co_flags & inspect.CO_VARARGS:
         yield from values.get(code.co_varnames[extra], ())
         extra += 1
-    if code.co_flags & CO_VARKEYWORDS:
+    if code.co_flags & inspect.CO_VARKEYWORDS:
         yield from values.get(code.co_varnames[extra], {}).values()
 
 
