@@ -1,4 +1,5 @@
-"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders."""
+"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders; how
+run_local stops its processes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import default_registry
 from rlzoo.sweep.ablate import report
 from rlzoo.sweep.grid import build_sweep, check_folder, parse_vary, write_manifest
+from rlzoo.sweep.jobs import Job
 from rlzoo.sweep.stats import mean_ci
 from rlzoo.sweep.summary import collect, summarise
 
@@ -227,3 +229,54 @@ def test_the_gain_against_the_starting_model_is_a_paired_per_run_difference():
     # no evaluation of the starting model (eval_every skips step 0): no gain is claimed
     later = run_values(RunRecord("cell", Path("."), [{**rows[0], "step": 1}, rows[3]]))
     assert "eval/accuracy gain" not in later and "initial eval/accuracy" not in later
+
+
+class _ScriptJob(Job):
+    """A job whose process is a short Python script instead of ``rlzoo``: what the backends do around it, fast."""
+
+    script: str = "pass"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.script]
+
+
+@pytest.mark.parametrize("stop", [RuntimeError, KeyboardInterrupt])
+def test_run_local_stops_every_process_it_started_when_it_is_stopped(tmp_path, monkeypatch, stop):
+    """Ctrl-C, SIGTERM (rlzoo.cli raises the same KeyboardInterrupt) or an error while runs are going: each process
+    is stopped by its PID before the exception leaves, and its log says so."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from rlzoo.sweep import local
+    from rlzoo.sweep.progress import SweepProgress
+
+    monkeypatch.setattr(local, "OWN_STOP_S", 0.2)  # after Ctrl-C runs get a moment to stop by themselves
+    pid_files = [tmp_path / f"pid{i}" for i in range(2)]
+    jobs = [_ScriptJob(f"job{i}", [], tmp_path / f"job{i}.log") for i in range(2)]
+    for job, pid_file in zip(jobs, pid_files):
+        job.script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+
+    class StoppedWhileRunning(SweepProgress):
+        def started(self, job: Job) -> None:
+            super().started(job)
+            if self.running == 2:  # both runs going
+                deadline = time.monotonic() + 60
+                while not all(p.is_file() and p.read_text() for p in pid_files) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise stop("stopped")
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(stop):
+            local.run_local(jobs, 2, StoppedWhileRunning(2, 0, "runs", enabled=False))
+        assert time.monotonic() - started < 30
+        for pid_file, job in zip(pid_files, jobs):
+            with pytest.raises(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), 0)
+            assert "stopped by the sweep (exit -15)" in job.log.read_text()  # SIGTERM was enough
+    finally:  # where run_local failed to, the test stops what it started
+        for pid_file in pid_files:
+            with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -24,8 +24,10 @@ def _run_job(command: list[str], log: str, env: dict[str, str]) -> int:
     from pathlib import Path
 
     Path(log).parent.mkdir(parents=True, exist_ok=True)
+    # on a line of its own: a process killed mid-line (a progress bar) left no newline
+    again = "\n" if Path(log).is_file() and Path(log).stat().st_size else ""
     with open(log, "a") as handle:
-        handle.write(f"$ {' '.join(command)}   (ray task)\n")
+        handle.write(f"{again}$ {' '.join(command)}   (ray task)\n")
         handle.flush()
         return subprocess.run(
             command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env}
