@@ -1,5 +1,5 @@
-"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders; how
-run_local stops its processes."""
+"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders; what a
+rerun keeps (finished runs, verified) and how run_local stops its processes."""
 
 from __future__ import annotations
 
@@ -229,6 +229,69 @@ def test_the_gain_against_the_starting_model_is_a_paired_per_run_difference():
     # no evaluation of the starting model (eval_every skips step 0): no gain is claimed
     later = run_values(RunRecord("cell", Path("."), [{**rows[0], "step": 1}, rows[3]]))
     assert "eval/accuracy gain" not in later and "initial eval/accuracy" not in later
+
+
+# -- a rerun keeps finished runs only once verified ----------------------------------------------------------------
+
+
+def _finished_sweep(out: Path, lrs: str = "1e-4,2e-4,3e-4", steps: int = 4):
+    """A sweep whose runs all look finished: the config.yaml the sweep gives each, a row for every step and the
+    final evaluation, and a checkpoint."""
+    from rlzoo.config.loading import dump_config
+
+    sets = [*ENGINES, f"train.steps={steps}"]
+    sweep = build_sweep(str(EXAMPLE), [parse_vary(f"trainer.lr={lrs}")], 1, out, sets, default_registry())
+    for run in sweep.runs:
+        (run.run_dir / "checkpoints" / f"step_{steps:06d}").mkdir(parents=True)
+        (run.run_dir / "checkpoints" / "latest").write_text(f"step_{steps:06d}")
+        (run.run_dir / "config.yaml").write_text(dump_config(run.config))
+        rows = [{"step": i, "reward/mean": 0.5} for i in range(steps)] + [{"step": steps, "final": 1.0}]
+        (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return sweep
+
+
+def _drop_lines(path: Path, steps: set[int]) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(line for line in lines if json.loads(line)["step"] not in steps or '"final"' in line))
+
+
+def test_a_finished_run_is_kept_only_when_its_metrics_and_config_are_this_sweeps(tmp_path):
+    from rlzoo.sweep.jobs import plan
+
+    sweep = _finished_sweep(tmp_path / "s")
+    good, gappy, other = sweep.runs
+    _, jobs, done = plan(sweep.runs, default_registry(), threads=1)
+    assert (jobs, [r.cell for r in done]) == ([], [r.cell for r in sweep.runs])  # whole runs: all kept
+    _drop_lines(gappy.run_dir / "metrics.jsonl", {1, 3})  # killed and resumed badly, say: steps lost
+    config = other.run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 0.0003", "lr: 0.0005"))  # another sweep's run copied in
+    with pytest.raises(RlzooError) as caught:
+        plan(sweep.runs, default_registry(), threads=1)
+    lines = str(caught.value).splitlines()
+    assert lines[0].startswith("2 finished run(s) of this sweep cannot be kept")
+    assert lines[1] == f"  {gappy.run_dir}: metrics.jsonl lacks steps 1, 3"
+    assert lines[2] == (
+        f"  {other.run_dir}: config.yaml differs from this sweep's at trainer.lr (the run's 0.0005, the sweep's 0.0003)"
+    )
+    assert f"delete their folders (rm -r {gappy.run_dir} {other.run_dir})" in lines[3] and len(lines) == 4
+    assert str(good.run_dir) not in str(caught.value)
+
+
+def test_a_finished_runs_metrics_are_checked_against_its_step_count(tmp_path):
+    from rlzoo.sweep.finished import metrics_problems
+
+    def problems(steps: list[int], final: int) -> list[str]:
+        rows = [{"step": s} for s in steps] + [{"step": final, "final": 1.0}]
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return metrics_problems(tmp_path, 3)
+
+    assert problems([0, 1, 2], 3) == []
+    assert problems([0, 1, 1, 2], 3) == ["metrics.jsonl holds step 1 twice"]
+    assert problems([0, 2], 3) == ["metrics.jsonl lacks step 1"]
+    assert problems([0, 1, 2, 3], 4) == [
+        "metrics.jsonl holds steps outside 0..2: 3",
+        "metrics.jsonl's final evaluation is at step 4, not once at train.steps 3",
+    ]
 
 
 class _ScriptJob(Job):

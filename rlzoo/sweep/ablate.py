@@ -55,7 +55,8 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
         check_ray()
     sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry, options.plugins)
     check_folder(sweep)
-    todo, done = preflight_runs(sweep.runs, registry)  # every run preflighted before anything is written
+    # every finished run verified and every other one preflighted before anything is written
+    todo, done = preflight_runs(sweep.runs, registry)
     # from here on the sweep writes into --out (a folder refused above is left untouched, without a lock file)
     runlock.hold_sweep_folder(sweep.out, runlock.process_command())
     threads = options.cpus_per_run or max(1, cores() // options.jobs)
@@ -63,7 +64,7 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
     write_manifest(sweep)
     print(
         f"sweep {sweep.out}: {len(sweep.cells)} cells x {options.seeds} seeds = {len(sweep.runs)} runs; "
-        f"{len(done)} finished, {len(jobs)} to run ({sum('--resume' in j.args for j in jobs)} resumed), "
+        f"{len(done)} finished and verified, {len(jobs)} to run ({sum('--resume' in j.args for j in jobs)} resumed), "
         f"{options.jobs if options.backend == 'local' else 'ray'} at once, {threads} threads each",
         file=sys.stderr,
     )
