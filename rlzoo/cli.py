@@ -259,6 +259,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         max_runs=args.max_runs,
         yes=args.yes,
         plugins=args.plugin or [],
+        drop_finished_checkpoints=args.drop_finished_checkpoints,
     )
     try:
         sweep, status = ablate(options, _registry())

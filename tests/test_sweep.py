@@ -1,5 +1,5 @@
 """rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders; what a
-rerun keeps (finished runs, verified) and how run_local stops its processes."""
+rerun keeps (finished runs verified, their checkpoints dropped on request) and how run_local stops its processes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import default_registry
-from rlzoo.sweep.ablate import report
+from rlzoo.sweep.ablate import AblateOptions, ablate, report
 from rlzoo.sweep.grid import build_sweep, check_folder, parse_vary, write_manifest
 from rlzoo.sweep.jobs import Job
 from rlzoo.sweep.stats import mean_ci
@@ -231,7 +231,7 @@ def test_the_gain_against_the_starting_model_is_a_paired_per_run_difference():
     assert "eval/accuracy gain" not in later and "initial eval/accuracy" not in later
 
 
-# -- a rerun keeps finished runs only once verified ----------------------------------------------------------------
+# -- a rerun keeps finished runs only once verified; --drop-finished-checkpoints ------------------------------------
 
 
 def _finished_sweep(out: Path, lrs: str = "1e-4,2e-4,3e-4", steps: int = 4):
@@ -294,6 +294,24 @@ def test_a_finished_runs_metrics_are_checked_against_its_step_count(tmp_path):
     ]
 
 
+def _ablate_options(out: Path, **extra) -> AblateOptions:
+    sets = [*ENGINES, "train.steps=4"]
+    return AblateOptions(str(EXAMPLE), ["trainer.lr=1e-4,2e-4,3e-4"], 1, out, sets, progress=False, **extra)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_drop_finished_checkpoints_removes_those_of_verified_runs_only_when_asked(tmp_path, capsys, drop):
+    sweep = _finished_sweep(tmp_path / "s")
+    write_manifest(sweep)
+    _, status = ablate(_ablate_options(tmp_path / "s", drop_finished_checkpoints=drop), default_registry())
+    assert status == {}  # nothing ran: every run was finished
+    opening = capsys.readouterr().err
+    assert "3 finished and verified, 0 to run" in opening
+    assert ("checkpoints dropped (3 now" in opening) == drop
+    assert [(r.run_dir / "checkpoints").exists() for r in sweep.runs] == [not drop] * 3
+    assert all((r.run_dir / "metrics.jsonl").is_file() for r in sweep.runs)  # the run itself is kept
+
+
 class _ScriptJob(Job):
     """A job whose process is a short Python script instead of ``rlzoo``: what the backends do around it, fast."""
 
@@ -301,6 +319,29 @@ class _ScriptJob(Job):
 
     def command(self) -> list[str]:
         return [sys.executable, "-c", self.script]
+
+
+def test_a_run_that_finishes_during_the_sweep_loses_its_checkpoints_once_verified(tmp_path, capsys):
+    from rlzoo.sweep.ablate import _dropping_checkpoints
+    from rlzoo.sweep.jobs import job_name
+    from rlzoo.sweep.local import run_local
+    from rlzoo.sweep.progress import SweepProgress
+
+    sweep = _finished_sweep(tmp_path / "s")  # the runs' processes below "finish" them instantly
+    whole, gappy, failed = sweep.runs
+    _drop_lines(gappy.run_dir / "metrics.jsonl", {2})
+    jobs = [_ScriptJob(job_name(r), [], r.run_dir / "process.log") for r in sweep.runs]
+    jobs[2].script = "raise SystemExit(3)"
+    (whole.run_dir / "process.log").write_text("$ first start\nrl:  33%|###  | 2/6\r")  # killed mid-line
+    on_end = _dropping_checkpoints(sweep.runs, default_registry())
+    status = run_local(jobs, 2, SweepProgress(3, 0, "runs", enabled=False), on_end)
+    assert status == {job_name(whole): 0, job_name(gappy): 0, job_name(failed): 3}
+    commands = [line for line in (whole.run_dir / "process.log").read_text().split("\n") if line.startswith("$ ")]
+    assert len(commands) == 2 and sys.executable in commands[1]  # each start on a line of its own
+    assert [(r.run_dir / "checkpoints").is_dir() for r in sweep.runs] == [False, True, True]
+    assert f"checkpoints kept: {job_name(gappy)} did not finish as verified: metrics.jsonl lacks step 2" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("stop", [RuntimeError, KeyboardInterrupt])

@@ -1,4 +1,4 @@
-"""A sweep's finished runs: kept only when their record is whole and is this sweep's run.
+"""A sweep's finished runs: kept only when their record is whole and is this sweep's run; their checkpoints dropped.
 
 A run is *finished* when its ``metrics.jsonl`` ends with the final evaluation (``"final": 1.0``). A rerun of the
 sweep keeps such a run instead of training it again, so the table it enters must be able to trust it: before
@@ -7,11 +7,15 @@ anything runs, :func:`check_finished` verifies that its ``metrics.jsonl`` holds 
 the config it ran with (its ``config.yaml``, with any change a resume recorded; :mod:`rlzoo.preflight.resume_changes`)
 is the config this sweep gives it. A run that fails either is not this sweep's result: the sweep stops with one line
 per such run, and the way to redo it is to delete its folder.
+
+``--drop-finished-checkpoints``: a finished, verified run never resumes, so its ``checkpoints/`` folder (a real
+model's weights and optimizer state, gigabytes per checkpoint) is only disk used; :func:`drop_checkpoints` removes it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from rlzoo.registry import Registry
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.sweep.grid import Run
 
+CHECKPOINTS = "checkpoints"
 SHOWN = 8  # steps or fields named in one problem line before "and N more"
 
 
@@ -93,3 +98,12 @@ def check_finished(runs: list[Run], registry: Registry) -> None:
         + "\n".join(lines)
         + f"\n  to run them again, delete their folders (rm -r {folders}) and rerun the same command"
     )
+
+
+def drop_checkpoints(run_dir: Path) -> bool:
+    """Remove a finished run's ``checkpoints/`` folder; whether there was one."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return False
+    shutil.rmtree(folder)
+    return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from typing import IO
 
 from rlzoo.sweep.jobs import Job
@@ -50,9 +51,12 @@ def stop_processes(processes: list[subprocess.Popen], own_s: float = 0.0, grace_
         process.wait()
 
 
-def run_local(jobs: list[Job], at_once: int, progress: SweepProgress) -> dict[str, int]:
+def run_local(
+    jobs: list[Job], at_once: int, progress: SweepProgress, on_end: Callable[[Job, int], None] | None = None
+) -> dict[str, int]:
     """Run every job, ``at_once`` at a time; returns each job's exit status (a failure does not stop the others).
-    Whatever stops this function stops the processes it started first (module docstring)."""
+    ``on_end(job, code)`` is called as each job ends. Whatever stops this function stops the processes it started
+    first (module docstring)."""
     pending, status = list(jobs), {}
     running: dict[str, tuple[Job, subprocess.Popen, IO[str]]] = {}
     try:
@@ -85,6 +89,8 @@ def run_local(jobs: list[Job], at_once: int, progress: SweepProgress) -> dict[st
                     del running[name]
                     status[name] = code
                     progress.ended(job, code)
+                    if on_end is not None:
+                        on_end(job, code)
             time.sleep(0.2)
     except KeyboardInterrupt:
         stop_processes([p for _, p, _ in running.values()], own_s=OWN_STOP_S)
