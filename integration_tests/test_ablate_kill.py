@@ -8,7 +8,8 @@ sweep's folder (files, never output) to stop it at the moment it wants:
   line saying how to go on, well within 30 s, and the job's process is gone;
 - SIGKILL to the whole group once one run is finished and the next has a checkpoint: nothing cleans up; the rerun
   keeps the finished run as it is (verified, its metrics byte for byte), resumes the other from its checkpoint
-  (every step logged once), and writes the summary of both.
+  (every step logged once), and writes the summary of both; with ``--drop-finished-checkpoints`` each run's
+  checkpoints go once it is finished and verified.
 
 Whatever a test starts it stops by PID (the sweep's process group) in a ``finally``.
 """
@@ -144,10 +145,15 @@ def test_a_stopped_and_a_killed_sweep_resume_where_they_were(tmp_path):
     assert checkpointed(second)
     kept = (first / "metrics.jsonl").read_bytes()
 
-    # 3. rerun: the finished run is verified and kept as it is, the killed one resumed, the summary of both written
-    rerun = subprocess.run(command(out), capture_output=True, text=True, timeout=WAIT_S)
+    # 3. rerun: the finished run is verified and kept as it is, the killed one resumed, the summary of both written;
+    # each one's checkpoints dropped once it is finished and verified (the first's at the start, the other's at its end)
+    rerun = subprocess.run(
+        [*command(out), "--drop-finished-checkpoints"], capture_output=True, text=True, timeout=WAIT_S
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "1 finished and verified, 1 to run (1 resumed)" in rerun.stderr
+    assert "checkpoints dropped (1 now" in rerun.stderr and "checkpoints kept" not in rerun.stderr
+    assert not (first / "checkpoints").exists() and not (second / "checkpoints").exists()
     assert (first / "metrics.jsonl").read_bytes() == kept
     assert len(commands(first)) == 2  # its first start and the resume in step 2; none now
     assert f"--resume {second}" in commands(second)[-1]
