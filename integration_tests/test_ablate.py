@@ -63,7 +63,7 @@ def test_rerun_skips_finished_runs(sweep):
     logs = {cell: (sweep / cell / "seed0" / "process.log").read_text() for cell in CELLS}
     result = ablate(sweep)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 finished, 0 to run" in result.stderr
+    assert "2 finished and verified, 0 to run" in result.stderr
     assert {cell: (sweep / cell / "seed0" / "process.log").read_text() for cell in CELLS} == logs
 
 

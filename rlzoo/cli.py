@@ -259,8 +259,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         max_runs=args.max_runs,
         yes=args.yes,
         plugins=args.plugin or [],
+        drop_finished_checkpoints=args.drop_finished_checkpoints,
     )
-    sweep, status = ablate(options, _registry())
+    try:
+        sweep, status = ablate(options, _registry())
+    except KeyboardInterrupt as err:  # SIGINT / SIGTERM: the runs were stopped (rlzoo.sweep.local); how to go on
+        signum = signals.stop_signal(err)
+        raise signals.Interrupted(
+            signum,
+            f"interrupted by {signals.signal_name(signum)}: the sweep's running jobs were stopped; rerun the same "
+            "command to resume it (finished runs are kept, stopped ones continue from their last checkpoint)",
+        ) from None
     try:
         for path in report([sweep.out], sweep.out, str(sweep.out)):
             print(path)

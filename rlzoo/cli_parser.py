@@ -126,6 +126,11 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
         help="refuse a larger grid without --yes (default 64)",
     )
     ablate.add_argument("--yes", action="store_true", help="run a grid larger than --max-runs")
+    ablate.add_argument(
+        "--drop-finished-checkpoints",
+        action="store_true",
+        help="remove a run's checkpoints/ once it is finished and verified (it never resumes); default: keep them",
+    )
     ablate.set_defaults(func=commands["ablate"])
 
     compare = sub.add_parser("compare", help="the ablation table and plot from sweep or run folders")

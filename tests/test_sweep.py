@@ -1,4 +1,5 @@
-"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders."""
+"""rlzoo.sweep without training: --vary parsing, the grid, the folder claim, CIs and the summary of run folders; what a
+rerun keeps (finished runs verified, their checkpoints dropped on request) and how run_local stops its processes."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import yaml
 
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import default_registry
-from rlzoo.sweep.ablate import report
+from rlzoo.sweep.ablate import AblateOptions, ablate, report
 from rlzoo.sweep.grid import build_sweep, check_folder, parse_vary, write_manifest
+from rlzoo.sweep.jobs import Job
 from rlzoo.sweep.stats import mean_ci
 from rlzoo.sweep.summary import collect, summarise
 
@@ -227,3 +229,158 @@ def test_the_gain_against_the_starting_model_is_a_paired_per_run_difference():
     # no evaluation of the starting model (eval_every skips step 0): no gain is claimed
     later = run_values(RunRecord("cell", Path("."), [{**rows[0], "step": 1}, rows[3]]))
     assert "eval/accuracy gain" not in later and "initial eval/accuracy" not in later
+
+
+# -- a rerun keeps finished runs only once verified; --drop-finished-checkpoints ------------------------------------
+
+
+def _finished_sweep(out: Path, lrs: str = "1e-4,2e-4,3e-4", steps: int = 4):
+    """A sweep whose runs all look finished: the config.yaml the sweep gives each, a row for every step and the
+    final evaluation, and a checkpoint."""
+    from rlzoo.config.loading import dump_config
+
+    sets = [*ENGINES, f"train.steps={steps}"]
+    sweep = build_sweep(str(EXAMPLE), [parse_vary(f"trainer.lr={lrs}")], 1, out, sets, default_registry())
+    for run in sweep.runs:
+        (run.run_dir / "checkpoints" / f"step_{steps:06d}").mkdir(parents=True)
+        (run.run_dir / "checkpoints" / "latest").write_text(f"step_{steps:06d}")
+        (run.run_dir / "config.yaml").write_text(dump_config(run.config))
+        rows = [{"step": i, "reward/mean": 0.5} for i in range(steps)] + [{"step": steps, "final": 1.0}]
+        (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return sweep
+
+
+def _drop_lines(path: Path, steps: set[int]) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(line for line in lines if json.loads(line)["step"] not in steps or '"final"' in line))
+
+
+def test_a_finished_run_is_kept_only_when_its_metrics_and_config_are_this_sweeps(tmp_path):
+    from rlzoo.sweep.jobs import plan
+
+    sweep = _finished_sweep(tmp_path / "s")
+    good, gappy, other = sweep.runs
+    _, jobs, done = plan(sweep.runs, default_registry(), threads=1)
+    assert (jobs, [r.cell for r in done]) == ([], [r.cell for r in sweep.runs])  # whole runs: all kept
+    _drop_lines(gappy.run_dir / "metrics.jsonl", {1, 3})  # killed and resumed badly, say: steps lost
+    config = other.run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 0.0003", "lr: 0.0005"))  # another sweep's run copied in
+    with pytest.raises(RlzooError) as caught:
+        plan(sweep.runs, default_registry(), threads=1)
+    lines = str(caught.value).splitlines()
+    assert lines[0].startswith("2 finished run(s) of this sweep cannot be kept")
+    assert lines[1] == f"  {gappy.run_dir}: metrics.jsonl lacks steps 1, 3"
+    assert lines[2] == (
+        f"  {other.run_dir}: config.yaml differs from this sweep's at trainer.lr (the run's 0.0005, the sweep's 0.0003)"
+    )
+    assert f"delete their folders (rm -r {gappy.run_dir} {other.run_dir})" in lines[3] and len(lines) == 4
+    assert str(good.run_dir) not in str(caught.value)
+
+
+def test_a_finished_runs_metrics_are_checked_against_its_step_count(tmp_path):
+    from rlzoo.sweep.finished import metrics_problems
+
+    def problems(steps: list[int], final: int) -> list[str]:
+        rows = [{"step": s} for s in steps] + [{"step": final, "final": 1.0}]
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return metrics_problems(tmp_path, 3)
+
+    assert problems([0, 1, 2], 3) == []
+    assert problems([0, 1, 1, 2], 3) == ["metrics.jsonl holds step 1 twice"]
+    assert problems([0, 2], 3) == ["metrics.jsonl lacks step 1"]
+    assert problems([0, 1, 2, 3], 4) == [
+        "metrics.jsonl holds steps outside 0..2: 3",
+        "metrics.jsonl's final evaluation is at step 4, not once at train.steps 3",
+    ]
+
+
+def _ablate_options(out: Path, **extra) -> AblateOptions:
+    sets = [*ENGINES, "train.steps=4"]
+    return AblateOptions(str(EXAMPLE), ["trainer.lr=1e-4,2e-4,3e-4"], 1, out, sets, progress=False, **extra)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_drop_finished_checkpoints_removes_those_of_verified_runs_only_when_asked(tmp_path, capsys, drop):
+    sweep = _finished_sweep(tmp_path / "s")
+    write_manifest(sweep)
+    _, status = ablate(_ablate_options(tmp_path / "s", drop_finished_checkpoints=drop), default_registry())
+    assert status == {}  # nothing ran: every run was finished
+    opening = capsys.readouterr().err
+    assert "3 finished and verified, 0 to run" in opening
+    assert ("checkpoints dropped (3 now" in opening) == drop
+    assert [(r.run_dir / "checkpoints").exists() for r in sweep.runs] == [not drop] * 3
+    assert all((r.run_dir / "metrics.jsonl").is_file() for r in sweep.runs)  # the run itself is kept
+
+
+class _ScriptJob(Job):
+    """A job whose process is a short Python script instead of ``rlzoo``: what the backends do around it, fast."""
+
+    script: str = "pass"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.script]
+
+
+def test_a_run_that_finishes_during_the_sweep_loses_its_checkpoints_once_verified(tmp_path, capsys):
+    from rlzoo.sweep.ablate import _dropping_checkpoints
+    from rlzoo.sweep.jobs import job_name
+    from rlzoo.sweep.local import run_local
+    from rlzoo.sweep.progress import SweepProgress
+
+    sweep = _finished_sweep(tmp_path / "s")  # the runs' processes below "finish" them instantly
+    whole, gappy, failed = sweep.runs
+    _drop_lines(gappy.run_dir / "metrics.jsonl", {2})
+    jobs = [_ScriptJob(job_name(r), [], r.run_dir / "process.log") for r in sweep.runs]
+    jobs[2].script = "raise SystemExit(3)"
+    (whole.run_dir / "process.log").write_text("$ first start\nrl:  33%|###  | 2/6\r")  # killed mid-line
+    on_end = _dropping_checkpoints(sweep.runs, default_registry())
+    status = run_local(jobs, 2, SweepProgress(3, 0, "runs", enabled=False), on_end)
+    assert status == {job_name(whole): 0, job_name(gappy): 0, job_name(failed): 3}
+    commands = [line for line in (whole.run_dir / "process.log").read_text().split("\n") if line.startswith("$ ")]
+    assert len(commands) == 2 and sys.executable in commands[1]  # each start on a line of its own
+    assert [(r.run_dir / "checkpoints").is_dir() for r in sweep.runs] == [False, True, True]
+    assert f"checkpoints kept: {job_name(gappy)} did not finish as verified: metrics.jsonl lacks step 2" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("stop", [RuntimeError, KeyboardInterrupt])
+def test_run_local_stops_every_process_it_started_when_it_is_stopped(tmp_path, monkeypatch, stop):
+    """Ctrl-C, SIGTERM (rlzoo.cli raises the same KeyboardInterrupt) or an error while runs are going: each process
+    is stopped by its PID before the exception leaves, and its log says so."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from rlzoo.sweep import local
+    from rlzoo.sweep.progress import SweepProgress
+
+    monkeypatch.setattr(local, "OWN_STOP_S", 0.2)  # after Ctrl-C runs get a moment to stop by themselves
+    pid_files = [tmp_path / f"pid{i}" for i in range(2)]
+    jobs = [_ScriptJob(f"job{i}", [], tmp_path / f"job{i}.log") for i in range(2)]
+    for job, pid_file in zip(jobs, pid_files):
+        job.script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+
+    class StoppedWhileRunning(SweepProgress):
+        def started(self, job: Job) -> None:
+            super().started(job)
+            if self.running == 2:  # both runs going
+                deadline = time.monotonic() + 60
+                while not all(p.is_file() and p.read_text() for p in pid_files) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise stop("stopped")
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(stop):
+            local.run_local(jobs, 2, StoppedWhileRunning(2, 0, "runs", enabled=False))
+        assert time.monotonic() - started < 30
+        for pid_file, job in zip(pid_files, jobs):
+            with pytest.raises(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), 0)
+            assert "stopped by the sweep (exit -15)" in job.log.read_text()  # SIGTERM was enough
+    finally:  # where run_local failed to, the test stops what it started
+        for pid_file in pid_files:
+            with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from rlzoo.errors import RlzooError
 from rlzoo.registry import Registry
 from rlzoo.runtime import runlock
-from rlzoo.sweep.grid import Sweep, build_sweep, check_folder, parse_vary, write_manifest
-from rlzoo.sweep.jobs import make_jobs, preflight_runs
+from rlzoo.sweep.finished import drop_checkpoints, finished_problems
+from rlzoo.sweep.grid import Run, Sweep, build_sweep, check_folder, parse_vary, write_manifest
+from rlzoo.sweep.jobs import Job, job_name, make_jobs, preflight_runs
 from rlzoo.sweep.limits import DEFAULT_MAX_RUNS
 from rlzoo.sweep.local import cores, run_local
 from rlzoo.sweep.plot import plot_ablation
@@ -34,6 +38,7 @@ class AblateOptions:
     yes: bool = False
     progress: bool = True
     plugins: list[str] = field(default_factory=list)  # --plugin: loaded here, recorded in each run's config.yaml
+    drop_finished_checkpoints: bool = False  # a finished, verified run never resumes: its checkpoints are only disk
 
 
 def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str, int]]:
@@ -55,18 +60,25 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
         check_ray()
     sweep = build_sweep(options.config, varies, options.seeds, options.out, options.sets, registry, options.plugins)
     check_folder(sweep)
-    todo, done = preflight_runs(sweep.runs, registry)  # every run preflighted before anything is written
+    # every finished run verified and every other one preflighted before anything is written
+    todo, done = preflight_runs(sweep.runs, registry)
     # from here on the sweep writes into --out (a folder refused above is left untouched, without a lock file)
     runlock.hold_sweep_folder(sweep.out, runlock.process_command())
     threads = options.cpus_per_run or max(1, cores() // options.jobs)
     cold_jobs, jobs = make_jobs(todo, threads)
     write_manifest(sweep)
+    dropping = ""
+    if options.drop_finished_checkpoints:
+        dropped = sum(drop_checkpoints(run.run_dir) for run in done)
+        later = ", the others' as they finish" if jobs else ""
+        dropping = f"; finished runs' checkpoints dropped ({dropped} now{later})"
     print(
         f"sweep {sweep.out}: {len(sweep.cells)} cells x {options.seeds} seeds = {len(sweep.runs)} runs; "
-        f"{len(done)} finished, {len(jobs)} to run ({sum('--resume' in j.args for j in jobs)} resumed), "
-        f"{options.jobs if options.backend == 'local' else 'ray'} at once, {threads} threads each",
+        f"{len(done)} finished and verified, {len(jobs)} to run ({sum('--resume' in j.args for j in jobs)} resumed), "
+        f"{options.jobs if options.backend == 'local' else 'ray'} at once, {threads} threads each{dropping}",
         file=sys.stderr,
     )
+    on_end = _dropping_checkpoints(sweep.runs, registry) if options.drop_finished_checkpoints else None
     status: dict[str, int] = {}
     for stage, stage_jobs, total, finished in (
         ("cold start", cold_jobs, len(cold_jobs), 0),
@@ -84,12 +96,33 @@ def ablate(options: AblateOptions, registry: Registry) -> tuple[Sweep, dict[str,
             if options.backend == "ray":
                 from rlzoo.sweep.ray_backend import run_ray
 
-                status.update(run_ray(stage_jobs, options.ray_address, progress, local_cpus=cores()))
+                status.update(run_ray(stage_jobs, options.ray_address, progress, local_cpus=cores(), on_end=on_end))
             else:
-                status.update(run_local(stage_jobs, options.jobs, progress))
+                status.update(run_local(stage_jobs, options.jobs, progress, on_end))
         finally:
             progress.close()
     return sweep, status
+
+
+def _dropping_checkpoints(runs: list[Run], registry: Registry) -> Callable[[Job, int], None]:
+    """``on_end`` for the backends under ``--drop-finished-checkpoints``: a run that ends finished and verified
+    (:mod:`rlzoo.sweep.finished`) loses its ``checkpoints/`` at once, before the sweep's other runs fill the disk;
+    one that does not keep them (a rerun resumes from them), said on the console."""
+    by_name = {job_name(run): run for run in runs}
+
+    def on_end(job: Job, code: int) -> None:
+        run = by_name.get(job.name)  # a cold start's job is no run
+        if run is None or code != 0:
+            return
+        problems = finished_problems(run, registry)
+        if problems:
+            tqdm.write(
+                f"checkpoints kept: {job.name} did not finish as verified: {'; '.join(problems)}", file=sys.stderr
+            )
+        else:
+            drop_checkpoints(run.run_dir)
+
+    return on_end
 
 
 def report(paths: list[Path], out: Path, title: str = "") -> list[Path]:

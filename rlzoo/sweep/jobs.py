@@ -1,6 +1,7 @@
 """What each run of a sweep still needs, as commands: build a cold start, start, resume, or nothing.
 
-A run is *finished* when its ``metrics.jsonl`` ends with the final evaluation (``"final": 1.0``); *interrupted*
+A run is *finished* when its ``metrics.jsonl`` ends with the final evaluation (``"final": 1.0``), and is kept
+only once verified (:mod:`rlzoo.sweep.finished`: every step logged once, its config this sweep's); *interrupted*
 when it has a complete checkpoint (``rlzoo train --resume``); otherwise it starts afresh (a run cut before its
 first checkpoint starts again; its old ``metrics.jsonl`` is dropped by the loop). Cold starts shared by several
 runs are built first, each once (``rlzoo sft``), so that no two runs build the same one at the same time.
@@ -15,9 +16,9 @@ from pathlib import Path
 
 from rlzoo.preflight.checks import preflight
 from rlzoo.registry import Registry
-from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.runtime.cold_start import cold_start_dir
+from rlzoo.sweep.finished import check_finished, is_finished
 from rlzoo.sweep.grid import Run, write_config
 
 PROCESS_LOG = "process.log"  # each job's stdout and stderr (the run's own log.txt holds the engines' messages)
@@ -44,9 +45,9 @@ class Job:
         return {**os.environ, **self.thread_env()}
 
 
-def is_finished(run_dir: Path) -> bool:
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
-    return bool(rows) and rows[-1].get("final") == 1.0
+def job_name(run: Run) -> str:
+    """A run's job's name, as the progress line and the failure messages show it: ``<cell>/seed<S>``."""
+    return f"{run.cell}/seed{run.seed}"
 
 
 def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], list[Job], list[Run]]:
@@ -57,8 +58,10 @@ def plan(runs: list[Run], registry: Registry, threads: int) -> tuple[list[Job], 
 
 
 def preflight_runs(runs: list[Run], registry: Registry) -> tuple[list[tuple[Run, Path | None]], list[Run]]:
-    """``(runs still to do with the run folder each resumes or None, finished runs)``. Every run still to do is
-    preflighted here, before any starts (``ConfigError`` naming every failing run); nothing is written."""
+    """``(runs still to do with the run folder each resumes or None, finished runs)``. Every finished run is
+    verified (:func:`rlzoo.sweep.finished.check_finished`: an ``RlzooError`` naming each one that cannot be kept)
+    and every run still to do preflighted (``ConfigError`` naming every failing run), before any starts; nothing
+    is written."""
     from rlzoo.errors import ConfigError
 
     todo, done, problems = [], [], []
@@ -72,6 +75,7 @@ def preflight_runs(runs: list[Run], registry: Registry) -> tuple[list[tuple[Run,
         except ConfigError as err:
             problems.extend((f"{run.cell}/seed{run.seed}: {loc}", msg) for loc, msg in err.problems)
         todo.append((run, resume))
+    check_finished(done, registry)
     if problems:
         raise ConfigError(problems)
     return todo, done
@@ -86,7 +90,7 @@ def make_jobs(todo: list[tuple[Run, Path | None]], threads: int) -> tuple[list[J
     for run, resume in todo:
         # a run to resume goes on from the config it recorded, never rewritten (its changes are refused above)
         config_file = run.run_dir / "config.yaml" if resume is not None else write_config(run)
-        name = f"{run.cell}/seed{run.seed}"
+        name = job_name(run)
         args = ["train", str(config_file), *(["--resume", str(resume)] if resume is not None else [])]
         cold = cold_start_dir(run.config)
         needs = cold / "cold_start.json" if resume is None and run.config.cold_start.output_dir else None

@@ -10,6 +10,7 @@ same rlzoo install. Needs the ``ray`` extra (``pip install 'rlzoo[ray]'``).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
 from rlzoo.errors import RlzooError
 from rlzoo.sweep.jobs import Job
@@ -24,8 +25,10 @@ def _run_job(command: list[str], log: str, env: dict[str, str]) -> int:
     from pathlib import Path
 
     Path(log).parent.mkdir(parents=True, exist_ok=True)
+    # on a line of its own: a process killed mid-line (a progress bar) left no newline
+    again = "\n" if Path(log).is_file() and Path(log).stat().st_size else ""
     with open(log, "a") as handle:
-        handle.write(f"$ {' '.join(command)}   (ray task)\n")
+        handle.write(f"{again}$ {' '.join(command)}   (ray task)\n")
         handle.flush()
         return subprocess.run(
             command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env}
@@ -38,11 +41,16 @@ def check_ray() -> None:
 
 
 def run_ray(
-    jobs: list[Job], address: str | None, progress: SweepProgress, local_cpus: int | None = None
+    jobs: list[Job],
+    address: str | None,
+    progress: SweepProgress,
+    local_cpus: int | None = None,
+    on_end: Callable[[Job, int], None] | None = None,
 ) -> dict[str, int]:
     """Submit every job as a Ray task with ``num_cpus=job.threads``; returns each job's exit status.
 
-    ``local_cpus`` caps a local cluster started here (no ``address``) at that many CPUs.
+    ``local_cpus`` caps a local cluster started here (no ``address``) at that many CPUs; ``on_end(job, code)`` is
+    called as each job ends.
     """
     check_ray()
     import ray
@@ -73,6 +81,8 @@ def run_ray(
                 code = -1
             status[job.name] = code
             progress.ended(job, code)
+            if on_end is not None:
+                on_end(job, code)
         return status
     finally:
         if started_here:
