@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -112,16 +113,19 @@ def measure_one(candidate: str, prompts: int, samples: int) -> dict:
 
 
 def markdown(rows: list[dict], prompts: int, samples: int) -> str:
+    held_out = sorted({r["responses"] // samples for r in rows})
     lines = [
-        f"Starting model, {prompts} held-out prompts x {samples} samples at temperature 1.0 "
+        f"Starting model, {' or '.join(map(str, held_out))} held-out prompts (at most `--prompts {prompts}`: the "
+        f"config's held-out pool) x {samples} samples at temperature 1.0 "
         f"(`python results/probe_tasks.py --prompts {prompts} --samples {samples}`):",
         "",
-        "| candidate task | accuracy | format (bare number) | tokens / response | truncated |",
+        "| candidate task | accuracy (± binomial 95%) | format (bare number) | tokens / response | truncated |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['candidate']} | {r['accuracy']:.3f} | {r['format']:.3f} | {r['tokens']:.1f} | {r['truncated']:.3f} |"
+            f"| {r['candidate']} | {r['accuracy']:.3f} ± {1.96 * math.sqrt(r['accuracy'] * (1 - r['accuracy']) / r['responses']):.3f}"
+            f" | {r['format']:.3f} | {r['tokens']:.1f} | {r['truncated']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -89,14 +89,13 @@ def group_table(group: str, archive: dict[str, list[dict[str, Any]]]) -> list[st
     base = archive.get(BASELINE, [])
     for cell in (c for c in CELLS if c.group == group):
         runs = archive.get(cell.name, [])
-        if len(runs) < SEEDS:
+        if not runs:  # a row with fewer seeds than SEEDS shows what it has: its seeds column says so
             continue
         digits = {"tokens / step": 0, "s / step": 2}
         stats = [_pm(*mean_ci([v[k] for v in runs]), digits.get(k, 3)) for k in COLUMNS]
-        complete_base = len(base) >= SEEDS and cell.name != BASELINE
-        diffs = [_pm(*paired(runs, base, k)) if complete_base else "" for k in PAIRED]
+        diffs = [_pm(*paired(runs, base, k)) if cell.name != BASELINE else "" for k in PAIRED]
         lines.append(f"| {cell.name} | {len(runs)} | " + " | ".join(stats + diffs) + " |")
-    return lines
+    return lines if len(lines) > 2 else ["No row of this group has a finished run yet."]
 
 
 def plot(archive: dict[str, list[dict[str, Any]]], path: Path) -> Path:
@@ -112,7 +111,7 @@ def plot(archive: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         names = [c.name for c in CELLS if c.group == group or (group == "components" and c.name == BASELINE)]
         for name in names:
             runs = archive.get(name, [])
-            if len(runs) < SEEDS:
+            if not runs:
                 continue
             by_step: dict[int, list[float]] = defaultdict(list)
             for run in runs:
@@ -134,7 +133,8 @@ def plot(archive: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         ax.set_title(f"{group}: held-out accuracy, mean and 95% CI over seeds")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        if ax.lines:
+            ax.legend(fontsize=7, ncol=2)
     axes[0].set_ylabel("held-out accuracy")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import judge_throughput as bench  # noqa: E402
 
-
 # long enough that the client's own overhead on a loaded machine (~0.5 s seen for 8 requests) stays small beside it
 JUDGEMENT_S = 0.5
 

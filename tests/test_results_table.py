@@ -61,7 +61,7 @@ def test_generated_page_has_complete_rows_paired_columns_and_pending_ones(tmp_pa
     for seed, shift in enumerate((0.0, 0.1, 0.2)):
         fake_run(archive, "grpo", seed, [0.1, 0.2 + shift, 0.3, 0.4, 0.5])
         fake_run(archive, "gspo", seed, [0.1, 0.3 + shift, 0.4, 0.5, 0.7], length=12.0)
-    fake_run(archive, "dapo", 0, [0.1, 0.1, 0.1, 0.1, 0.1])  # one seed of three: pending, not in a table
+    fake_run(archive, "dapo", 0, [0.1, 0.1, 0.1, 0.1, 0.1])  # one seed of three: shown without an interval, pending
     values = load_archive(archive)
     assert [v["seed"] for v in values["gspo"]] == [0, 1, 2]
     assert values["gspo"][0]["tokens / step"] == pytest.approx(12.0 * 32)
@@ -74,7 +74,9 @@ def test_generated_page_has_complete_rows_paired_columns_and_pending_ones(tmp_pa
     assert gspo.startswith("| gspo | 3 | 0.700 ± 0.000 |")
     # AUC: (0.4 + s + 0.7 + s + 0.9 + 1.2) / 8 against grpo's (0.3 + s + 0.5 + s + 0.7 + 0.9) / 8: 0.1 on each seed
     assert gspo.endswith("| 0.200 ± 0.000 | 0.100 ± 0.000 |")
-    assert "| grpo | 3 |" in text and "| dapo |" not in text
-    assert "dapo (1/3 seeds)" in text
+    assert "| grpo | 3 |" in text
+    # dapo's one seed: its values without an interval; its paired difference over the one seed it shares with grpo
+    assert "| dapo | 1 | 0.100 | 0.100 |" in text and "| -0.400 | -0.200 |" in text
+    assert "dapo (1/3 seeds)" in text and "No row of this group has a finished run yet." in text
     assert "test cpu, 2 cores" in text and "nothing else ran" in text
     assert figure.stat().st_size > 10_000
