@@ -2,9 +2,9 @@
 
 The sweep runs once (module fixture); the tests then rerun the same command: finished runs are skipped, an
 interrupted run resumes from its checkpoint, a run that cannot start fails with its log named and does not stop
-the other. The first sweep runs on this machine's processes; the resumed one on a local Ray instance when ``ray``
-is installed (the ``test`` extra installs it), else on processes again (the plan of what to resume is the same
-code for both backends).
+the other. The first sweep runs on this machine's processes; the resumed one on processes again by default, and on
+a local Ray instance in the slow suite when ``ray`` is installed (the ``test`` extra installs it): the plan of what
+to resume is the same code for both backends, and a Ray start costs a minute or two on two loaded cores.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from conftest import EXAMPLE, FAST
 from rlzoo.reporting.metrics_log import read_metrics
 
 CELLS = ("lr-0.0001", "lr-0.0002")
-RESUME_BACKEND = "ray" if importlib.util.find_spec("ray") is not None else "local"
 
 
 def ablate(out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -67,7 +66,17 @@ def test_rerun_skips_finished_runs(sweep):
     assert {cell: (sweep / cell / "seed0" / "process.log").read_text() for cell in CELLS} == logs
 
 
-def test_interrupted_run_resumes_and_a_failed_one_is_reported(sweep):
+@pytest.mark.parametrize(  # Ray: ~1-2 minutes of Ray start-up on two loaded cores for the same resume of the sweep
+    "backend",
+    [
+        "local",
+        pytest.param(
+            "ray",
+            marks=[pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")],
+        ),
+    ],
+)
+def test_interrupted_run_resumes_and_a_failed_one_is_reported(sweep, backend):
     good, bad = (sweep / cell / "seed0" for cell in CELLS)
     for run_dir in (good, bad):  # as if killed before the final evaluation
         path = run_dir / "metrics.jsonl"
@@ -75,7 +84,7 @@ def test_interrupted_run_resumes_and_a_failed_one_is_reported(sweep):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     latest = bad / "checkpoints" / (bad / "checkpoints" / "latest").read_text().strip()
     (latest / "rng.safetensors").write_bytes(b"not a safetensors file")
-    result = ablate(sweep, "--backend", RESUME_BACKEND)
+    result = ablate(sweep, "--backend", backend)
     assert result.returncode == 1
     assert f"failed: {CELLS[1]}/seed0" in result.stderr and str(bad / "process.log") in result.stderr
     assert "Traceback" not in result.stderr

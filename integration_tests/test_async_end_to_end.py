@@ -50,7 +50,11 @@ def test_async_trains_end_to_end_and_resumes(tmp_path, cold_start_root):
         ("decoupled", ["algorithm.correction={name: tis, level: token, action: mask, threshold: 5.0}"]),
         ("partial-continue", ["rollout.partial=continue", "algorithm.router=null"]),
         ("partial-restart", ["rollout.partial=restart", "algorithm.router=null"]),
-        ("partial-r3", ["rollout.partial=continue", "algorithm.router={name: replay-rollout}"]),
+        pytest.param(  # slow: its two parts run by default in the r3 and partial-continue cases above
+            "partial-r3",
+            ["rollout.partial=continue", "algorithm.router={name: replay-rollout}"],
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_async_runs_with_each_component(tmp_path, cold_start_root, name, overrides):

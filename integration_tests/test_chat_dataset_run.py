@@ -1,4 +1,4 @@
-"""A verl-style chat parquet file trains a model folder of the user's own on vLLM + DeepSpeed-MoE.
+"""A verl-style chat parquet file trains a model folder of the user's own on hf + torch (vLLM + DeepSpeed-MoE: slow).
 
 The model folder is a tiny random-init Qwen3-MoE whose vocabulary is a byte-level BPE with a Qwen3-style chat
 template built locally (rlzoo.models.chat; no installable package ships Qwen's own tokenizer with its template).
@@ -20,10 +20,18 @@ import yaml
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed", "datasets")),
-    reason="needs vLLM (bash scripts/install.sh --vllm), DeepSpeed and datasets",
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="needs datasets")
+needs_engines = pytest.mark.skipif(
+    any(importlib.util.find_spec(p) is None for p in ("vllm", "deepspeed")),
+    reason="needs vLLM (bash scripts/install.sh --vllm) and DeepSpeed",
 )
+ENGINES = {
+    "hf-torch": ({"name": "hf"}, {"name": "torch"}),
+    "vllm-deepspeed-moe": (
+        {"name": "vllm", "kv_cache_memory_bytes": 33554432},
+        {"name": "deepspeed", "zero_stage": 2, "moe": "deepspeed"},
+    ),
+}
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
 
@@ -41,7 +49,14 @@ def verl_rows(pairs, split):
     ]
 
 
-def test_chat_parquet_trains_three_steps_on_vllm_and_deepspeed_moe(tmp_path):
+@pytest.mark.parametrize(  # the main job's engines slow (~3 minutes on two loaded cores): the chat dataset's path
+    # (its loading, template and checkpointed tokenizer) is the engines' same; they run by default with the tiny task
+    # (test_presets_end_to_end.py::test_preset_on_vllm_and_deepspeed_moe[gspo])
+    "engines",
+    ["hf-torch", pytest.param("vllm-deepspeed-moe", marks=[needs_engines, pytest.mark.slow])],
+)
+def test_chat_parquet_trains_three_steps(tmp_path, engines):
+    rollout_engine, trainer_engine = ENGINES[engines]
     import datasets
 
     from rlzoo.config.schema import TinyModelConfig
@@ -78,12 +93,12 @@ def test_chat_parquet_trains_three_steps_on_vllm_and_deepspeed_moe(tmp_path):
         },
         "algorithm": {"preset": "gspo", "minibatches_per_rollout": 2},
         "rollout": {
-            "engine": {"name": "vllm", "kv_cache_memory_bytes": 33554432},
+            "engine": rollout_engine,
             "prompts_per_step": 4,
             "group_size": 4,
             "max_new_tokens": 12,
         },
-        "trainer": {"engine": {"name": "deepspeed", "zero_stage": 2, "moe": "deepspeed"}},
+        "trainer": {"engine": trainer_engine},
         "train": {"steps": 3, "eval_every": 2, "eval_prompts": 4, "checkpoint_every": 3},
     }
     config_file = tmp_path / "run.yaml"
@@ -99,7 +114,7 @@ def test_chat_parquet_trains_three_steps_on_vllm_and_deepspeed_moe(tmp_path):
     for r in steps:
         for key in ("reward/mean", "loss/policy", "mismatch/abs_logp_diff", "response/length_mean"):
             assert math.isfinite(r[key]), (key, r)
-        assert r["verifier/errors"] == 0 and r["mismatch/abs_logp_diff"] < 1e-4  # fp32: synced vLLM agrees
+        assert r["verifier/errors"] == 0 and r["mismatch/abs_logp_diff"] < 1e-4  # fp32: the rollout engine agrees
     log = done.stderr + "".join(p.read_text() for p in run_dir.glob("*.txt"))
     assert "train split: 1 of 21 prompts are longer than prompt.max_prompt_tokens=64 and are dropped" in log
     model = latest_checkpoint(run_dir) / "model"  # the tokenizer and its chat template travel with the weights

@@ -209,9 +209,10 @@ def assert_same_metrics(one: Path, two: Path) -> None:
     assert any(r["reward/mean"] > 0 for r in train) and any(r["train/grad_norm"] > 0 for r in train), train
 
 
-@pytest.mark.parametrize(  # the aggregation and the critic variants in the slow suite
-    "name", [n if n in ("zero2", "moe-ep2") else pytest.param(n, marks=pytest.mark.slow) for n in RUNS]
-)
+# by default moe-ep2 (2 processes of ZeRO-2 with DeepSpeed-MoE experts split over them, against 1 process); zero2,
+# the aggregation and the critic variants in the slow suite: the same 2-process CLI path, and plain ZeRO-2 over two
+# processes against one by default in test_deepspeed_engine.py::test_two_processes_match_one[zero2]
+@pytest.mark.parametrize("name", [n if n == "moe-ep2" else pytest.param(n, marks=pytest.mark.slow) for n in RUNS])
 def test_two_processes_log_the_metrics_of_one(name, run):
     assert_same_metrics(run(name, 1), run(name, 2))
 

@@ -19,8 +19,16 @@ from rlzoo.registry import Registry
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
 
+# by default: the main example's grpo-style defaults, dapo (its filter and shaping, which the routing cases switch off)
+# and ppo (its critic); every other preset is `slow` here: each runs end to end by default in
+# test_routing_end_to_end.py::test_preset_with_router_policy (one policy and engine pair per preset) and its objective
+# in estimators/tests/test_estimators_objective.py::test_every_preset_builds_and_reports_metrics
+PRESETS_BY_DEFAULT = {"grpo", "dapo", "ppo"}
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+
+@pytest.mark.parametrize(
+    "preset", [p if p in PRESETS_BY_DEFAULT else pytest.param(p, marks=pytest.mark.slow) for p in sorted(PRESETS)]
+)
 def test_preset_runs_end_to_end(preset, tmp_path, cold_start_root):
     config = make_config(tmp_path / preset, cold_start_root, f"algorithm.preset={preset}", *preset_needs(preset))
     run_dir = train(config, progress=False)
@@ -119,9 +127,10 @@ vllm_and_deepspeed = pytest.mark.skipif(
 )
 
 
-# the README's engines: the main job's preset and the two the zoo issue names run by default (about 30 s each on
-# 2 cores); every other preset is `slow` (pytest -m slow), since each already runs on hf + torch above
-ON_MAIN_JOB_ENGINES = {"gspo", "dapo", "cispo"}
+# the README's engines: the main job's preset runs by default (about 40 s on 2 cores); every other preset, the
+# zoo issue's dapo and cispo too, is `slow` (pytest -m slow): the engines' path is gspo's, and each preset already
+# runs end to end by default on hf + torch / DeepSpeed-MoE (above and test_routing_end_to_end.py)
+ON_MAIN_JOB_ENGINES = {"gspo"}
 
 
 @vllm_and_deepspeed

@@ -32,9 +32,30 @@ def train_rows(tmp_path, cold_start_root, *overrides):
     return [r for r in assert_finite_metrics(run_dir, config.train.steps) if "reward/mean" in r]
 
 
-@pytest.mark.parametrize("trainer", [pytest.param(t, marks=needs_deepspeed) if t != "torch" else t for t in TRAINERS])
-@pytest.mark.parametrize("policy", ["replay-old", "replay-rollout"])
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+# every (policy, training engine) pair, in turn: each preset runs by default with one of them, so each pair runs by
+# default with about a quarter of the presets and every preset runs end to end by default (the default cases of
+# test_preset_runs_end_to_end are a few: this is their every-preset run); its other three pairs are `slow`
+DEFAULT_PAIRS = [
+    ("replay-old", "torch"),
+    ("replay-rollout", "deepspeed-moe"),
+    ("replay-rollout", "torch"),
+    ("replay-old", "deepspeed-moe"),
+]
+
+
+def preset_policy_trainer_cases() -> list:
+    cases = []
+    for i, preset in enumerate(sorted(PRESETS)):
+        for policy in ("replay-old", "replay-rollout"):
+            for trainer in TRAINERS:
+                marks = [needs_deepspeed] if trainer != "torch" else []
+                if (policy, trainer) != DEFAULT_PAIRS[i % len(DEFAULT_PAIRS)]:
+                    marks.append(pytest.mark.slow)  # the same policy and engine run by default with other presets
+                cases.append(pytest.param(preset, policy, trainer, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("preset, policy, trainer", preset_policy_trainer_cases())
 def test_preset_with_router_policy(preset, policy, trainer, tmp_path, cold_start_root):
     rows = train_rows(
         tmp_path,
@@ -98,7 +119,9 @@ class SecondHalfPlugin:
         return [ReplaySecondHalf]
 
 
-@pytest.mark.parametrize("trainer", [pytest.param(t, marks=needs_deepspeed) if t != "torch" else t for t in TRAINERS])
+@pytest.mark.parametrize(  # DeepSpeed-MoE: slow; its replay of recorded routing runs by default in the preset cases
+    "trainer", ["torch", pytest.param("deepspeed-moe", marks=[needs_deepspeed, pytest.mark.slow])]
+)
 def test_a_plugin_policy_replays_only_some_layers(trainer, tmp_path, cold_start_root):
     registry = (
         Registry.discover()

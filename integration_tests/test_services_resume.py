@@ -36,7 +36,8 @@ from rlzoo.services.server import app_for
 
 STEPS, KILL_STEP, EVAL_EVERY = 4, 3, 2  # checkpoints after steps 1 and 3 (checkpoint_every 2): resume at step 2
 DELAY_S = 0.75
-RESPONSES, HELD_OUT = 16, 64  # a step's (4 prompts x 4); an evaluation's (16 prompts x 4 samples)
+RESPONSES, HELD_OUT = 16, 16  # a step's (4 prompts x 4); an evaluation's (4 prompts x 4 samples: kept small,
+# since every POST is held DELAY_S s and the three runs make each evaluation's POSTs)
 VARIES = (
     "remote/latency_p50_s",
     "remote/latency_p95_s",
@@ -107,6 +108,7 @@ def test_killed_with_requests_in_flight_resumes_to_the_same_metrics_with_the_cac
             [
                 f"train.steps={STEPS}",
                 f"train.eval_every={EVAL_EVERY}",
+                "train.eval_prompts=4",
                 "rollout.max_staleness=0",
                 verifier,
             ],
