@@ -246,3 +246,37 @@ def test_chunked_logprobs_have_the_gradient_of_full_vocabulary_logits(tmp_path):
     assert chunked.keys() == reference.keys()
     for key, grad in reference.items():
         assert (grad - chunked[key]).abs().max() < 1e-6 * max(1.0, float(grad.abs().max())), key
+
+
+def test_gradients_without_a_step_equal_the_accumulated_gradients(tmp_path):
+    """``TrainingEngine.gradients``: each loss's gradient, from one forward per micro-batch, equals what a step would
+    accumulate for that loss alone (identity projection), and leaves the weights, ``.grad`` and the optimizer alone."""
+    from rlzoo.engines import GradientRequest
+
+    engine = _engine(tmp_path, False, max_tokens_per_micro_batch=20)
+    batch = _batch(8, seed=7)
+    assert len(engine._plan(batch)) > 2
+    g = torch.Generator().manual_seed(4)
+    old_logp = engine.logprobs(batch) + 0.05 * torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64)
+    advantages = torch.randn(8, 1, generator=g, dtype=torch.float64).expand_as(old_logp).contiguous()
+    objectives = [rlzoo.build_objective(OBJECTIVES[name]) for name in ("sequence-ratio", "entropy")]
+    expected = [_gradient(engine, batch, objective, old_logp, advantages)[1] for objective in objectives]
+    engine.model.zero_grad(set_to_none=True)
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    trained = [(n, p) for n, p in engine.model.named_parameters() if p.requires_grad]
+
+    def loss_of(objective):
+        return lambda logp, entropy=None: objective(
+            logp, old_logp, advantages, batch.response_mask, seed=3, entropy=entropy
+        )
+
+    def flat(grads):  # the identity as projection (linear: the engine adds the micro-batches' parts)
+        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, (_, p) in zip(grads, trained)])
+
+    got = engine.gradients(batch, GradientRequest([loss_of(o) for o in objectives], flat, with_entropy=True))
+    for grad, reference in zip(got, expected, strict=True):
+        assert (grad - flat([reference.get(n) for n, _ in trained])).abs().max() < 1e-9
+        assert grad.abs().max() > 1e-4
+    assert all(p.grad is None for p in engine.model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(engine.model.parameters(), before, strict=True))
+    assert not engine.optimizer.state  # no step was taken

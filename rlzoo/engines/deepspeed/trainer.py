@@ -135,6 +135,11 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
     def process_group_backend(self) -> str:
         return self.params.backend
 
+    def gradients_unavailable(self) -> str | None:
+        if self.params.zero_stage == 3:  # autograd would see the empty placeholders of the partitioned parameters
+            return f"training engine {self.name!r} at ZeRO-3 partitions the weights; zero_stage 0-2 computes them"
+        return None
+
     def memory_layout(self) -> TrainingLayout:
         return self.moe_blocks.memory_layout(self.params.zero_stage, self.params.ep_size)
 
