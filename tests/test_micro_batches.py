@@ -280,3 +280,62 @@ def test_gradients_without_a_step_equal_the_accumulated_gradients(tmp_path):
     assert all(p.grad is None for p in engine.model.parameters())
     assert all(torch.equal(p, q) for p, q in zip(engine.model.parameters(), before, strict=True))
     assert not engine.optimizer.state  # no step was taken
+
+
+DEEPSPEED_GRADIENTS = """
+import sys
+from pathlib import Path
+
+import torch
+
+import rlzoo
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
+from rlzoo.engines import EngineContext, GradientRequest
+from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
+from rlzoo.engines.tokens import make_token_batch
+from rlzoo.engines.torch_trainer import TorchTrainingEngine
+from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+
+root = Path(sys.argv[1])
+tokenizer = build_char_tokenizer("0123456789+=")
+tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+save_model(build_tiny_model(tiny, tokenizer), tokenizer, root / "m")
+context, trainer = EngineContext(root / "m", pad_token_id=0, eos_token_id=1), TrainerConfig(max_tokens_per_micro_batch=20)
+engines = [TorchTrainingEngine(), DeepSpeedTrainingEngine(DeepSpeedTrainingEngine.Params(zero_stage=2, moe="deepspeed"))]
+for engine in engines:
+    engine.start(context, trainer)
+batch = make_token_batch([[2, 3, 4]] * 6, [[5, 6, 7, 8][: 1 + i % 4] for i in range(6)], 0)
+objective = rlzoo.build_objective({"preset": "gspo"})
+advantages = torch.linspace(-1, 1, 6).unsqueeze(1).expand(batch.response_mask.shape).contiguous()
+norms = []
+for engine in engines:
+    old = engine.logprobs(batch)
+    loss = lambda logp, entropy=None: objective(logp, old, advantages, batch.response_mask)
+    trained = engine._trained()
+    flat = lambda g: torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(g, trained)])
+    (grad,) = engine.gradients(batch, GradientRequest([loss], flat))
+    norms.append(grad.abs().sort().values)  # the same numbers, in each engine's own parameter layout
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    metrics = engine.train_step(batch, loss)  # the engine's own step still works after
+    moved = any(not torch.equal(p, q) for p, q in zip(engine.model.parameters(), before))
+    print("step", engine.name, metrics["train/grad_norm"], moved)
+print("norms", (norms[0] - norms[1]).abs().max().item(), norms[0].max().item())
+"""
+
+
+def test_the_deepspeed_engine_computes_gradients_through_its_bare_model(tmp_path):
+    """DeepSpeed (ZeRO-2, DeepSpeed-MoE) computes the same per-parameter gradient norms as the torch engine on the same
+    weights, without its engine's backward hooks reducing them into its partitions; a step works afterwards. A
+    subprocess (DeepSpeed sets up a process group), ~30 s: the only check of DeepSpeed's gradients without a step."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", DEEPSPEED_GRADIENTS, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("step", "norms")))
+    difference, largest = map(float, lines["norms"].split())
+    assert largest > 1e-4 and difference < 1e-5 * largest, proc.stdout
+    assert proc.stdout.count(" True\n") == 2, proc.stdout  # both engines' steps moved their weights
