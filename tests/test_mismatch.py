@@ -131,7 +131,8 @@ def test_the_report_numbers_are_consistent(runs):
             assert math.isclose(effect["mse"], effect["bias"] ** 2 + effect["grad_var"] / gradients["horizon"])
         md = (out / "mismatch.md").read_text()
         assert f"| abs_logp_diff | {m['abs_logp_diff']:.4g} |" in md and "Recommended:" in md
-        assert "| correction | kept | reweighted | ess | mean | var | residual | bias | grad_var | cosine | mse |" in md
+        columns = "| correction | kept | reweighted | ess | mean | var | residual | bias | bias_noise | grad_var | cosine | mse |"
+        assert columns in md
         assert "Gradients: each correction's policy gradient against the on-policy one" in md
         # the console: the start summary and the numbers, the engines' messages in log.txt
         lines = result.stdout.splitlines()
@@ -335,7 +336,7 @@ def test_identical_log_probs_every_correction_is_the_on_policy_gradient():
     reference = effects[REFERENCE]
     assert reference["bias"] == 0.0 and reference["grad_var"] > 0
     for name, e in effects.items():
-        assert e["bias"] == 0.0, name
+        assert e["bias"] == 0.0 and e["bias_noise"] == 0.0, name
         assert math.isclose(e["cosine"], 1.0, rel_tol=1e-12), name
         assert math.isclose(e["grad_var"], reference["grad_var"], rel_tol=1e-12) and e["mse"] == e["grad_var"], name
 
@@ -365,6 +366,7 @@ def test_exact_importance_weights_remove_the_bias_of_ignoring_the_mismatch():
         expected = (-(w.double()[:, None] * ax).mean(0) - on_policy).norm() / on_policy.norm()
         assert math.isclose(effects[name]["bias"], expected.item(), rel_tol=1e-9, abs_tol=1e-12), name
     assert effects["tis"]["bias"] < 1e-12 < effects["tis-2"]["bias"] < effects["none"]["bias"]
+    assert effects["tis"]["bias_noise"] < 1e-12 < effects["none"]["bias_noise"]
     assert effects["none"]["cosine"] < effects["tis-2"]["cosine"] < 1.0
     assert math.isclose(effects["tis"]["cosine"], 1.0, rel_tol=1e-12)
 
@@ -376,8 +378,10 @@ def test_gradient_effects_by_hand():
     reference = [t(1.0, 0.0), t(3.0, 0.0)]  # mean (2, 0): G = 2; spread 2 -> var 2 / 4
     other = [t(2.0, 1.0), t(2.0, 1.0)]  # mean (2, 1), no spread
     effects = gradient_effects({REFERENCE: reference, "other": other})
-    assert effects[REFERENCE] == {"bias": 0.0, "grad_var": 0.5, "cosine": 1.0, "mse": 0.5}
+    assert effects[REFERENCE] == {"bias": 0.0, "bias_noise": 0.0, "grad_var": 0.5, "cosine": 1.0, "mse": 0.5}
     assert math.isclose(effects["other"]["bias"], 0.5) and effects["other"]["grad_var"] == 0.0
+    # the paired differences (1, 1), (-1, 1): their mean (0, 1) is the bias, their spread (+-1, 0) its noise
+    assert math.isclose(effects["other"]["bias_noise"], math.sqrt(2 / 2) / 2)
     assert math.isclose(effects["other"]["cosine"], 2 / math.sqrt(5)) and math.isclose(effects["other"]["mse"], 0.25)
     run = gradient_effects({REFERENCE: reference, "other": other}, horizon=10)  # the mean of 10 steps' gradients
     assert run[REFERENCE]["mse"] == 0.05 and math.isclose(run["other"]["mse"], 0.25)

@@ -28,6 +28,9 @@ The map is linear and ``<S x, S y>`` is an unbiased estimate of ``<x, y>`` (rela
 Over the ``B`` minibatches of all measured batches (``mean`` over ``b``; ``G = ||mean g*_b||``)::
 
     bias     = || mean g_c,b - mean g*_b || / G                                relative bias of the estimate
+    bias_noise = sqrt(sum_b || D_b - mean D_b ||^2 / (B (B - 1))) / G,        what sampling alone puts in ``bias``
+                 D_b = g_c,b - g*_b                                            (its standard error: a bias near it
+                                                                               is within the batch's noise)
     grad_var = sum_b || g_c,b - mean g_c,b ||^2 / (B - 1) / G^2               variance of one step's gradient
     cosine   = < mean g_c,b, mean g*_b > / (|| mean g_c,b || G)
     mse      = bias^2 + grad_var / H                                           relative mean squared error, against
@@ -189,24 +192,28 @@ class GradientMeasure:
 
 
 def gradient_effects(vectors: Mapping[str, Sequence[torch.Tensor]], horizon: int = 1) -> dict[str, dict[str, float]]:
-    """``bias``, ``grad_var``, ``cosine`` and ``mse`` over ``horizon`` optimizer steps (module docstring) of every
-    estimator in ``vectors`` (each a list of ``B`` sketched minibatch gradients, the same minibatches for all)
-    against :data:`REFERENCE`'s."""
-    reference = torch.stack(list(vectors[REFERENCE])).mean(0)
+    """``bias``, ``bias_noise``, ``grad_var``, ``cosine`` and ``mse`` over ``horizon`` optimizer steps (module
+    docstring) of every estimator in ``vectors`` (each a list of ``B`` sketched minibatch gradients, the same
+    minibatches for all) against :data:`REFERENCE`'s."""
+    reference_parts = torch.stack(list(vectors[REFERENCE]))  # [B, D]
+    reference = reference_parts.mean(0)
     scale = reference.norm().item()
     out = {}
     for name, parts in vectors.items():
         g = torch.stack(list(parts))  # [B, D]
-        mean = g.mean(0)
+        mean, count = g.mean(0), len(g)
         if scale == 0:
-            out[name] = dict.fromkeys(("bias", "grad_var", "cosine", "mse"), math.nan)
+            out[name] = dict.fromkeys(("bias", "bias_noise", "grad_var", "cosine", "mse"), math.nan)
             continue
-        spread = (g - mean).square().sum().item() / (len(g) - 1) if len(g) > 1 else math.nan
+        spread = (g - mean).square().sum().item() / (count - 1) if count > 1 else math.nan
+        differences = g - reference_parts  # [B, D]: paired, minibatch by minibatch
+        noise = (differences - differences.mean(0)).square().sum().item() / (count * (count - 1)) if count > 1 else 0.0
         bias = (mean - reference).norm().item() / scale
         norm = mean.norm().item()
         grad_var = spread / scale**2
         out[name] = {
             "bias": bias,
+            "bias_noise": math.sqrt(noise) / scale if count > 1 else math.nan,
             "grad_var": grad_var,
             "cosine": (mean @ reference).item() / (norm * scale) if norm > 0 else math.nan,
             "mse": bias**2 + grad_var / horizon,

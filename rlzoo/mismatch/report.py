@@ -151,7 +151,7 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-GRADIENT_COLUMNS = ["bias", "grad_var", "cosine", "mse"]
+GRADIENT_COLUMNS = ["bias", "bias_noise", "grad_var", "cosine", "mse"]
 
 
 def _gradients_note(gradients: dict[str, Any] | None) -> list[str]:
@@ -252,7 +252,8 @@ def _corrections_lines(result: dict[str, Any]) -> list[str]:
     gradients = result.get("gradients") or {}
     graded = "minibatches" in gradients
     head = f"  {'':<11}{'kept':>7} {'ESS':>6}" + (
-        f" {'bias':>9} {'var':>9} {'cosine':>8}   (gradient vs on-policy, {gradients['minibatches']} minibatches)"
+        f" {'bias':>9} {'± noise':>9} {'var':>7} {'cosine':>8}   (gradient vs on-policy, "
+        f"{gradients['minibatches']} minibatches)"
         if graded
         else ""
     )
@@ -260,7 +261,8 @@ def _corrections_lines(result: dict[str, Any]) -> list[str]:
     for name, e in result["corrections"].items():
         line = f"  {name[:10]:<11}{e['kept']:>7.1%} {e['ess']:>6.3f}"
         if graded:
-            line += f" {e.get('bias', math.nan):>9.3g} {e.get('grad_var', math.nan):>9.3g} {e.get('cosine', math.nan):>8.5f}"
+            numbers = (e.get(k, math.nan) for k in ("bias", "bias_noise", "grad_var", "cosine"))
+            line += " {:>9.3g} {:>9.2g} {:>7.3g} {:>8.5f}".format(*numbers)
         lines.append(line)
     return lines
 
