@@ -404,3 +404,15 @@ def test_entropy_matches_the_torch_engine_and_trains(model_dir, tokenizer, batch
 
     assert engine.train_step(batch, loss_fn, with_entropy=True)["train/nonfinite_steps"] == 0.0
     assert (seen["entropy"] - entropy).abs().max() <= FORWARD_TOL
+
+
+def test_an_engine_starts_after_the_process_group_was_destroyed(model_dir, tokenizer, batch):
+    """vLLM's close destroys the default process group of the process it ran in; ``rlzoo mismatch --causes`` then
+    starts the next measurement's engine in the same process: DeepSpeed's cached groups of the first engine are
+    dropped, and the new engine (DeepSpeed-MoE, whose expert groups are cached too) trains."""
+    import torch.distributed as dist
+
+    _deepspeed(model_dir, tokenizer, zero_stage=2, moe="deepspeed")
+    dist.destroy_process_group()
+    engine = _deepspeed(model_dir, tokenizer, zero_stage=2, moe="deepspeed")
+    assert engine.train_step(batch, helper.loss_fn)["train/nonfinite_steps"] == 0.0

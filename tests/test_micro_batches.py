@@ -246,3 +246,96 @@ def test_chunked_logprobs_have_the_gradient_of_full_vocabulary_logits(tmp_path):
     assert chunked.keys() == reference.keys()
     for key, grad in reference.items():
         assert (grad - chunked[key]).abs().max() < 1e-6 * max(1.0, float(grad.abs().max())), key
+
+
+def test_gradients_without_a_step_equal_the_accumulated_gradients(tmp_path):
+    """``TrainingEngine.gradients``: each loss's gradient, from one forward per micro-batch, equals what a step would
+    accumulate for that loss alone (identity projection), and leaves the weights, ``.grad`` and the optimizer alone."""
+    from rlzoo.engines import GradientRequest
+
+    engine = _engine(tmp_path, False, max_tokens_per_micro_batch=20)
+    batch = _batch(8, seed=7)
+    assert len(engine._plan(batch)) > 2
+    g = torch.Generator().manual_seed(4)
+    old_logp = engine.logprobs(batch) + 0.05 * torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64)
+    advantages = torch.randn(8, 1, generator=g, dtype=torch.float64).expand_as(old_logp).contiguous()
+    objectives = [rlzoo.build_objective(OBJECTIVES[name]) for name in ("sequence-ratio", "entropy")]
+    expected = [_gradient(engine, batch, objective, old_logp, advantages)[1] for objective in objectives]
+    engine.model.zero_grad(set_to_none=True)
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    trained = [(n, p) for n, p in engine.model.named_parameters() if p.requires_grad]
+
+    def loss_of(objective):
+        return lambda logp, entropy=None: objective(
+            logp, old_logp, advantages, batch.response_mask, seed=3, entropy=entropy
+        )
+
+    def flat(grads):  # the identity as projection (linear: the engine adds the micro-batches' parts)
+        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, (_, p) in zip(grads, trained)])
+
+    got = engine.gradients(batch, GradientRequest([loss_of(o) for o in objectives], flat, with_entropy=True))
+    for grad, reference in zip(got, expected, strict=True):
+        assert (grad - flat([reference.get(n) for n, _ in trained])).abs().max() < 1e-9
+        assert grad.abs().max() > 1e-4
+    assert all(p.grad is None for p in engine.model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(engine.model.parameters(), before, strict=True))
+    assert not engine.optimizer.state  # no step was taken
+
+
+DEEPSPEED_GRADIENTS = """
+import sys
+from pathlib import Path
+
+import torch
+
+import rlzoo
+from rlzoo.config.schema import TinyModelConfig, TrainerConfig
+from rlzoo.engines import EngineContext, GradientRequest
+from rlzoo.engines.deepspeed.trainer import DeepSpeedTrainingEngine
+from rlzoo.engines.tokens import make_token_batch
+from rlzoo.engines.torch_trainer import TorchTrainingEngine
+from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model
+
+root = Path(sys.argv[1])
+tokenizer = build_char_tokenizer("0123456789+=")
+tiny = TinyModelConfig(hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64)
+save_model(build_tiny_model(tiny, tokenizer), tokenizer, root / "m")
+context, trainer = EngineContext(root / "m", pad_token_id=0, eos_token_id=1), TrainerConfig(max_tokens_per_micro_batch=20)
+engines = [TorchTrainingEngine(), DeepSpeedTrainingEngine(DeepSpeedTrainingEngine.Params(zero_stage=2, moe="deepspeed"))]
+for engine in engines:
+    engine.start(context, trainer)
+batch = make_token_batch([[2, 3, 4]] * 6, [[5, 6, 7, 8][: 1 + i % 4] for i in range(6)], 0)
+objective = rlzoo.build_objective({"preset": "gspo"})
+advantages = torch.linspace(-1, 1, 6).unsqueeze(1).expand(batch.response_mask.shape).contiguous()
+norms = []
+for engine in engines:
+    old = engine.logprobs(batch)
+    loss = lambda logp, entropy=None: objective(logp, old, advantages, batch.response_mask)
+    trained = engine._trained()
+    flat = lambda g: torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(g, trained)])
+    (grad,) = engine.gradients(batch, GradientRequest([loss], flat))
+    norms.append(grad.abs().sort().values)  # the same numbers, in each engine's own parameter layout
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    metrics = engine.train_step(batch, loss)  # the engine's own step still works after
+    moved = any(not torch.equal(p, q) for p, q in zip(engine.model.parameters(), before))
+    print("step", engine.name, metrics["train/grad_norm"], moved)
+print("norms", (norms[0] - norms[1]).abs().max().item(), norms[0].max().item())
+"""
+
+
+def test_the_deepspeed_engine_computes_gradients_through_its_bare_model(tmp_path):
+    """DeepSpeed (ZeRO-2, DeepSpeed-MoE) computes the same per-parameter gradient norms as the torch engine on the same
+    weights, without its engine's backward hooks reducing them into its partitions; a step works afterwards. A
+    subprocess (DeepSpeed sets up a process group), ~30 s: the only check of DeepSpeed's gradients without a step."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", DEEPSPEED_GRADIENTS, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("step", "norms")))
+    difference, largest = map(float, lines["norms"].split())
+    assert largest > 1e-4 and difference < 1e-5 * largest, proc.stdout
+    assert proc.stdout.count(" True\n") == 2, proc.stdout  # both engines' steps moved their weights

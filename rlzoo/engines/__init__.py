@@ -21,6 +21,7 @@ from rlzoo.engines.base import (
     TokenBatch,
     TrainingEngine,
 )
+from rlzoo.engines.gradients import GradientRequest
 from rlzoo.engines.module_engine import ModuleTrainingEngine
 
 #: the built-in engines: name -> the module that defines it (loaded on first use)
@@ -45,6 +46,7 @@ __all__ = [
     "DeepSpeedTrainingEngine",
     "EngineContext",
     "Generation",
+    "GradientRequest",
     "HFRolloutEngine",
     "InFlightUpdates",
     "LossFn",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 import torch
 
 from rlzoo.engines.adapter import Adapter
+from rlzoo.engines.gradients import GradientRequest
 from rlzoo.interfaces.base import Component
 from rlzoo.models.memory import RolloutMemory, TrainingLayout, policy_bytes
 
@@ -236,6 +237,8 @@ class TrainingEngine(Component):
       the base policy (the KL reference), and :meth:`save` writes the adapters as a peft folder.
     - ``computes_token_stats``: :meth:`token_stats` gives any registered per-token statistic of the policy
       (:mod:`rlzoo.interfaces.token_stats`; e.g. the optimal token baseline's).
+    - ``computes_gradients``: :meth:`gradients` differentiates losses without a step (``rlzoo mismatch``'s
+      gradients), unless :meth:`gradients_unavailable` says the engine's set-up rules it out.
     """
 
     kind = "training_engine"
@@ -244,6 +247,7 @@ class TrainingEngine(Component):
     trains_values: ClassVar[bool] = False
     trains_adapters: ClassVar[bool] = False
     computes_token_stats: ClassVar[bool] = False
+    computes_gradients: ClassVar[bool] = False
 
     def start(self, context: EngineContext, trainer_config: Any) -> None:
         raise NotImplementedError
@@ -276,6 +280,15 @@ class TrainingEngine(Component):
         gradient skips the update and reports ``train/nonfinite_steps = 1``. Its metrics (``loss_fn``'s, its own) are
         floats or 0-dim tensors left on the device, read once a step (:func:`rlzoo.util.reductions.read_metrics`)."""
         raise NotImplementedError
+
+    def gradients_unavailable(self) -> str | None:
+        """Why :meth:`gradients` cannot run as this engine is set up (``None``: it can); asked after :meth:`start`."""
+        return None if self.computes_gradients else f"training engine {self.name!r} computes no gradient without a step"
+
+    def gradients(self, batch: TokenBatch, request: GradientRequest) -> list[torch.Tensor]:
+        """Each loss of ``request`` differentiated at the current weights over ``batch`` and projected: one tensor per
+        loss. No step; weights, optimizer and ``.grad`` are left as they were; the MoE balance term is no part of it."""
+        raise NotImplementedError(self.gradients_unavailable())
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The current weights under Hugging Face names (what rollout engines load)."""

@@ -37,7 +37,9 @@ import torch
 
 from rlzoo.engines.aux_loss import AuxLoss
 from rlzoo.engines.base import Adapter, LossFn, RoutingPass, TokenBatch, TrainingEngine
+from rlzoo.engines.base_policy import BasePolicy
 from rlzoo.engines.device import to_device as _to
+from rlzoo.engines.gradients import GradientRequest
 from rlzoo.engines.micro_batches import PACKABLE_ATTENTION, MicroBatch, padding_fraction, plan_micro_batches, with_count
 from rlzoo.engines.token_stats import provider
 from rlzoo.engines.tokens import hidden_logprobs
@@ -60,6 +62,7 @@ class ModuleTrainingEngine(TrainingEngine):
     ``rollout.overlap: 1`` (in place, on the module's parameters: the full weights, so not under ZeRO-3)."""
 
     computes_token_stats = True  # a no-grad pass through the output layer in chunks, per statistic
+    computes_gradients = True  # autograd over the same micro-batched passes as a step, without the step
 
     trains_values = True
     trains_adapters = True
@@ -360,6 +363,29 @@ class ModuleTrainingEngine(TrainingEngine):
             self._backward(surrogate, last=index == len(plan) - 1)
         return {**metrics, NONFINITE: SkippedUpdates(0.0)}
 
+    def gradients(self, batch: TokenBatch, request: GradientRequest) -> list[torch.Tensor]:
+        """Steps 1-3 of :meth:`train_step` (module docstring) for every loss at once, and no step: one pass without
+        gradient, each loss's gradient at its log-probs, then per micro-batch one forward with gradient and one
+        ``torch.autograd.grad`` per loss (``.grad`` and the optimizer untouched), each projected as it comes."""
+        params, device = self._trained(), self._device()
+        passed = self.logprobs_and_entropy(batch) if request.with_entropy else (self.logprobs(batch),)
+        leaves = [t.to(device).requires_grad_() for t in passed]
+        seeds = [  # per loss: d loss / d logp (and d loss / d H), [rows, T]
+            torch.autograd.grad(loss_fn(*leaves)[0], leaves, allow_unused=True, materialize_grads=True)
+            for loss_fn in request.loss_fns
+        ]
+        totals: list[torch.Tensor] = []
+        for mb in (mb for mb in self._plan(batch) if not mb.dummy):
+            with self._autocast():
+                outputs = [t for t in self._forward(batch, mb, request.with_entropy) if t is not None]
+            at, part = (_to(mb.out_row, device), _to(mb.out_col, device)), []
+            for index, seed in enumerate(seeds):  # the chain rule through each loss: sum_t logp_t * dloss/dlogp_t
+                surrogate = sum((o * g[at].to(o.dtype)).sum() for o, g in zip(outputs, seed, strict=True))
+                grads = torch.autograd.grad(surrogate, params, retain_graph=index < len(seeds) - 1, allow_unused=True)
+                part.append(request.project(grads))
+            totals = [a + b for a, b in zip(totals, part, strict=True)] if totals else part
+        return totals
+
     def _scatter(
         self, batch: TokenBatch, mb: MicroBatch, logp: torch.Tensor, ent: torch.Tensor | None
     ) -> list[torch.Tensor]:
@@ -371,26 +397,3 @@ class ModuleTrainingEngine(TrainingEngine):
                 full = full.index_put((_to(mb.out_row, values.device), _to(mb.out_col, values.device)), values)
             out.append(full)
         return out
-
-
-class BasePolicy:
-    """A LoRA policy's base model, for the KL reference: the training engine's own forwards with the adapters
-    disabled, so the reference costs no second copy of the weights (:meth:`ModuleTrainingEngine.without_adapters`).
-    It answers the passes a reference :class:`~rlzoo.rl.learner.Learner` asks for; it never trains."""
-
-    def __init__(self, engine: ModuleTrainingEngine) -> None:
-        self.engine = engine
-        self.name = f"{engine.name} (adapters disabled)"
-
-    @contextmanager
-    def _disabled(self) -> Iterator[None]:
-        with self.engine.model.disable_adapter():
-            yield
-
-    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        with self._disabled():
-            return self.engine.logprobs(batch)
-
-    def logprobs_and_entropy(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        with self._disabled():
-            return self.engine.logprobs_and_entropy(batch)

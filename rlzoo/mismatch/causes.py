@@ -9,12 +9,18 @@
                           registered router policy that replays the rollout's experts (R3) on
     engine                the reference rollout engine (the default, transformers generate) on the same weights,
                           for a config that samples with another (e.g. vLLM); the core names no engine
+    staleness (k)         the trainer k = 1, 2 real updates of the config's algorithm ahead of the rollout engine
+                          (from the baseline's own run, :mod:`rlzoo.mismatch.session`): the measured batches scored
+                          again by the updated trainer, against the rollout engine's log-probs of the same tokens
 
 Each changed measurement samples the same prompts with the same seeds (a dtype change may still sample other
 tokens). With ``G0`` the baseline's mean |d| and ``G1`` the changed one's, ``explains = |G0 - G1| / max(G0, G1)``:
 the share of the larger of the two gaps that the one change accounts for (1: it makes the whole gap, or removes
-it; 0: no effect). Batch composition's ``G1`` is the alone-scored gap on the first batch's rows and its ``G0`` the
-batched gap on the same rows.
+it; 0: no effect), and ``adds = G1 - G0`` (what the change adds to the mean |d|; negative: it removes some).
+Batch composition's ``G1`` is the alone-scored gap on the first batch's rows and its ``G0`` the batched gap on the
+same rows. Staleness's ``G1`` is ``mean |log pi_train_k - log pi_rollout|``: the gap a batch sampled k versions
+ago meets (``rollout.max_staleness: k``), precision included, so ``explains`` near 1 says staleness dwarfs it; its
+``grad_norm`` is update k's mean gradient norm (0: its batch held no learning signal, so the weights did not move).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from rlzoo.mismatch.session import Measured, measure_config
 from rlzoo.registry import Registry
 
 OTHER_DTYPE = {"float32": "bfloat16", "bfloat16": "float32"}
+STALENESS = (1, 2)  # the versions behind measured (k real updates of the trainer)
 
 
 def _gap(train: Any, rollout: Any, mask: Any) -> float:
@@ -44,11 +51,13 @@ def _row(cause: str, changed: str, g1: float, g0: float) -> dict[str, Any]:
         "abs_logp_diff": g1,
         "baseline": g0,
         "explains": abs(g0 - g1) / larger if larger > 0 else 0.0,
+        "adds": g1 - g0,
     }
 
 
 def causes_count(config: RunConfig, registry: Registry) -> int:
-    """How many measurements :func:`measure_causes` may run (for the progress bar)."""
+    """How many measurements :func:`measure_causes` may run (for the progress bar; the staleness updates are the
+    baseline's: ``max(STALENESS)`` ticks more)."""
     return 3 + (1 if _other_engine(config) is not None else 0)
 
 
@@ -152,4 +161,17 @@ def measure_causes(
                 g0,
             )
         )
+    return rows + staleness_rows(baseline)
+
+
+def staleness_rows(baseline: Measured) -> list[dict[str, Any]]:
+    """One row per k of ``baseline.stale`` (module docstring), with its ``k``."""
+    g0, rows = _gap(baseline.train, baseline.rollout, baseline.mask), []
+    for k, stale in sorted(baseline.stale.items()):
+        ahead = f"the trainer {k} update{'s' if k > 1 else ''} ahead (real steps of the config's algorithm)"
+        norms = [baseline.stale_grad_norm.get(j, 0.0) for j in range(1, k + 1)]
+        if not any(norms):  # the weights did not move: say so rather than report staleness as harmless
+            ahead += "; no update had a gradient (in each update batch, every group's rewards were equal)"
+        row = _row(f"staleness (k={k})", ahead, _gap(stale, baseline.rollout, baseline.mask), g0)
+        rows.append({**row, "k": k, "grad_norm": norms[-1]})
     return rows

@@ -4,8 +4,9 @@ its course (docs/mismatch.md).
     the flags checked (steps, bounds)              before anything starts: a bad one is one line, exit 1
     the config loaded and checked as train does    (preflight), measured in DIR (default <output_dir>/mismatch)
     N batches measured (rlzoo.mismatch.session)    the progress bar on the console, the engines' output in DIR/log.txt
-    --causes: the same with one thing changed      (rlzoo.mismatch.causes)
-    every registered correction on the batch       (rlzoo.mismatch.corrections; the config's with its parameters)
+    --causes: the same with one thing changed      (rlzoo.mismatch.causes; staleness: real updates, never saved)
+    every registered correction on the batch       (rlzoo.mismatch.corrections; the config's with its parameters),
+      and its policy gradient against the on-policy one    (rlzoo.mismatch.gradients, during the measurement)
     mismatch.md, .json, .png; the summary          (rlzoo.mismatch.report)
     the bounds compared                            one line per exceeded bound on stderr, exit 1
 
@@ -18,6 +19,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rlzoo.errors import RlzooError
 
@@ -42,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--causes",
         action="store_true",
-        help="measure again with one thing changed at a time "
-        "(each side's precision, batch composition, the engine) and say how much of the gap each explains",
+        help="measure again with one thing changed at a time (each side's precision, batch composition, routing, the "
+        "engine; staleness: 1 and 2 real updates ahead, never saved) and say how much of the gap each explains",
     )
 
 
@@ -51,7 +53,8 @@ class Bar:
     """The measurement's progress bar, drawn from the first batch on (after the cold start's own bar, if any)."""
 
     def __init__(self, total: int) -> None:
-        self.total, self.bar = total, None
+        self.total = total
+        self.bar: Any = None  # a tqdm bar once drawn
 
     def tick(self, n: int) -> None:
         if self.bar is None:
@@ -77,10 +80,10 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
     from rlzoo.mismatch.gate import exceeded, parse_bounds
 
     steps, bounds = _steps(args.steps), parse_bounds(args.fail_above or [])  # before anything starts
-    from rlzoo.mismatch.causes import causes_count, measure_causes
+    from rlzoo.mismatch.causes import STALENESS, causes_count, measure_causes
     from rlzoo.mismatch.corrections import build_corrections
     from rlzoo.mismatch.report import build_result, summary, write
-    from rlzoo.mismatch.session import measure_config, measurement_config
+    from rlzoo.mismatch.session import Asked, measure_config, measurement_config
     from rlzoo.preflight.checks import preflight
     from rlzoo.reporting.console import log_path, run_console, start_summary
 
@@ -95,17 +98,20 @@ def run(args: argparse.Namespace, load: Callable, registry_of: Callable) -> int:
             -1 if console.log_file is not None and not args.verbose else len(lines),
             f"  engines    rollout {config.rollout.engine.name} ({rollout_dtype}) vs trainer "
             f"{config.trainer.engine.name} ({trainer_dtype}); {steps} batch(es) of "
-            f"{config.rollout.prompts_per_step} prompts x {config.rollout.group_size}, no update",
+            f"{config.rollout.prompts_per_step} prompts x {config.rollout.group_size}, "
+            + ("then 1-2 updates for staleness, never saved" if args.causes else "no update"),
         )
         console.print("\n".join(lines))
-        total = steps * (1 + (causes_count(measuring, registry) if args.causes else 0))
+        stale = STALENESS if args.causes else ()
+        total = steps * (1 + (causes_count(measuring, registry) if args.causes else 0)) + max(stale, default=0)
         bar = Bar(total)
+        corrections, skipped = build_corrections(registry, config.algorithm.correction)
+        asked = Asked(alone=args.causes, corrections=corrections, stale=stale)
         try:
-            measured = measure_config(measuring, registry, steps, bar.tick, alone=args.causes)
+            measured = measure_config(measuring, registry, steps, bar.tick, asked)
             causes = measure_causes(measuring, registry, steps, measured, bar.tick) if args.causes else None
         finally:
             bar.close()
-        corrections, skipped = build_corrections(registry, config.algorithm.correction)
         about = {
             "config": args.config,
             "engines": {

@@ -14,9 +14,17 @@ and over the ``n`` response tokens::
                 weight a token gets is from its exact ratio (0: the token's mismatch fully corrected; ``none``:
                 the mean |log r| of the batch); a sequence-level weight is compared with the token's own ratio
 
+With the training engine's gradients (:mod:`rlzoo.mismatch.gradients`) each correction also has ``bias``,
+``grad_var``, ``cosine`` and ``mse``: its policy-gradient estimate against the on-policy one.
+
 The recommendation (:func:`recommend`) is a stated rule, not advice: when the gap is rounding (mean |log r| below
-:data:`NEGLIGIBLE`) ``none``; else, among the corrections whose ESS is at least :data:`MIN_ESS`, the one with the
-smallest residual (residuals within 1e-6 count as equal; ties: the larger ESS, then the name).
+:data:`NEGLIGIBLE`) ``none``; else, among the corrections whose ESS is at least :data:`MIN_ESS` (a guard: the
+variance comes from a few minibatches, the ESS from every token), the one with the lowest gradient ``mse``
+(``bias^2 + grad_var / H``, relative to the on-policy gradient's squared norm: the error of the run's mean gradient
+over its ``H`` optimizer steps), an ``mse`` within :data:`MSE_TIE` of the lowest counting as equal, and among equals
+``none`` first (a correction pays only when it lowers the error by more than that), then the smaller bias, then the
+larger ESS, then the name. Without gradients (an engine that computes none, or a batch with no gradient), the
+smallest ``residual`` instead (residuals within 1e-6 equal; ties: the larger ESS, then the name).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from rlzoo.registry import Registry
 
 NEGLIGIBLE = 1e-3  # mean |log r| below which the gap is float rounding and nothing is worth correcting
 MIN_ESS = 0.9  # the least effective sample size (share of tokens) a recommended correction may leave
+MSE_TIE = 0.01  # gradient MSEs within this share of the lowest count as equal
 
 
 def correction_effect(
@@ -89,10 +98,19 @@ def compare_corrections(
 
 
 def recommend(effects: Mapping[str, Mapping[str, float]], gap: float) -> dict[str, Any]:
-    """The correction :func:`recommend`'s rule (module docstring) picks, and why, as ``{name, rule, reason}``."""
+    """The correction the module docstring's rule picks, and why, as ``{name, rule, reason}``."""
+    usable = [n for n, e in effects.items() if e["ess"] >= MIN_ESS and not math.isnan(e["residual"])]
+    graded = bool(usable) and all(math.isfinite(effects[n].get("mse", math.nan)) for n in usable)
     rule = (
-        f"none if the mean |log r| is below {NEGLIGIBLE:g}; else the smallest residual among the corrections "
-        f"with ESS >= {MIN_ESS:g} (residuals within 1e-6 equal; ties: the larger ESS, then the name)"
+        f"none if the mean |log r| is below {NEGLIGIBLE:g}; else, among the corrections with ESS >= {MIN_ESS:g}, "
+        + (
+            f"the lowest gradient MSE (bias^2 + variance / the run's optimizer steps, relative to the on-policy "
+            f"gradient); MSEs within "
+            f"{MSE_TIE:.0%} of the lowest are equal, and among equals none first, then the smaller bias, the larger "
+            "ESS, the name"
+            if graded
+            else "the smallest residual (residuals within 1e-6 equal; ties: the larger ESS, then the name)"
+        )
     )
     if gap < NEGLIGIBLE and "none" in effects:
         return {
@@ -100,9 +118,18 @@ def recommend(effects: Mapping[str, Mapping[str, float]], gap: float) -> dict[st
             "rule": rule,
             "reason": f"mean |log r| = {gap:.3g} < {NEGLIGIBLE:g}: the engines agree to rounding",
         }
-    usable = [n for n, e in effects.items() if e["ess"] >= MIN_ESS and not math.isnan(e["residual"])]
     if not usable:
         return {"name": None, "rule": rule, "reason": f"every correction leaves an ESS below {MIN_ESS:g}"}
+    if graded:
+        lowest = min(effects[n]["mse"] for n in usable)
+        equal = [n for n in usable if effects[n]["mse"] <= lowest * (1 + MSE_TIE)]
+        name = "none" if "none" in equal else min(equal, key=lambda n: (effects[n]["bias"], -effects[n]["ess"], n))
+        e = effects[name]
+        reason = (
+            f"gradient MSE {e['mse']:.3g} (bias {e['bias']:.3g}, variance {e['grad_var']:.3g}, cosine "
+            f"{e['cosine']:.4f}) at ESS {e['ess']:.3f}, keeping {e['kept']:.1%} of the tokens"
+        )
+        return {"name": name, "rule": rule, "reason": reason}
     name = min(usable, key=lambda n: (round(effects[n]["residual"], 6), -effects[n]["ess"], n))
     e = effects[name]
     return {

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rlzoo.mismatch.corrections import compare_corrections, recommend
+from rlzoo.mismatch.gradients import REFERENCE
 from rlzoo.mismatch.measures import by_position, by_probability, gap_metrics
 from rlzoo.mismatch.session import Measured
 from rlzoo.util.atomic import atomic_write_text
@@ -45,6 +46,9 @@ def build_result(measured: Measured, corrections: dict[str, Any], about: dict[st
         if m.fresh is not None:
             metrics["abs_logp_diff_no_replay"] = gap_metrics(m.fresh, m.rollout, m.mask)["abs_logp_diff"]
     effects = compare_corrections(corrections, m.train, m.rollout, m.mask, m.advantages)
+    gradients = {**m.gradients_about, "reference": (m.gradients or {}).get(REFERENCE)}
+    for name, effect in effects.items():  # beside the weights' numbers: the gradient's
+        effect.update((m.gradients or {}).get(name, {}))
     machine = {"cpus": os.cpu_count(), "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     return {
         **about,
@@ -57,6 +61,7 @@ def build_result(measured: Measured, corrections: dict[str, Any], about: dict[st
         "by_probability": by_probability(m.train, m.rollout, m.mask),
         "moe": moe,
         "corrections": effects,
+        "gradients": gradients if m.gradients is not None or m.gradients_about else None,
         "recommendation": recommend(effects, metrics.get("abs_logp_diff", math.nan)),
     }
 
@@ -123,7 +128,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "## Causes (one thing changed at a time)",
             "",
-            *_table(r["causes"], ["cause", "changed", "abs_logp_diff", "baseline", "explains", "alone_vs_batched"]),
+            *_table(
+                r["causes"],
+                ["cause", "changed", "abs_logp_diff", "baseline", "explains", "adds", "alone_vs_batched", "grad_norm"],
+            ),
             "",
         ]
     rows = [{"correction": n, **e} for n, e in r["corrections"].items()]
@@ -131,8 +139,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "## Which correction pays",
         "",
-        *_table(rows, ["correction", "kept", "reweighted", "ess", "mean", "var", "residual"]),
+        *_table(rows, ["correction", "kept", "reweighted", "ess", "mean", "var", "residual", *GRADIENT_COLUMNS]),
         "",
+        *_gradients_note(r.get("gradients")),
         f"**Recommended: {rec['name'] or 'none of them'}** ({rec['reason']}).",
         "",
         f"Rule: {rec['rule']}.",
@@ -140,6 +149,28 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     lines += [f"Not measured: {name} ({why})." for name, why in r.get("corrections_not_built", {}).items()]
     return "\n".join(lines)
+
+
+GRADIENT_COLUMNS = ["bias", "bias_noise", "grad_var", "cosine", "mse"]
+
+
+def _gradients_note(gradients: dict[str, Any] | None) -> list[str]:
+    """What the gradient columns were measured on (docs/mismatch.md), or why they are empty."""
+    if not gradients:
+        return []
+    if "unavailable" in gradients:
+        return [f"Gradients not measured: {gradients['unavailable']}.", ""]
+    reference = gradients.get("reference") or {}
+    return [
+        f"Gradients: each correction's policy gradient against the on-policy one (exact sequence importance "
+        f"weights, old = the trainer's log-probs) over {gradients['minibatches']} minibatches, cut as a step cuts "
+        f"them; all {gradients['parameters']} trained parameters, CountSketch to {gradients['sketch_dim']} numbers "
+        f"(seed {gradients['sketch_seed']}). bias and cosine of the mean gradient, grad_var of one minibatch's "
+        f"(relative to the on-policy mean's squared norm); mse = bias^2 + grad_var / {gradients['horizon']}, the "
+        f"run's optimizer steps (the bias repeats at every step, the noise averages out); the on-policy gradient's "
+        f"own grad_var: {_fmt(reference.get('grad_var'))}.",
+        "",
+    ]
 
 
 def plot(measured: Measured, result: dict[str, Any], path: Path) -> Path:
@@ -210,5 +241,43 @@ def summary(result: dict[str, Any]) -> list[str]:
             f"  replay     |d| mean {m['abs_logp_diff']:.3g} with {result['moe']['router_policy']}, "
             f"{m['abs_logp_diff_no_replay']:.3g} routed afresh"
         )
+    lines += _corrections_lines(result)
+    lines += _causes_lines(result.get("causes") or [])
     lines.append(f"  correction {rec['name'] or 'none of them'}: {rec['reason']}")
+    return lines
+
+
+def _corrections_lines(result: dict[str, Any]) -> list[str]:
+    """One line per correction: kept, ESS and, when measured, the gradient's bias, variance and cosine."""
+    gradients = result.get("gradients") or {}
+    graded = "minibatches" in gradients
+    head = f"  {'':<11}{'kept':>7} {'ESS':>6}" + (
+        f" {'bias':>9} {'± noise':>9} {'var':>7} {'cosine':>8}   (gradient vs on-policy, "
+        f"{gradients['minibatches']} minibatches)"
+        if graded
+        else ""
+    )
+    lines = [head]
+    for name, e in result["corrections"].items():
+        line = f"  {name[:10]:<11}{e['kept']:>7.1%} {e['ess']:>6.3f}"
+        if graded:
+            numbers = (e.get(k, math.nan) for k in ("bias", "bias_noise", "grad_var", "cosine"))
+            line += " {:>9.3g} {:>9.2g} {:>7.3g} {:>8.5f}".format(*numbers)
+        lines.append(line)
+    return lines
+
+
+def _causes_lines(causes: list[dict[str, Any]]) -> list[str]:
+    """The causes table in two lines: each one-change cause's share of the gap, and what staleness adds."""
+    changes = [c for c in causes if "k" not in c]
+    stale = [c for c in causes if "k" in c]
+    lines = []
+    if changes:
+        lines.append("  causes     explains " + ", ".join(f"{c['cause']} {c['explains']:.2f}" for c in changes))
+    if stale:
+        lines.append(
+            "  staleness  |d| mean "
+            + ", ".join(f"k={c['k']} {c['abs_logp_diff']:.3g} (adds {c['adds']:+.3g})" for c in stale)
+            + f" against {stale[0]['baseline']:.3g} at k=0"
+        )
     return lines

@@ -34,8 +34,9 @@ from typing import TypeVar
 
 import torch
 
-from rlzoo.engines import Adapter, LossFn, RolloutEngine, TokenBatch, TrainingEngine
+from rlzoo.engines import Adapter, GradientRequest, LossFn, RolloutEngine, TokenBatch, TrainingEngine
 from rlzoo.engines.tokens import select_rows
+from rlzoo.errors import RlzooError
 from rlzoo.interfaces.base import collecting
 from rlzoo.runtime.distributed import SINGLE, Dist
 
@@ -120,6 +121,14 @@ class Learner:
         with collecting() as reports:  # the engine's, of this minibatch (the loss's own are in its metrics)
             metrics = self.engine.train_step(local, self._global_loss(loss_fn, len(rows)), with_entropy)
         return {**metrics, **reports}
+
+    def gradients(self, batch: TokenBatch, rows: torch.Tensor, request: GradientRequest) -> list[torch.Tensor]:
+        """Each loss of ``request`` differentiated on ``batch[rows]`` at the current weights, projected, without a step
+        (:meth:`TrainingEngine.gradients`): a measurement's, in one process (the ranks' parts are not summed)."""
+        if self.dist.active:
+            raise RlzooError("Learner.gradients runs in one process; its gradients are not summed over ranks")
+        with collecting(into=self.reports):
+            return self.engine.gradients(select_rows(batch, rows), request)
 
     def _global_loss(self, loss_fn: LossFn, count: int) -> LossFn:
         if not self.dist.active:

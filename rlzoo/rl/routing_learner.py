@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rlzoo.engines import LossFn, TokenBatch, TrainingEngine
+from rlzoo.engines import GradientRequest, LossFn, TokenBatch, TrainingEngine
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import RecordedRouting, RouterPolicy
 from rlzoo.interfaces.base import collecting
@@ -136,6 +136,11 @@ class RoutingLearner(Learner):
             metrics["moe/fresh_flip_rate"] = _rate(flip_counts(self.replayed.select(rows), fresh, attention))
             metrics["moe/replay_bytes"] = float(self.replayed.nbytes)
         return metrics
+
+    def gradients(self, batch: TokenBatch, rows: torch.Tensor, request: GradientRequest) -> list[torch.Tensor]:
+        """Under the routing an update of ``batch[rows]`` replays (the policy's ``update_routing``)."""
+        with self._recording(batch, rows, replay=self.replayed):
+            return super().gradients(batch, rows, request)
 
     def step_metrics(self) -> dict[str, float]:
         return {**self.metrics, **super().step_metrics()}

@@ -21,6 +21,7 @@ class Stream(IntEnum):
     FRESH_PROMPTS = 20_000  # + generation batch: a batch filter's further generation batches' prompts
     GENERATION = 30_000  # + generation batch: their sampling
     RANK = 40_000  # the other ranks' sampling (rank_seed)
+    GRADIENT_SKETCH = 50_000  # rlzoo mismatch's random projection of gradients (step 0: one map per config seed)
 
 
 def step_seed(seed: int, step: int, stream: int) -> int:

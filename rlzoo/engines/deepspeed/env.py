@@ -74,12 +74,31 @@ def init_deepspeed_distributed(backend: str = "auto") -> str:
     if get_accelerator().device_name() == "cpu" and os.environ.get("RLZOO_DS_SHM_COMM", "0") != "1":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not dist.is_initialized():
+        _forget_groups()
         _init_with_port_retry(
             lambda: deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
         )
     else:  # already initialised (an earlier engine, or the caller): DeepSpeed wraps the existing process group
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
     return dist.get_backend()
+
+
+def _forget_groups() -> None:
+    """Drop the groups DeepSpeed keeps for the process (``deepspeed.utils.groups``: its clone of the world group, the
+    expert-parallel ones) before a fresh process group: those of an earlier engine belong to a group that is gone
+    (vLLM's close destroys the default group of a process it ran in, as ``rlzoo mismatch --causes`` does between its
+    measurements), and DeepSpeed would hand them to the new engine ("Group ... is not registered")."""
+    from deepspeed.utils import groups
+
+    groups._WORLD_GROUP = None
+    for cached in (
+        groups._EXPERT_PARALLEL_GROUP,
+        groups._EXPERT_PARALLEL_GROUP_RANKS,
+        groups._EXPERT_DATA_PARALLEL_GROUP,
+        groups._EXPERT_DATA_PARALLEL_GROUP_RANKS,
+        groups._ALL_TO_ALL_GROUP,
+    ):
+        cached.clear()
 
 
 PORT_ATTEMPTS = 3

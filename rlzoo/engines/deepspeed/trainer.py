@@ -45,11 +45,12 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 
 from rlzoo.engines.aux_loss import AuxLoss, AuxLossParams
-from rlzoo.engines.base import EngineContext
+from rlzoo.engines.base import EngineContext, TokenBatch
 from rlzoo.engines.deepspeed.checkpoint import Placement, hf_model, load_checkpoint, save_checkpoint
 from rlzoo.engines.deepspeed.config import client_optimizer, deepspeed_config
 from rlzoo.engines.deepspeed.env import init_deepspeed_distributed
 from rlzoo.engines.deepspeed.moe_blocks import ModelMoe, moe_blocks
+from rlzoo.engines.gradients import GradientRequest
 from rlzoo.engines.module_engine import NONFINITE, ModuleTrainingEngine
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.models.memory import TrainingLayout
@@ -135,6 +136,11 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
     def process_group_backend(self) -> str:
         return self.params.backend
 
+    def gradients_unavailable(self) -> str | None:
+        if self.params.zero_stage == 3:  # autograd would see the empty placeholders of the partitioned parameters
+            return f"training engine {self.name!r} at ZeRO-3 partitions the weights; zero_stage 0-2 computes them"
+        return None
+
     def memory_layout(self) -> TrainingLayout:
         return self.moe_blocks.memory_layout(self.params.zero_stage, self.params.ep_size)
 
@@ -192,7 +198,19 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
         return self.engine.module
 
     def _module(self) -> torch.nn.Module:
-        return self.engine
+        return self.model if self._bare else self.engine
+
+    _bare = False  # forwards through the model itself, not DeepSpeed's engine (gradients without a step)
+
+    def gradients(self, batch: TokenBatch, request: GradientRequest) -> list[torch.Tensor]:
+        """As every in-process engine computes them, through the bare model: DeepSpeed's engine hooks the outputs of
+        its forward so that a backward of them reduces the gradients into its ZeRO partitions (engine.backward's
+        prologue and epilogue), which a gradient without a step must not do."""
+        self._bare = True
+        try:
+            return super().gradients(batch, request)
+        finally:
+            self._bare = False
 
     def _all_ranks_true(self, flag: bool) -> bool:
         if self.world_size == 1:
