@@ -111,6 +111,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "Adapter",
         "EngineContext",
         "Generation",
+        "GradientRequest",  # TrainingEngine.gradients' argument (rlzoo mismatch's per-correction gradients)
         "InFlightUpdates",
         "LossFn",
         "ModuleTrainingEngine",
