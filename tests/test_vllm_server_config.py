@@ -110,3 +110,31 @@ def test_a_gloo_broadcast_reaches_the_other_process():
     assert queue.get(timeout=60) == sent.tolist()
     receiver.join(30)
     assert receiver.exitcode == 0
+
+
+def test_free_port_never_hands_the_same_port_twice(monkeypatch):
+    """Two servers launched one after the other once got the same port from the kernel (the first not bound yet):
+    the second failed to bind while the first answered both URLs' health checks, and a weight push to both hung."""
+    import socket
+
+    offered = iter([41234, 41234, 41235])
+
+    class Probe:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(gloo_group, "_HANDED_OUT", set())
+    monkeypatch.setattr(socket, "socket", Probe)
+    assert [gloo_group.free_port(), gloo_group.free_port()] == [41234, 41235]

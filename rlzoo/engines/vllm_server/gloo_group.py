@@ -22,11 +22,22 @@ PREFIX = "rlzoo-weights"
 BACKEND = "rlzoo-gloo"  # the name vLLM knows the server side by (gloo_transfer.register)
 
 
+#: ports :func:`free_port` gave this process: one handed out may not be bound yet (a server still starting), and the
+#: kernel may offer it again once the probe is closed -- two servers launched one after the other got the same port,
+#: the second failed to bind while the first answered both URLs' health checks
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+    """A TCP port nothing listens on now (the kernel's choice), never one this process was given before."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free TCP port on {host} that this process has not handed out already")
 
 
 def join(host: str, port: int, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroup:
