@@ -72,7 +72,11 @@ def rlzoo(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> sub
     )
 
 
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+# lora slow (~40 s): the run's resume path is [default]'s, and the adapters' own checkpoint resumes exactly in
+# tests/test_lora.py::test_a_checkpoint_holds_loadable_adapters_and_resumes_exactly (default)
+@pytest.mark.parametrize(
+    "algorithm", [a if a != "lora" else pytest.param(a, marks=pytest.mark.slow) for a in ALGORITHMS]
+)
 def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold_start_root, algorithm):
     config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", ALGORITHMS[algorithm])
 
@@ -172,7 +176,7 @@ def _rows(run_dir: Path) -> int:
 )
 # slow (~110 s: five runs on vLLM + DeepSpeed). The default suite keeps each promise this test combines: a SIGKILL
 # and a resume reproducing the uninterrupted metrics (test_sigkill_then_resume_reproduces_the_uninterrupted_metrics,
-# with the critic's and the adapters' state), the main job's own engines stopped and resumed exactly
+# with a critic's state), the main job's own engines stopped and resumed exactly
 # (test_signals.py), a kill while a checkpoint is half written
 # (tests/test_checkpoint.py::test_a_run_killed_while_writing_a_checkpoint_keeps_the_previous_one) and kills at
 # arbitrary moments (test_async_end_to_end.py::test_async_killed_anywhere_resumes_with_every_step_once)
