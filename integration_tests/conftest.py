@@ -1,34 +1,12 @@
-"""Shared set-up for end-to-end runs: tiny models, a short cold start built once per session."""
+"""Fixtures for the end-to-end runs: the cold starts' shared folder, and no process group left between modules.
+What the tests share besides fixtures is in ``runs_testlib.py``."""
 
 from __future__ import annotations
 
-import json
-import math
+import os
 from pathlib import Path
 
 import pytest
-
-from rlzoo.config.loading import read_yaml
-from rlzoo.config.resolution import build_config
-from rlzoo.reporting.metrics_log import read_metrics
-
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
-
-# small enough for CI: a 2-layer MoE, a few SFT steps, a few RL steps with 4 prompts x 4 responses, on the
-# in-process engines (tests of vLLM and DeepSpeed select them explicitly)
-FAST = [
-    "rollout.engine={name: hf}",
-    "trainer.engine={name: torch}",
-    "cold_start.steps=40",
-    "cold_start.batch_size=16",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "train.steps=3",
-    "train.eval_every=2",
-    "train.eval_prompts=16",
-    "train.checkpoint_every=2",
-]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,41 +21,10 @@ def _no_process_group_left_behind():
 
 @pytest.fixture(scope="session")
 def cold_start_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cold_start")
-
-
-# a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them
-VERIFIER_FOR = {
-    "gdpo": "verifier={name: weighted, verifiers: [{name: math, label: correct}, "
-    "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
-}
-
-
-def preset_needs(preset: str) -> list[str]:
-    """The overrides a preset needs beyond the main job's config to run at all (its verifier's reward parts)."""
-    return [VERIFIER_FOR[preset]] if preset in VERIFIER_FOR else []
-
-
-def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic", registry=None):
-    cold = cold_start_root / task
-    return build_config(
-        read_yaml(EXAMPLE),
-        [*FAST, f"output_dir={run_dir}", f"cold_start.output_dir={cold}", *overrides],
-        registry,
-    )
-
-
-def assert_finite_metrics(run_dir: Path, steps: int) -> list[dict]:
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    train_rows = [r for r in rows if "reward/mean" in r]
-    assert [r["step"] for r in train_rows] == list(range(steps))
-    for row in train_rows:
-        for key in ("reward/mean", "clip/fraction", "ratio/mean", "time/rollout", "time/train", "loss/policy"):
-            assert key in row, (key, row)
-            assert math.isfinite(row[key]), (key, row)
-    assert rows[-1].get("final") == 1.0 and "eval/accuracy" in rows[-1]
-    return rows
-
-
-def metrics_without_times(rows: list[dict]) -> list[dict]:
-    return [json.loads(json.dumps({k: v for k, v in r.items() if not k.startswith("time/")})) for r in rows]
+    """Where the tests' cold starts are built, one folder per setting: shared by the session's xdist workers (their
+    temporary folders share a parent), so a cold start two workers need is built once. rlzoo's own build lock
+    (:func:`rlzoo.runtime.runlock.building`) makes the second worker wait for the first's and reuse it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cold_start"
+    root.mkdir(exist_ok=True)
+    return root

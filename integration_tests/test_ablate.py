@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from runs_testlib import EXAMPLE, FAST
 
-from conftest import EXAMPLE, FAST
 from rlzoo.reporting.metrics_log import read_metrics
 
 CELLS = ("lr-0.0001", "lr-0.0002")

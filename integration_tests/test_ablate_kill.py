@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from runs_testlib import EXAMPLE, FAST
 
-from conftest import EXAMPLE, FAST
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
 from rlzoo.runtime.signals import descendants

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs_testlib import assert_finite_metrics
 
-from conftest import assert_finite_metrics
 from rlzoo.config.loading import read_yaml
 from rlzoo.config.resolution import build_config
 from rlzoo.models import build_char_tokenizer, load_model, save_model

@@ -6,8 +6,8 @@ batch sampled afresh by the checkpoint's weights."""
 from __future__ import annotations
 
 import pytest
+from runs_testlib import assert_finite_metrics, make_config, metrics_without_times
 
-from conftest import assert_finite_metrics, make_config, metrics_without_times
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
 

@@ -21,9 +21,9 @@ import math
 import re
 
 import pytest
+from runs_testlib import metrics_without_times
 from test_multiprocess import finish, kill_once_latest_is, launch, write_launch_config
 
-from conftest import metrics_without_times
 from rlzoo.reporting.console import log_path
 from rlzoo.reporting.metrics_log import read_metrics
 

@@ -6,8 +6,8 @@ ZeRO-2 with DeepSpeed-MoE and two processes are in test_resume.py and test_multi
 from __future__ import annotations
 
 import pytest
+from runs_testlib import make_config
 
-from conftest import make_config
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.run import train
 

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from runs_testlib import FAST, REPO
 
-from conftest import FAST, REPO
 from rlzoo.reporting.metrics_log import read_metrics
 
 EXAMPLE = REPO / "examples" / "distill_tiny.yaml"

@@ -13,8 +13,8 @@ import sys
 import textwrap
 
 import yaml
+from runs_testlib import EXAMPLE, FAST
 
-from conftest import EXAMPLE, FAST
 from rlzoo.config.loading import apply_overrides, read_yaml
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.checkpoint.files import latest_checkpoint

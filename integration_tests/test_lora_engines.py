@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
+from runs_testlib import make_config
 
-from conftest import make_config
 from rlzoo.models import load_model
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.checkpoint.files import latest_checkpoint

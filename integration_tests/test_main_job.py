@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from runs_testlib import EXAMPLE
 
-from conftest import EXAMPLE
 from rlzoo.reporting.metrics_log import read_metrics
 
 

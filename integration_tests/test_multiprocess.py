@@ -38,8 +38,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from runs_testlib import EXAMPLE, FAST, metrics_without_times
 
-from conftest import EXAMPLE, FAST, metrics_without_times
 from rlzoo.config.loading import apply_overrides, read_yaml
 from rlzoo.reporting.metrics_log import read_metrics
 

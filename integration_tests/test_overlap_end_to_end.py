@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from conftest import assert_finite_metrics, make_config
+from runs_testlib import assert_finite_metrics, make_config
+
 from rlzoo.runtime.run import train
 
 

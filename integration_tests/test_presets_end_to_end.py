@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from runs_testlib import assert_finite_metrics, make_config, preset_needs
 
 import rlzoo
-from conftest import assert_finite_metrics, make_config, preset_needs
 from rlzoo.config.loading import dump_config
 from rlzoo.config.presets import PRESETS
 from rlzoo.interfaces import Sample, Verdict, Verifier

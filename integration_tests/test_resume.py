@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from runs_testlib import EXAMPLE, FAST, metrics_without_times
 
-from conftest import EXAMPLE, FAST, metrics_without_times
 from rlzoo.config.loading import apply_overrides, read_yaml
 from rlzoo.reporting.metrics_log import read_metrics
 from rlzoo.runtime.checkpoint.files import latest_checkpoint
@@ -72,7 +72,11 @@ def rlzoo(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> sub
     )
 
 
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+# lora slow (~40 s): the run's resume path is [default]'s, and the adapters' own checkpoint resumes exactly in
+# tests/test_lora.py::test_a_checkpoint_holds_loadable_adapters_and_resumes_exactly (default)
+@pytest.mark.parametrize(
+    "algorithm", [a if a != "lora" else pytest.param(a, marks=pytest.mark.slow) for a in ALGORITHMS]
+)
 def test_sigkill_then_resume_reproduces_the_uninterrupted_metrics(tmp_path, cold_start_root, algorithm):
     config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic", ALGORITHMS[algorithm])
 
@@ -170,10 +174,14 @@ def _rows(run_dir: Path) -> int:
 @pytest.mark.skipif(
     not all(__import__("importlib").util.find_spec(m) for m in ("vllm", "deepspeed")), reason="needs vLLM and DeepSpeed"
 )
-# the critic's and the adapters' state across a resume are also checked by the SIGKILL test above (default suite)
-@pytest.mark.parametrize(
-    "algorithm", [a if a == "default" else pytest.param(a, marks=pytest.mark.slow) for a in ALGORITHMS]
-)
+# slow (~110 s: five runs on vLLM + DeepSpeed). The default suite keeps each promise this test combines: a SIGKILL
+# and a resume reproducing the uninterrupted metrics (test_sigkill_then_resume_reproduces_the_uninterrupted_metrics,
+# with a critic's state), the main job's own engines stopped and resumed exactly
+# (test_signals.py), a kill while a checkpoint is half written
+# (tests/test_checkpoint.py::test_a_run_killed_while_writing_a_checkpoint_keeps_the_previous_one) and kills at
+# arbitrary moments (test_async_end_to_end.py::test_async_killed_anywhere_resumes_with_every_step_once)
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_the_main_job_killed_anywhere_resumes_exactly(tmp_path, cold_start_root, algorithm):
     """Killed mid-checkpoint, then twice at seeded random moments; the last resume runs to the end."""
     data = apply_overrides(

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from pydantic import Field
+from runs_testlib import assert_finite_metrics, make_config
 from safetensors.torch import load_file
 
 import rlzoo
-from conftest import assert_finite_metrics, make_config
 from rlzoo.errors import ConfigError
 from rlzoo.interfaces import Params, RouterPolicy
 from rlzoo.preflight.checks import preflight

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from runs_testlib import assert_finite_metrics, make_config, preset_needs
 
-from conftest import assert_finite_metrics, make_config, preset_needs
 from rlzoo import hookimpl
 from rlzoo.config.presets import PRESETS
 from rlzoo.interfaces import RecordedRouting, RouterPolicy

@@ -23,9 +23,8 @@ import time
 
 import pytest
 from fastapi import Request
+from runs_testlib import REPO, metrics_without_times
 from test_resume import rlzoo, write_config
-
-from conftest import REPO, metrics_without_times
 
 sys.path.append(str(REPO / "tests"))  # the loopback server of the service tests (appended: nothing is shadowed)
 from service_testlib import serving  # noqa: E402

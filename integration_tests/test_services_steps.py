@@ -9,8 +9,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from conftest import REPO, assert_finite_metrics, make_config, metrics_without_times
+from runs_testlib import REPO, assert_finite_metrics, make_config, metrics_without_times
 
 sys.path.append(str(REPO / "tests"))  # the loopback server of the service tests (appended: nothing is shadowed)
 from service_testlib import serving  # noqa: E402

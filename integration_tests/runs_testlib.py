@@ -1,0 +1,71 @@
+"""What the end-to-end tests share besides fixtures: the tiny main job's fast overrides, a config builder and
+metric checks. A plain module (imported as ``runs_testlib``; pytest puts this folder on ``sys.path``), not
+``conftest``: every test folder has a ``conftest.py``, and which of them ``import conftest`` finds depends on the
+order pytest loaded them in."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rlzoo.config.loading import read_yaml
+from rlzoo.config.resolution import build_config
+from rlzoo.reporting.metrics_log import read_metrics
+
+__all__ = ["read_yaml"]  # re-exported: the tests read the example through it
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
+
+# small enough for CI: a 2-layer MoE, a few SFT steps, a few RL steps with 4 prompts x 4 responses, on the
+# in-process engines (tests of vLLM and DeepSpeed select them explicitly)
+FAST = [
+    "rollout.engine={name: hf}",
+    "trainer.engine={name: torch}",
+    "cold_start.steps=40",
+    "cold_start.batch_size=16",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "train.steps=3",
+    "train.eval_every=2",
+    "train.eval_prompts=16",
+    "train.checkpoint_every=2",
+]
+
+
+# a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them
+VERIFIER_FOR = {
+    "gdpo": "verifier={name: weighted, verifiers: [{name: math, label: correct}, "
+    "{name: regex, pattern: '[0-9]+', label: format, weight: 0.5}]}",
+}
+
+
+def preset_needs(preset: str) -> list[str]:
+    """The overrides a preset needs beyond the main job's config to run at all (its verifier's reward parts)."""
+    return [VERIFIER_FOR[preset]] if preset in VERIFIER_FOR else []
+
+
+def make_config(run_dir: Path, cold_start_root: Path, *overrides: str, task: str = "arithmetic", registry=None):
+    cold = cold_start_root / task
+    return build_config(
+        read_yaml(EXAMPLE),
+        [*FAST, f"output_dir={run_dir}", f"cold_start.output_dir={cold}", *overrides],
+        registry,
+    )
+
+
+def assert_finite_metrics(run_dir: Path, steps: int) -> list[dict]:
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train_rows] == list(range(steps))
+    for row in train_rows:
+        for key in ("reward/mean", "clip/fraction", "ratio/mean", "time/rollout", "time/train", "loss/policy"):
+            assert key in row, (key, row)
+            assert math.isfinite(row[key]), (key, row)
+    assert rows[-1].get("final") == 1.0 and "eval/accuracy" in rows[-1]
+    return rows
+
+
+def metrics_without_times(rows: list[dict]) -> list[dict]:
+    return [json.loads(json.dumps({k: v for k, v in r.items() if not k.startswith("time/")})) for r in rows]
