@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,49 @@ def assert_finite_metrics(run_dir: Path, steps: int) -> list[dict]:
 
 def metrics_without_times(rows: list[dict]) -> list[dict]:
     return [json.loads(json.dumps({k: v for k, v in r.items() if not k.startswith("time/")})) for r in rows]
+
+
+# -- vLLM servers (test_vllm_server*.py) ----------------------------------------------------------------------------
+
+
+def group_processes(group: int) -> list[int]:
+    """The live (not zombie) processes of process group ``group``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == group:
+                found.append(int(entry))
+    return found
+
+
+def wait_gone(group: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while group_processes(group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return group_processes(group)
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory):
+    """Where vLLM finds rlzoo's entry point when this environment's install predates it (``pip install -e .`` adds
+    it): a dist-info folder on sys.path and on the servers' PYTHONPATH, for this module only."""
+    from rlzoo.engines.vllm_server import launcher
+
+    if launcher.plugin_installed():
+        yield
+        return
+    root = tmp_path_factory.mktemp("plugin")
+    info = root / "rlzoo_gloo_dev-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlzoo-gloo-dev\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nrlzoo_gloo = {launcher.PLUGIN}\n")
+    old = os.environ.get("PYTHONPATH")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *sys.path[1:]])
+    yield
+    sys.path.remove(str(root))
+    os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
