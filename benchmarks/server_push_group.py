@@ -54,14 +54,15 @@ def weights_of(model_dir: Path) -> list[tuple[str, torch.Tensor]]:
     return [(name, t.to(torch.float32).contiguous()) for f in files for name, t in load_file(f).items()]
 
 
-def timed(push, pushes: int) -> float:
-    """Median seconds of ``push()`` over ``pushes`` calls, after one warm-up call."""
+def timed(push, pushes: int, label: str) -> float:
+    """Median seconds of ``push()`` over ``pushes`` calls, after one warm-up call (each time on stderr)."""
     push()
     times = []
     for _ in range(pushes):
         started = time.perf_counter()
         push()
         times.append(time.perf_counter() - started)
+    print(f"  {label}: {' '.join(f'{t:.3f}' for t in times)}", file=sys.stderr, flush=True)
     return statistics.median(times)
 
 
@@ -79,9 +80,10 @@ def measure(name: str, model_dir: Path, work: Path, pushes: int) -> dict[str, fl
     weights = weights_of(model_dir)
     groups = [WeightGroup("127.0.0.1", 600.0) for _ in range(4)]
     try:
-        one = timed(lambda: groups[0].push([first], weights, "b1"), pushes)
-        apart = timed(lambda: (groups[1].push([first], weights, "b2"), groups[2].push([second], weights, "b2")), pushes)
-        shared = timed(lambda: groups[3].push([first, second], weights, "b3"), pushes)
+        one = timed(lambda: groups[0].push([first], weights, "b1"), pushes, "1 server")
+        by_one = (lambda: groups[1].push([first], weights, "b2"), lambda: groups[2].push([second], weights, "b2"))
+        apart = timed(lambda: [push() for push in by_one], pushes, "2, one by one")
+        shared = timed(lambda: groups[3].push([first, second], weights, "b3"), pushes, "2, one group")
     finally:
         for group in groups:
             group.close()
@@ -94,12 +96,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pushes", type=int, default=5)
     parser.add_argument("--smollm2", type=Path, default=SMOLLM2 if SMOLLM2.is_dir() else None)
+    parser.add_argument("--tiny-only", action="store_true", help="skip SmolLM2")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlzoo-bench-push-") as scratch:  # models and logs: gone on exit
         work = Path(scratch)
         tokenizer = build_char_tokenizer("0123456789+-= ")
         tiny = save_model(build_tiny_model(TinyModelConfig(**MOE), tokenizer, seed=0), tokenizer, work / "moe")
-        models = [("tiny MoE", tiny)] + ([("SmolLM2-135M", args.smollm2)] if args.smollm2 else [])
+        models = [("tiny MoE", tiny)]
+        if args.smollm2 and not args.tiny_only:
+            models.append(("SmolLM2-135M", args.smollm2))
         results = {name: measure(name.split()[0], directory, work, args.pushes) for name, directory in models}
     print(f"\nweight push with gloo, fp32, median of {args.pushes} pushes after one warm-up (seconds)")
     print(
