@@ -2,7 +2,7 @@
 server on 127.0.0.1 (no mock of vLLM): before any sync it samples the base model; after each sync it samples the peft
 policy with that adapter (log-probs within ``TOL`` of a peft forward), under a new adapter name per version, the
 previous one unloaded and its folder gone; a short training run with adapter sync samples from it through
-``servers`` with a shared ``adapter_folder``.
+``servers`` with a shared ``adapter_folder`` (slow).
 
 One LoRA server (``--enable-lora``, on the main job's cold-start tiny Qwen3-MoE with attention adapters, so it also
 runs rlzoo's CPU MoE kernel fix inside the server), launched once for the module (a vLLM server takes ~50-120 s to
@@ -116,6 +116,9 @@ def test_samples_follow_each_synced_adapter(engine, model_dir):
     assert names[0] != names[1]  # a new name per version: vLLM never serves the previous adapter's cache
 
 
+# the adapter sync on a server is test_samples_follow_each_synced_adapter's, a run on servers is
+# test_vllm_server.py::test_a_training_run_samples_from_the_servers's (~10-15 s more on the shared server)
+@pytest.mark.slow
 def test_a_training_run_with_adapter_sync_samples_from_the_server(engine, cold_start_root, tmp_path):
     """Last: the run leaves its own adapter in the server. Through ``servers`` with a shared ``adapter_folder``
     (this machine's folder, read by the server at the same path), so it needs no second server."""
