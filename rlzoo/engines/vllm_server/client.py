@@ -18,6 +18,8 @@ import httpx
 
 from rlzoo.errors import RlzooError
 
+SERVED_MODEL = "policy"  # --served-model-name of a launched server: requests without an adapter name it
+
 
 class ServerError(RlzooError):
     """A call to a vLLM server that failed; ``unreachable``: no connection at all (refused, reset), which the pool
@@ -55,7 +57,7 @@ class ServerClient:
             return False
 
     def call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        """``method path`` with a JSON ``body``; the parsed JSON reply."""
+        """``method path`` with a JSON ``body``; the parsed JSON reply (a plain-text one as text)."""
         try:
             reply = self.http.request(method, path, json=body, timeout=timeout_s or self.timeout_s)
         except httpx.TimeoutException:  # a slow server, not a dead one: the request fails, the server is kept
@@ -67,18 +69,28 @@ class ServerClient:
             raise ServerError(f"{self.url}{path}: {type(exc).__name__}: {exc or 'no connection'}", True) from None
         if reply.status_code >= 400:
             hint = ""
-            if reply.status_code == 404 and not path.startswith("/v1/"):  # vLLM's RL routes are opt-in
+            # runtime LoRA routes are opt-in too (FastAPI's "Not Found": no such route, not no such adapter)
+            if reply.status_code == 404 and path.endswith("_lora_adapter") and '"Not Found"' in reply.text:
+                hint = (
+                    " (LoRA adapters need the server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)"
+                )
+            elif reply.status_code == 404 and not path.startswith("/v1/"):  # vLLM's RL routes are opt-in
                 hint = (
                     " (vLLM's RL routes need the server started with VLLM_SERVER_DEV_MODE=1 and "
                     "--weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}')"
                 )
             raise ServerError(f"{self.url}{path} answered HTTP {reply.status_code}: {reply.text[:300]}{hint}")
+        if not reply.headers.get("content-type", "").startswith("application/json"):
+            return reply.text  # the LoRA routes answer with a plain sentence
         return reply.json()
 
-    def complete(self, prompt: list[int], n: int, max_tokens: int, sampling: dict[str, Any]) -> list[Completion]:
-        """``n`` responses to ``prompt`` (token ids) of at most ``max_tokens``, in index order."""
+    def complete(
+        self, prompt: list[int], n: int, max_tokens: int, sampling: dict[str, Any], model: str = SERVED_MODEL
+    ) -> list[Completion]:
+        """``n`` responses to ``prompt`` (token ids) of at most ``max_tokens``, in index order, from ``model``: the
+        served base model or a LoRA adapter loaded by name (:meth:`load_adapter`)."""
         body = {
-            "model": "policy",
+            "model": model,
             "prompt": prompt,
             "n": n,
             "max_tokens": max_tokens,
@@ -97,6 +109,19 @@ class ServerClient:
 
     def weight_version(self) -> str | None:
         return self.call("GET", "/weight_info")["weight_version"]
+
+    def set_weight_version(self, version: str) -> None:
+        """The version the server reports from now on, its weights unchanged (after an adapter is loaded)."""
+        self.call("POST", "/update_weight_version", {"new_version": version})
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Load the peft folder ``folder`` (a path the server reads) as the LoRA adapter requests name ``name``
+        (``/v1/load_lora_adapter``: a server started with ``--enable-lora`` and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``); vLLM loads it into its engine before it answers."""
+        self.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": folder})
+
+    def unload_adapter(self, name: str) -> None:
+        self.call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
 
     def served_context(self) -> int | None:
         """The server's ``max_model_len`` (``/v1/models``)."""

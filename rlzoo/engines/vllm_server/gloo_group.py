@@ -1,9 +1,9 @@
-"""A two-party gloo process group outside ``torch.distributed``'s default one, joined by the trainer and one server.
+"""A gloo process group outside ``torch.distributed``'s default one, joined by the trainer and the servers' workers.
 
 Both sides build it the same way: a ``TCPStore`` (the trainer, rank 0, hosts it) and a ``ProcessGroupGloo`` on it,
 never ``init_process_group``, so neither the trainer's own process group (DeepSpeed's) nor vLLM's inside the server
 is touched. The trainer then broadcasts each tensor from rank 0 (:mod:`rlzoo.engines.vllm_server.weights`); the
-server receives it in vLLM's worker (:mod:`rlzoo.engines.vllm_server.gloo_transfer`). This module imports only torch,
+servers receive it in vLLM's workers (:mod:`rlzoo.engines.vllm_server.gloo_transfer`). This module imports only torch,
 so the trainer side needs no vLLM.
 
 Reference: vLLM's ``StatelessProcessGroup`` / ``stateless_init_torch_distributed_process_group``

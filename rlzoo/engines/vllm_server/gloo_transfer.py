@@ -10,40 +10,47 @@ included; it registers :class:`GlooWeightTransferEngine` under :data:`BACKEND` w
 
 One update: ``start_weight_update`` opens vLLM's layerwise reload (weights land on the meta device and are
 materialised layer by layer), ``update_weights`` receives each named tensor by a broadcast from the trainer (rank 0
-of a two-party gloo group, :mod:`rlzoo.engines.vllm_server.gloo_group`) and hands it to ``model.load_weights``,
-``finish_weight_update`` finalises the reload and, on CPU, re-packs the fused-MoE experts as the in-process engine
-does (:func:`rlzoo.engines.vllm.worker.repack_cpu_moe`). ``update_weights`` is overridden because the base class's calls
-``torch.accelerator.synchronize()``, which has no accelerator to synchronise on CPU.
+of one gloo group with every server's workers, :mod:`rlzoo.engines.vllm_server.gloo_group`) and hands it to
+``model.load_weights``, ``finish_weight_update`` finalises the reload and, on CPU, re-packs the fused-MoE experts as
+the in-process engine does (:func:`rlzoo.engines.vllm.worker.repack_cpu_moe`). ``update_weights`` is overridden
+because the base class's calls ``torch.accelerator.synchronize()``, which has no accelerator to synchronise on CPU.
 
 Reference: ``vllm/distributed/weight_transfer/nccl_engine.py`` (the same lifecycle over NCCL).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rlzoo.engines.vllm.lora import CPU_MOE_LORA_ENV, keep_cpu_moe_kernel
 from rlzoo.engines.vllm.worker import repack_cpu_moe
 from rlzoo.engines.vllm_server.gloo_group import BACKEND, broadcast, join
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: make :data:`BACKEND` known to vLLM's factory (once per process)."""
+    """The ``vllm.general_plugins`` entry point: make :data:`BACKEND` known to vLLM's factory (once per process); in
+    a server rlzoo serves LoRA adapters from (:data:`CPU_MOE_LORA_ENV` set), also keep the CPU fused-MoE kernel under
+    LoRA, since this is the one hook rlzoo has into the processes where vLLM builds the model."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, __name__, "GlooWeightTransferEngine")
+    if os.environ.get(CPU_MOE_LORA_ENV) == "1":
+        keep_cpu_moe_kernel()
 
 
 @dataclass
 class GlooInitInfo:
-    """Where the trainer hosts the group's store; the server joins as ``rank`` of ``world_size``."""
+    """Where the trainer hosts the group's store; this server's workers join as ranks ``rank_offset`` onwards (one per
+    worker, numbered as vLLM's NCCL backend numbers them) of ``world_size`` (the trainer and every server's workers)."""
 
     master_address: str
     master_port: int
-    rank: int = 1
+    rank_offset: int = 1
     world_size: int = 2
     timeout_s: float = 600.0
 
@@ -75,8 +82,16 @@ class GlooWeightTransferEngine(_engine_base()):  # type: ignore[misc]  # vLLM's 
         self.group = None
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        """Join the trainer's group (again, when the trainer re-creates it: the old group is dropped)."""
+        parallel = self.vllm_config.parallel_config
+        worker = parallel.data_parallel_index * parallel.world_size + parallel.rank  # worker_init_process_group's
+        self.group = None
         self.group = join(
-            init_info.master_address, init_info.master_port, init_info.rank, init_info.world_size, init_info.timeout_s
+            init_info.master_address,
+            init_info.master_port,
+            init_info.rank_offset + worker,
+            init_info.world_size,
+            init_info.timeout_s,
         )
 
     def start_weight_update(self) -> None:

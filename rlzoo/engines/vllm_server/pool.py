@@ -23,7 +23,6 @@ from typing import TypeVar
 
 from rlzoo.engines.vllm_server.client import ServerClient, ServerError
 from rlzoo.engines.vllm_server.launcher import LaunchedServer
-from rlzoo.engines.vllm_server.weights import GlooPusher
 from rlzoo.errors import RlzooError
 
 logger = logging.getLogger(__name__)
@@ -32,10 +31,10 @@ T = TypeVar("T")
 
 @dataclass
 class Server:
-    """One server of the pool: how to call it, push to it and (when rlzoo launched it) restart it."""
+    """One server of the pool: how to call it and (when rlzoo launched it) restart it; the engine's weight group
+    pushes to it through ``client``."""
 
     client: ServerClient
-    pusher: GlooPusher
     launched: LaunchedServer | None = None
     in_flight: int = 0
     served: int = 0  # requests answered

