@@ -20,6 +20,7 @@ sent again) gets the trainer's current weights before it serves again.
 from __future__ import annotations
 
 import atexit
+import logging
 import tempfile
 import threading
 import time
@@ -39,11 +40,13 @@ from rlzoo.engines.vllm_server.pool import Server, ServerPool
 from rlzoo.engines.vllm_server.weights import GlooPusher
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Problem, RunFacts
-from rlzoo.models.memory import ModelShape, RolloutMemory
+from rlzoo.models.memory import ModelShape, RolloutMemory, policy_bytes
+from rlzoo.util.units import format_bytes
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
 
+logger = logging.getLogger(__name__)
 INSTALL_HINT = (
     "rollout.engine.launch starts vLLM servers from this environment: install vLLM (CPU: `bash "
     "scripts/install_vllm_cpu.sh`; GPU: pip install 'rlzoo[vllm]'), then `pip install -e .` so vLLM finds "
@@ -134,7 +137,9 @@ class VllmServerRolloutEngine(RolloutEngine):
         return self.params.launch.max_model_len if self.params.launch is not None else None
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
-        return RolloutMemory(bytes=0, weights=0)  # the servers hold theirs on their own devices
+        """Nothing on the trainer's devices; the pool's placement and each server's memory (``pool``, lines that
+        ``rlzoo config check`` prints beside the trainer's estimate)."""
+        return RolloutMemory(bytes=0, weights=0, pool=pool_lines(self.params, config, shape))
 
     def memory_hint(self, run: RunFacts) -> str:
         return "the rollout servers hold no memory on the trainer's devices"
@@ -193,10 +198,11 @@ class VllmServerRolloutEngine(RolloutEngine):
                 client.close()
 
     def _restart(self, server: Server) -> None:
-        """A launched server that died: started again and given the trainer's current weights."""
+        """A launched server that died: started again and given the trainer's current weights (a push that fails
+        then is handled as any push's failure, within the same ``launch.restarts``)."""
         self._relaunch(server)
         if self._weights is not None:
-            server.pusher.push(self._weights, str(self.version))
+            self._push(server, self._weights, str(self.version))
 
     def _relaunch(self, server: Server) -> None:
         """Stop ``server`` for good (its whole process group) and start it again on its port."""
@@ -281,25 +287,67 @@ class VllmServerRolloutEngine(RolloutEngine):
         self._push_all([item for file in files for item in load_file(file).items()], 0)
 
     def _push(self, server: Server, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
-        """One server's push; a failed one leaves its weights half loaded (never resumed): a launched server is
-        restarted and given these weights, the run stops on an external one."""
-        try:
-            server.pusher.push(weights, version)
-        except (ServerError, RuntimeError) as exc:
+        """One server's push. A failed one may leave the server's weights half loaded (vLLM's meta device), so that
+        server is never resumed nor sampled from again: it is left out of the pool at once (a producer thread's
+        next request goes elsewhere); a launched one is restarted and given these weights (``launch.restarts`` times
+        in all), on an external one the run stops."""
+        while True:
+            try:
+                server.pusher.push(weights, version)
+                return
+            except (ServerError, RuntimeError) as exc:
+                failure = exc
+            server.dead = True
+            state = (
+                "its weights may be half loaded (vLLM's meta device)"
+                if server.pusher.half_loaded
+                else "no weight reached it"
+            )
             if server.launched is None:
                 raise RlzooError(
-                    f"weight push to rollout server {server.url} failed: {exc}; its weights are half "
-                    "loaded, so it is not resumed: restart it and resume the run"
-                ) from exc
-            server.restarts += 1
-            if server.restarts > self.params.launch.restarts:
+                    f"weight push to rollout server {server.url} failed: {failure}; {state}, so it is left out, never "
+                    "resumed: restart that server, then run again (--resume continues from the last checkpoint)"
+                ) from failure
+            if server.restarts >= self.params.launch.restarts:
                 raise RlzooError(
-                    f"weight push to rollout server {server.url} failed: {exc} (restarted "
-                    f"{server.restarts - 1} time(s) already, rollout.engine.launch.restarts)"
-                ) from exc
+                    f"weight push to rollout server {server.url} failed: {failure} (restarted "
+                    f"{server.restarts} time(s) already, rollout.engine.launch.restarts)"
+                ) from failure
+            server.restarts += 1
+            logger.warning(
+                "weight push to rollout server %s failed (%s; %s): restarting it", server.url, failure, state
+            )
             self._relaunch(server)
+            server.dead = False
             server.generation += 1
-            server.pusher.push(weights, version)
+
+
+def pool_lines(p: options.Params, config: RunConfig, shape: ModelShape) -> tuple[str, ...]:
+    """Where the servers are and what each holds: per device, the in-process engine's rule
+    (:func:`rlzoo.engines.vllm.limits.rollout_memory`: the weights split over ``tensor_parallel_size`` devices, plus
+    the KV cache, or ``gpu_memory_utilization`` of the device)."""
+    weights = policy_bytes(config, shape)
+    if p.launch is None:
+        where = f"{len(p.servers)} started elsewhere ({', '.join(p.servers)})" if p.servers else "on a Ray cluster"
+        return (
+            f"rollout pool (rollout.engine vllm-server), on devices of its own: {where}",
+            f"  per server: weights {format_bytes(weights)} ({config.model.dtype}, split over its tensor-parallel "
+            "devices), the KV cache it was started with",
+        )
+    launch = p.launch
+    count = len(launch.devices) if launch.devices else launch.count
+    per_device = limits.rollout_memory(launch, config, shape)  # LaunchParams: the in-process options' names
+    if launch.gpu_memory_utilization is not None:
+        budget = f"{launch.gpu_memory_utilization:g} x its memory (gpu_memory_utilization: weights, KV cache)"
+    else:
+        budget = f"{format_bytes(per_device.bytes)}: weights {format_bytes(per_device.weights)} + KV cache "
+        budget += format_bytes(launch.kv_cache_memory_bytes)
+    devices = " | ".join(launch.devices) if launch.devices else "not named (this machine's, inherited)"
+    return (
+        f"rollout pool (rollout.engine.launch), on devices of its own: {count} server(s), tensor_parallel_size "
+        f"{launch.tensor_parallel_size}, devices {devices}",
+        f"  per server: weights {format_bytes(weights)} ({config.model.dtype}); per device of a server: {budget}",
+    )
 
 
 def _generation(prompt: list[int], completion: Completion, eos: int) -> Generation:
