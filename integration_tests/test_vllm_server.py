@@ -1,14 +1,17 @@
 """The vllm-server rollout engine against real vLLM servers on 127.0.0.1 (no mock of vLLM): sampling and raw
 log-probs, groups spread over two servers, weight pushes through vLLM's weight-transfer API with rlzoo's gloo
 backend (one group for both servers, re-created when a server rejoins), version checks, faults (a dead URL, a slow
-server, a killed server, a killed trainer), and a training run. LoRA adapters on a server: test_vllm_server_lora.py.
+server, a killed server, a killed trainer, a weight push that fails part-way, a server without vLLM's RL routes),
+and a training run. LoRA adapters on a server: test_vllm_server_lora.py.
 
 Two servers, launched once for the module on the main job's cold-start model (a vLLM server takes ~50 s to start
-on two loaded cores), serve every test; the fixture stops them by process group and checks none is left.
+on two loaded cores), serve every test; the fixture stops them by process group and checks none is left. A third,
+started without ``VLLM_SERVER_DEV_MODE``, answers the (slow) test of a server without vLLM's RL routes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -32,7 +35,7 @@ from rlzoo.engines import EngineContext, SamplingSettings  # noqa: E402
 from rlzoo.engines.vllm_server import launcher  # noqa: E402
 from rlzoo.engines.vllm_server.client import ServerClient  # noqa: E402
 from rlzoo.engines.vllm_server.gloo_group import free_port  # noqa: E402
-from rlzoo.engines.vllm_server.options import LaunchParams  # noqa: E402
+from rlzoo.engines.vllm_server.options import SERVER_ENV, LaunchParams, server_arguments  # noqa: E402
 from rlzoo.engines.vllm_server.pool import VersionMismatch  # noqa: E402
 from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine  # noqa: E402
 from rlzoo.errors import RlzooError  # noqa: E402
@@ -57,6 +60,47 @@ def tmp_path(tmp_path_factory):
     return tmp_path_factory.mktemp("servers")
 
 
+class PlainServer:
+    """A vLLM server started as a user would start it without reading docs/rollout-servers.md: rlzoo's command line,
+    but no ``VLLM_SERVER_DEV_MODE=1`` (so none of vLLM's RL routes); in a session of its own, stopped by its PID."""
+
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        launch = LaunchParams(max_model_len=128, kv_cache_memory_bytes=16 * 2**20)
+        env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV and k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                server_arguments(launch, str(model_dir), "float32", 0, self.port),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.log = log
+
+    def wait_healthy(self, timeout_s: float = 900) -> None:
+        client, deadline = ServerClient(self.url, 5.0), time.monotonic() + timeout_s
+        while not client.healthy(timeout_s=2.0):
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{self.url} not healthy within {timeout_s} s"
+            time.sleep(1.0)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def plain_server(plugin_path, model_dir, tmp_path):
+    server = PlainServer(model_dir, tmp_path / "plain_server.log")
+    yield server
+    group = server.process.pid
+    server.stop()
+    assert not wait_gone(group, 30)
+
+
 @pytest.fixture(scope="module")
 def engine(plugin_path, model_dir, tmp_path):
     tokenizer = load_tokenizer(model_dir)
@@ -74,8 +118,8 @@ def engine(plugin_path, model_dir, tmp_path):
         )
     )
     engine.tokenizer = tokenizer
-    groups = [s.launched.process.pid for s in engine.pool.servers]
     yield engine
+    groups = [s.launched.process.pid for s in engine.pool.servers if s.launched.process is not None]  # restarted too
     engine.close()
     assert all(not wait_gone(group, 30) for group in groups)
 
@@ -162,16 +206,67 @@ def test_a_server_with_another_version_is_refused(engine):
     sample(engine)
 
 
+def perturbed(model_dir, scale: float = 0.05):
+    model = hf_model(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+def test_a_push_that_fails_part_way_restarts_the_launched_server_and_gives_it_the_weights(engine, model_dir, caplog):
+    """Server 0 loses its weight-transfer group (vLLM's own /shutdown_weight_transfer_engine), so its next
+    /update_weights fails after /start_weight_update put its weights on the meta device: a live server, half loaded,
+    still reporting the old version. It is restarted (never /resume'd, never sampled) and given the new weights.
+    One server restart (~50-120 s): the path of a failed push, which no other default test takes."""
+    server = engine.pool.servers[0]
+    engine.sync_weights(checkpoint_weights(hf_model(model_dir)))  # a push that works: the transfer group is set up
+    httpx.post(f"{server.url}/shutdown_weight_transfer_engine", timeout=60).raise_for_status()
+    restarts, version = server.restarts, engine.version
+    model = perturbed(model_dir)
+    engine.sync_weights(checkpoint_weights(model))
+    assert engine.version == version + 1 and (server.restarts, server.dead) == (restarts + 1, False)
+    [warning] = [r.getMessage() for r in caplog.records if "weight push to rollout server" in r.getMessage()]
+    # which side sees the break first is a race: the server's HTTP 500, or the trainer's broadcast to a closed peer;
+    # in one group the other server, half loaded too (its update started, its tensors never came), restarts with it
+    assert server.url in warning and ("answered HTTP 500" in warning or "broadcast failed" in warning), warning
+    assert "half loaded" in warning and "restarting them" in warning, warning
+    assert [s.client.weight_version() for s in engine.pool.servers] == [str(engine.version)] * 2
+    assert max_logp_gap(model, sample(engine)[1]) < TOL  # the restarted server holds the pushed weights
+    log = server.launched.log_path.read_text()
+    assert log.count("--- rlzoo: ") == 1 + server.restarts  # started again, in the same log
+    assert '"POST /resume' not in log and '"POST /pause' not in log  # (the start-up lists the routes' names)
+
+
+# slow: a server start of its own (~50-120 s); a failed push on an external server (the same path, another cause)
+# stops the run in test_an_external_server_that_dies_or_fails_a_push_is_left_out_then_the_run_stops, by default
+@pytest.mark.slow
+def test_a_server_without_vllms_rl_routes_fails_the_first_push_saying_how_to_start_it(engine, plain_server):
+    """An external server started without VLLM_SERVER_DEV_MODE=1: the start weights' push (the first) meets
+    HTTP 404 and the error, one line, says how to start it."""
+    plain_server.wait_healthy()
+    external = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=[plain_server.url]))
+    with pytest.raises(RlzooError) as failed:
+        external.start(engine.context)
+    message = str(failed.value)
+    assert "\n" not in message and f"weight push to rollout server(s) {plain_server.url} failed" in message, message
+    assert f"{plain_server.url}/init_weight_transfer_engine answered HTTP 404" in message, message
+    assert "VLLM_SERVER_DEV_MODE=1" in message and "rlzoo serve-rollouts CONFIG" in message, message
+    assert "no weight reached them" in message, message
+    assert external.pool is None  # closed: nothing of it left to use
+
+
 def test_a_slow_server_fails_the_request_after_the_configured_timeout(engine):
     """The pool's own servers with a 1 ms limit (a second trainer on them would take over their transfer groups)."""
-    clients = [s.client for s in engine.pool.servers]
+    clients, restarts = [s.client for s in engine.pool.servers], [s.restarts for s in engine.pool.servers]
     assert {c.timeout_s for c in clients} == {engine.params.request_timeout_s}  # the limit comes from the config
     for client in clients:
         client.timeout_s = 0.001
     try:
         with pytest.raises(RlzooError, match="no reply within 0.001 s .*request_timeout_s"):
             sample(engine)
-        assert not any(s.dead or s.restarts for s in engine.pool.servers)  # slow is not dead
+        assert not any(s.dead for s in engine.pool.servers)  # slow is not dead: neither left out nor restarted
+        assert [s.restarts for s in engine.pool.servers] == restarts
     finally:
         for client in clients:
             client.timeout_s = engine.params.request_timeout_s
@@ -342,22 +437,37 @@ def test_a_port_in_use_starts_the_server_on_another_port(plugin_path, model_dir,
     assert group is None or not wait_gone(group, 30)
 
 
-def test_an_external_server_that_dies_is_left_out_then_the_run_stops(engine):
-    """Last: it kills the module's servers (the fixture's teardown then finds them gone)."""
+def test_an_external_server_that_dies_or_fails_a_push_is_left_out_then_the_run_stops(engine, model_dir):
+    """Last: it kills one of the module's servers and breaks the other's weights (the fixture's teardown then stops
+    what is left). The second server's push breaks half-way (a tensor name it does not know, after half of the real
+    ones): the push stops the run with one line naming it, and the server, alive but half loaded, is never sampled
+    (nor /resume'd) again."""
     urls = [s.url for s in engine.pool.servers]
     external = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=urls, retries=1))
     external.start(engine.context)
     external.tokenizer = engine.tokenizer
     try:
-        first, second = (s.launched.process.pid for s in engine.pool.servers)
+        first = engine.pool.servers[0].launched.process.pid
         os.killpg(first, signal.SIGKILL)
         assert not wait_gone(first, 30)
         groups = sample(external)[1]  # every group answered by the other server
         assert [len(group) for group in groups] == [4] * len(PROMPTS)
         assert [s.dead for s in external.pool.servers] == [True, False]
-        os.killpg(second, signal.SIGKILL)
-        assert not wait_gone(second, 30)
-        with pytest.raises(RlzooError, match="no rollout server is left|Connection refused"):
+
+        weights = list(checkpoint_weights(perturbed(model_dir)))
+        weights.insert(len(weights) // 2, ("model.norm.no_such_weight", torch.zeros(4)))
+        with pytest.raises(RlzooError) as failed:
+            external.sync_weights(weights)
+        message = str(failed.value)
+        assert message.startswith(f"weight push to rollout server(s) {urls[1]} failed: ") and "\n" not in message
+        assert "half loaded" in message and "never resumed" in message, message
+        left = external.pool.servers[1]
+        assert left.dead and external.version == 0  # the push did not count
+        served = left.served
+        with pytest.raises(RlzooError, match="no rollout server is left"):
             sample(external)
+        assert left.served == served and ServerClient(urls[1], 10.0).healthy()  # alive, and not used
+        log = engine.pool.servers[1].launched.log_path.read_text()
+        assert '"POST /resume' not in log and '"POST /pause' not in log
     finally:
         external.close()

@@ -106,15 +106,17 @@ def _device_memory(text: str | None) -> int | None:
 
 def _memory_report(memory: MemoryEstimate, processes: int, limit: tuple[str, int] | None) -> list[str]:
     """The estimate per rank as YAML comment lines (the printed config stays valid YAML): for a model of GPU size,
-    or whenever a device memory is known; nothing for the tiny CPU models."""
+    or whenever a device memory is known; nothing for the tiny CPU models. Then a rollout pool's placement and
+    memory per server, if the rollout engine has one (vllm-server), for any model."""
     from rlzoo.models.memory import GPU_SCALE_PARAMETERS
     from rlzoo.util.units import format_bytes
 
+    pool = list(memory.rollout_pool)  # rollout servers on devices of their own: printed for any model
     if limit is None and memory.parameters < GPU_SCALE_PARAMETERS:
-        return []
+        return pool
     device = f"; fits {format_bytes(limit[1])} ({limit[0]})" if limit is not None else ""
     head = f"GPU memory per rank, estimated (rlzoo.models.memory), {processes} process(es){device}:"
-    return [head, *(f"  {line}" for line in memory.lines(limit[1] if limit is not None else None))]
+    return [head, *(f"  {line}" for line in memory.lines(limit[1] if limit is not None else None)), *pool]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -235,6 +237,32 @@ def cmd_serve_verifier(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_rollouts(args: argparse.Namespace) -> int:
+    """The command that starts one of the config's vLLM servers (``rollout.engine: vllm-server``) on another node:
+    stdout is that one line; how to use it goes to stderr."""
+    from rlzoo.engines.vllm_server.launcher import node_command
+    from rlzoo.engines.vllm_server.options import LaunchParams
+    from rlzoo.runtime.assembly import create
+    from rlzoo.runtime.cold_start import cold_start_dir
+
+    config = _load(args)
+    if config.rollout.engine.name != "vllm-server":
+        raise RlzooError(
+            f"rollout.engine: serve-rollouts prints the command of a vllm-server engine's server, not of "
+            f"{config.rollout.engine.name!r} (set rollout.engine: {{name: vllm-server, servers: [...]}})"
+        )
+    launch = create(_registry(), "rollout_engine", config.rollout.engine).params.launch or LaunchParams()
+    model = args.model or config.model.path or str(cold_start_dir(config))
+    launch = launch.model_copy(update={"host": args.host})
+    print(node_command(launch, str(model), config.model.dtype, config.seed, args.port))
+    print(
+        f"# on the rollout node, with rlzoo installed (vLLM finds its rlzoo-gloo plugin) and the model at {model} "
+        f"(--model DIR: another path); then rollout.engine.servers: ['http://NODE:{args.port}']",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from rlzoo.reporting.plot import plot_run
 
@@ -314,6 +342,7 @@ def parser() -> argparse.ArgumentParser:
         "export": cmd_export,
         "model_import": cmd_model_import,
         "serve_verifier": cmd_serve_verifier,
+        "serve_rollouts": cmd_serve_rollouts,
         "plot": cmd_plot,
         "mismatch": cmd_mismatch,
     }

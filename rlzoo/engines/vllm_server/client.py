@@ -77,7 +77,8 @@ class ServerClient:
             elif reply.status_code == 404 and not path.startswith("/v1/"):  # vLLM's RL routes are opt-in
                 hint = (
                     " (vLLM's RL routes need the server started with VLLM_SERVER_DEV_MODE=1 and "
-                    "--weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}')"
+                    "--weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}': `rlzoo serve-rollouts CONFIG` "
+                    "prints the whole command)"
                 )
             raise ServerError(f"{self.url}{path} answered HTTP {reply.status_code}: {reply.text[:300]}{hint}")
         if not reply.headers.get("content-type", "").startswith("application/json"):

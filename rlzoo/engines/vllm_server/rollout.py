@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
+from rlzoo.engines.vllm import limits
 from rlzoo.engines.vllm_server import checks, options
 from rlzoo.engines.vllm_server.adapters import ServerAdapters
 from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
@@ -42,7 +43,8 @@ from rlzoo.engines.vllm_server.pool import Server, ServerPool
 from rlzoo.engines.vllm_server.weights import GroupPushError, WeightGroup
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Problem, RunFacts
-from rlzoo.models.memory import ModelShape, RolloutMemory
+from rlzoo.models.memory import ModelShape, RolloutMemory, policy_bytes
+from rlzoo.util.units import format_bytes
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
@@ -87,7 +89,9 @@ class VllmServerRolloutEngine(RolloutEngine):
         return self.params.launch.max_model_len if self.params.launch is not None else None
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
-        return RolloutMemory(bytes=0, weights=0)  # the servers hold theirs on their own devices
+        """Nothing on the trainer's devices; the pool's placement and each server's memory (``pool``, lines that
+        ``rlzoo config check`` prints beside the trainer's estimate)."""
+        return RolloutMemory(bytes=0, weights=0, pool=pool_lines(self.params, config, shape))
 
     def memory_hint(self, run: RunFacts) -> str:
         return "the rollout servers hold no memory on the trainer's devices"
@@ -259,7 +263,10 @@ class VllmServerRolloutEngine(RolloutEngine):
             except GroupPushError as exc:
                 failed = [s for s in targets if any(s.client is c for c in exc.failed)]
                 external = [s.url for s in failed if s.launched is None]
-                if external and not exc.started:  # not answering, weights whole: left out, as the pool does
+                state = (
+                    "their weights may be half loaded (vLLM's meta device)" if exc.started else "no weight reached them"
+                )
+                if external and exc.unreachable:  # not answering, weights whole: left out, as the pool does
                     logger.warning("rollout server(s) %s left out of the pool: %s", ", ".join(external), exc)
                     for server in (s for s in failed if s.launched is None):
                         server.dead = True
@@ -267,14 +274,25 @@ class VllmServerRolloutEngine(RolloutEngine):
                     if not targets:
                         raise RlzooError(f"no rollout server is left: every one stopped answering ({exc})") from exc
                     continue
+                for server in failed:  # never sampled again before a restart, whatever happens next
+                    server.dead = True
                 if external:
                     raise RlzooError(
-                        f"weight push to rollout server(s) {', '.join(external)} failed: {exc}; their weights are "
-                        "half loaded, so they are not resumed: restart them and resume the run"
+                        f"weight push to rollout server(s) {', '.join(external)} failed: {exc}; {state}, so they are "
+                        "left out, never resumed: restart them, then run again (--resume continues from the last "
+                        "checkpoint)"
                     ) from exc
                 for server in failed:
                     self._count_restart(server, exc)
+                logger.warning(
+                    "weight push to rollout server(s) %s failed (%s; %s): restarting them",
+                    ", ".join(s.url for s in failed),
+                    exc,
+                    state,
+                )
                 self._relaunch(failed)
+                for server in failed:
+                    server.dead = False
                 for server in failed:
                     server.generation += 1
                 targets = [s for s in targets if not any(s.client is c for c in exc.completed)]
@@ -307,6 +325,34 @@ class VllmServerRolloutEngine(RolloutEngine):
             self.version += 1
             self.pool.expected_version = version
         self.last_sync_seconds = time.perf_counter() - started
+
+
+def pool_lines(p: options.Params, config: RunConfig, shape: ModelShape) -> tuple[str, ...]:
+    """Where the servers are and what each holds: per device, the in-process engine's rule
+    (:func:`rlzoo.engines.vllm.limits.rollout_memory`: the weights split over ``tensor_parallel_size`` devices, plus
+    the KV cache, or ``gpu_memory_utilization`` of the device)."""
+    weights = policy_bytes(config, shape)
+    if p.launch is None:
+        where = f"{len(p.servers)} started elsewhere ({', '.join(p.servers)})" if p.servers else "on a Ray cluster"
+        return (
+            f"rollout pool (rollout.engine vllm-server), on devices of its own: {where}",
+            f"  per server: weights {format_bytes(weights)} ({config.model.dtype}, split over its tensor-parallel "
+            "devices), the KV cache it was started with",
+        )
+    launch = p.launch
+    count = len(launch.devices) if launch.devices else launch.count
+    per_device = limits.rollout_memory(launch, config, shape)  # LaunchParams: the in-process options' names
+    if launch.gpu_memory_utilization is not None:
+        budget = f"{launch.gpu_memory_utilization:g} x its memory (gpu_memory_utilization: weights, KV cache)"
+    else:
+        budget = f"{format_bytes(per_device.bytes)}: weights {format_bytes(per_device.weights)} + KV cache "
+        budget += format_bytes(launch.kv_cache_memory_bytes)
+    devices = " | ".join(launch.devices) if launch.devices else "not named (this machine's, inherited)"
+    return (
+        f"rollout pool (rollout.engine.launch), on devices of its own: {count} server(s), tensor_parallel_size "
+        f"{launch.tensor_parallel_size}, devices {devices}",
+        f"  per server: weights {format_bytes(weights)} ({config.model.dtype}); per device of a server: {budget}",
+    )
 
 
 def _generation(prompt: list[int], completion: Completion, eos: int) -> Generation:

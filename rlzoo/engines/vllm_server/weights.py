@@ -13,7 +13,9 @@ only once that server has received them all, so the trainer broadcasts each tens
 A push that does not complete on a server leaves that server's weights half loaded (on vLLM's meta device): it is
 named in :class:`GroupPushError` and the caller restarts or abandons it, never ``/resume`` s it. In a shared group a
 server that fails mid-push stops the broadcast for all (the others wait for tensors that never come), so every server
-the push did not finish on is named; the group is joined afresh at the next push.
+the push did not finish on is named; the group is joined afresh at the next push. A failure on either side ends the push at once: the
+broadcasts run in a daemon thread, so a server that gave up part-way (and stopped reading) is not waited for by a
+broadcast blocked until the group's timeout (``transfer_timeout_s``).
 
 A server restarted after it died rejoins by membership: the caller pushes the current weights to the restarted
 servers alone (a group of those only: the others hold the weights already and may be serving), and the next push to
@@ -29,7 +31,8 @@ Reference: ``NCCLTrainerWeightTransferEngine.send_weights`` and ``worker_init_pr
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import torch
@@ -43,9 +46,14 @@ class GroupPushError(ServerError):
     completed on ``completed``; any other server of the push holds its previous weights, whole."""
 
     def __init__(
-        self, message: str, failed: list[ServerClient], completed: list[ServerClient] | None = None, started=True
+        self,
+        message: str,
+        failed: list[ServerClient],
+        completed: list[ServerClient] | None = None,
+        started: bool = True,
+        unreachable: bool = False,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, unreachable=unreachable)
         self.failed, self.completed = failed, completed or []
         self.started = started  # False: found before any update started, so ``failed`` are not half loaded
 
@@ -80,7 +88,12 @@ class WeightGroup:
         asked = [self._calls.submit(c.call, "GET", "/get_world_size", None, self.timeout_s) for c in clients]
         wait(asked, timeout=self.timeout_s)
         if failed := _failed(clients, asked, finished=True):  # nothing started yet: only these need a restart
-            raise GroupPushError(f"before the push: {_first_error(asked) or 'no reply in time'}", failed, started=False)
+            raise GroupPushError(
+                f"before the push: {_first_error(asked) or 'no reply in time'}",
+                failed,
+                started=False,
+                unreachable=_unreachable(asked),
+            )
         sizes = [int(r.result()["world_size"]) for r in asked]
         world_size, port = 1 + sum(sizes), gloo_group.free_port(self.host)
         offsets = [1 + sum(sizes[:i]) for i in range(len(clients))]
@@ -108,6 +121,7 @@ class WeightGroup:
                 f"the weight-transfer group of {len(clients)} server(s) was not joined: "
                 f"{_first_error(requests) or f'no reply within {self.timeout_s:g} s'}",
                 failed,
+                started=False,  # joining touches no weight
             )
         self.group, self.members, self.world_size = joined[0], list(clients), world_size
 
@@ -127,7 +141,10 @@ class WeightGroup:
         wait(probes, timeout=self.timeout_s)
         if failed := _failed(clients, probes, finished=True):
             raise GroupPushError(
-                f"before the push: {_first_error(probes) or 'no reply in time'}", failed, started=False
+                f"before the push: {_first_error(probes) or 'no reply in time'}",
+                failed,
+                started=False,
+                unreachable=_unreachable(probes),
             )
         started = [self._in_thread(client, "/start_weight_update", None) for client in clients]
         wait(started, timeout=self.timeout_s)
@@ -139,16 +156,17 @@ class WeightGroup:
             "shapes": [list(t.shape) for _, t in weights],
         }
         updates = [self._in_thread(client, "/update_weights", {"update_info": info}) for client in clients]
-        sent = 0
-        try:
-            for _, tensor in weights:
-                if any(u.done() for u in updates):  # a server gave up: its error, not a broadcast nobody waits for
-                    break
-                gloo_group.broadcast(self.group, tensor.contiguous())
-                sent += 1
-        except RuntimeError as exc:  # a receiver's connection reset mid-broadcast
-            raise GroupPushError(f"broadcast failed: {exc}", list(clients)) from exc
-        if sent == len(weights):  # each answers once it loaded them all; the others never will
+        # the broadcasts in a daemon thread of their own: a server that gave up part-way stops reading, and a
+        # broadcast to it would block until the group's timeout; the push ends as soon as any side fails instead
+        # (the thread, blocked or not, holds nothing the next push needs: that one joins a new group)
+        sent = [0]
+        sender = _in_daemon("rlzoo-weight-send", _broadcast_all, self.group, weights, updates, sent)
+        wait([sender, *updates], timeout=self.timeout_s, return_when=FIRST_EXCEPTION)
+        if sender.done() and sender.exception() is not None:  # a receiver's connection reset mid-broadcast
+            raise GroupPushError(
+                f"broadcast failed after {sent[0]} of {len(weights)} tensors: {sender.exception()}", list(clients)
+            ) from sender.exception()
+        if sender.done() and sent[0] == len(weights):  # each answers once it loaded them all; the others never will
             wait(updates, timeout=self.timeout_s)
         loaded = [c for c, u in zip(clients, updates, strict=True) if u.done() and u.exception() is None]
         body = {"weight_version": version}
@@ -175,6 +193,35 @@ def _failed(clients: list[ServerClient], requests: list[Future], finished: bool)
         for c, r in zip(clients, requests, strict=True)
         if (r.done() and r.exception() is not None) or (finished and not r.done())
     ]
+
+
+def _broadcast_all(group: Any, weights: list[tuple[str, torch.Tensor]], updates: list[Future], sent: list[int]) -> None:
+    for _, tensor in weights:
+        if any(u.done() for u in updates):  # a server gave up: its error, not a broadcast nobody waits for
+            return
+        gloo_group.broadcast(group, tensor.contiguous())
+        sent[0] += 1
+
+
+def _in_daemon(name: str, function: Callable[..., Any], *args: Any) -> Future:
+    """``function(*args)`` in a daemon thread, its outcome in the returned future: a thread left blocked does not
+    hold the process at exit, as a ``ThreadPoolExecutor``'s worker would."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def _unreachable(requests: list[Future]) -> bool:
+    """Every request that failed found no server (no connection, or no reply in time): a server that stopped
+    answering, not one that answered an error."""
+    return all(not r.done() or r.exception() is None or getattr(r.exception(), "unreachable", False) for r in requests)
 
 
 def _first_error(requests: list[Future]) -> str | None:
