@@ -214,6 +214,11 @@ def perturbed(model_dir, scale: float = 0.05):
     return model
 
 
+# slow (89-170 s: both servers of the group restart). The default suite keeps a failed push part-way on an external
+# server (test_an_external_server_that_dies_or_fails_a_push_is_left_out_then_the_run_stops). Under the full suite's
+# load this test once saw the restarted group's first push fail again ("/update_weights before
+# /init_weight_transfer_engine" on a restarted server) and a second restart succeed: a race not yet understood.
+@pytest.mark.slow
 def test_a_push_that_fails_part_way_restarts_the_launched_server_and_gives_it_the_weights(engine, model_dir, caplog):
     """Server 0 loses its weight-transfer group (vLLM's own /shutdown_weight_transfer_engine), so its next
     /update_weights fails after /start_weight_update put its weights on the meta device: a live server, half loaded,

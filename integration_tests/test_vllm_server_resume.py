@@ -21,7 +21,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_
 
 from prompt_ids_verifier import PREFIX  # noqa: E402
 from test_resume import STEPS, kill_after_checkpoint, rlzoo, write_config  # noqa: E402
-from test_vllm_server import plugin_path  # noqa: E402, F401  # the module fixture: vLLM finds rlzoo's gloo backend
 
 from rlzoo.reporting.metrics_log import read_metrics  # noqa: E402
 

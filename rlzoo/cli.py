@@ -240,21 +240,14 @@ def cmd_serve_verifier(args: argparse.Namespace) -> int:
 def cmd_serve_rollouts(args: argparse.Namespace) -> int:
     """The command that starts one of the config's vLLM servers (``rollout.engine: vllm-server``) on another node:
     stdout is that one line; how to use it goes to stderr."""
-    from rlzoo.engines.vllm_server.launcher import node_command
-    from rlzoo.engines.vllm_server.options import LaunchParams
+    from rlzoo.engines.vllm_server.rollout import node_command_for
     from rlzoo.runtime.assembly import create
     from rlzoo.runtime.cold_start import cold_start_dir
 
     config = _load(args)
-    if config.rollout.engine.name != "vllm-server":
-        raise RlzooError(
-            f"rollout.engine: serve-rollouts prints the command of a vllm-server engine's server, not of "
-            f"{config.rollout.engine.name!r} (set rollout.engine: {{name: vllm-server, servers: [...]}})"
-        )
-    launch = create(_registry(), "rollout_engine", config.rollout.engine).params.launch or LaunchParams()
     model = args.model or config.model.path or str(cold_start_dir(config))
-    launch = launch.model_copy(update={"host": args.host})
-    print(node_command(launch, str(model), config.model.dtype, config.seed, args.port))
+    engine = create(_registry(), "rollout_engine", config.rollout.engine)
+    print(node_command_for(engine, config, str(model), args.host, args.port))
     print(
         f"# on the rollout node, with rlzoo installed (vLLM finds its rlzoo-gloo plugin) and the model at {model} "
         f"(--model DIR: another path); then rollout.engine.servers: ['http://NODE:{args.port}']",

@@ -38,7 +38,7 @@ from rlzoo.engines.vllm import limits
 from rlzoo.engines.vllm_server import checks, options
 from rlzoo.engines.vllm_server.adapters import ServerAdapters
 from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
-from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch
+from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch, node_command
 from rlzoo.engines.vllm_server.pool import Server, ServerPool
 from rlzoo.engines.vllm_server.weights import GroupPushError, WeightGroup
 from rlzoo.errors import RlzooError
@@ -325,6 +325,19 @@ class VllmServerRolloutEngine(RolloutEngine):
             self.version += 1
             self.pool.expected_version = version
         self.last_sync_seconds = time.perf_counter() - started
+
+
+def node_command_for(engine: RolloutEngine, config: RunConfig, model: str, host: str, port: int) -> str:
+    """``rlzoo serve-rollouts``: the shell line that starts one of ``engine``'s servers on another node (the
+    launcher's own command line, :func:`rlzoo.engines.vllm_server.launcher.node_command`); one line naming
+    ``rollout.engine`` for any other engine."""
+    if not isinstance(engine, VllmServerRolloutEngine):
+        raise RlzooError(
+            f"rollout.engine: serve-rollouts prints the command of a vllm-server engine's server, not of "
+            f"{engine.name!r} (set rollout.engine: {{name: vllm-server, servers: [...]}})"
+        )
+    launch = (engine.params.launch or options.LaunchParams()).model_copy(update={"host": host})
+    return node_command(launch, model, config.model.dtype, config.seed, port)
 
 
 def pool_lines(p: options.Params, config: RunConfig, shape: ModelShape) -> tuple[str, ...]:
