@@ -46,20 +46,25 @@ def results(tmp_path_factory) -> Path:
     launcher_owned = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in launcher_owned}
     env["OMP_NUM_THREADS"] = "1"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-        str(HELPER),
-        str(root / "model"),
-        str(root),
-        json.dumps(OBJECTIVES),
-    ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    # a second try on a fresh port: the port is chosen free, then bound by torchrun, and once in the full suite
+    # (vLLM servers starting in the other process) the run failed there and passed alone; a real fault fails twice
+    for _ in range(2):
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            str(HELPER),
+            str(root / "model"),
+            str(root),
+            json.dumps(OBJECTIVES),
+        ]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        if result.returncode == 0:
+            break
     assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
     return root
 
