@@ -29,6 +29,20 @@ ENGINES = {
     "deepspeed": "{name: deepspeed, zero_stage: 2, moe: deepspeed}",
 }
 # vLLM's own logging at ERROR: its INFO lines would fill the logs of short runs
+# the tiny Qwen3-MoE of the server benchmarks (the main job's shape)
+MOE = dict(
+    architecture="qwen3_moe",
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=128,
+    moe_intermediate_size=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
+
 QUIET = {"VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
 
 

@@ -25,24 +25,13 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the in-process engine's se
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import torch  # noqa: E402
+from _common import MOE  # noqa: E402
 
 from rlzoo.config.schema import TinyModelConfig  # noqa: E402
 from rlzoo.engines import EngineContext, SamplingSettings  # noqa: E402
 from rlzoo.models import build_char_tokenizer, build_tiny_model, save_model  # noqa: E402
 from rlzoo.models.export import checkpoint_weights  # noqa: E402
 
-MOE = dict(
-    architecture="qwen3_moe",
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    intermediate_size=128,
-    moe_intermediate_size=64,
-    num_experts=8,
-    num_experts_per_tok=2,
-)
 KV = 32 * 2**20
 
 
