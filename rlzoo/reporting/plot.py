@@ -1,4 +1,4 @@
-"""``rlzoo plot RUN_DIR``: PNG curves of a run's metrics (reward, eval accuracy, clip fraction, KL, length; with
+"""``rlzoo plot RUN_DIR``: PNG curves of a run's metrics (reward, held-out accuracy and reward, clip fraction, KL, length; with
 multi-turn episodes also tool calls per episode, turns and truncation, tool errors; with a critic its value loss
 and explained variance, and the KL in the reward)."""
 
@@ -11,7 +11,7 @@ from rlzoo.reporting.metrics_log import read_metrics
 
 PANELS = [
     ("reward", ["reward/mean"]),
-    ("eval accuracy", ["eval/accuracy"]),
+    ("held-out accuracy and reward", ["eval/accuracy", "eval/reward_mean"]),
     ("clip fraction", ["clip/fraction", "clip/low_fraction", "clip/high_fraction"]),
     ("KL", ["kl/old_approx", "kl/ref"]),
     ("response length", ["response/length_mean"]),

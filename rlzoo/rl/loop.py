@@ -71,7 +71,7 @@ from rlzoo.rl.learner import Learner
 from rlzoo.rl.loss_inputs import LossInputs
 from rlzoo.rl.objective import Objective, k3_from_samples_of_old
 from rlzoo.rl.reward_kl import KLInReward
-from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, score_last_turns
+from rlzoo.rl.rollouts import RolloutBatch, RolloutParts, score_last_turns, verdict_parts
 from rlzoo.rl.schedule import RolloutSchedule
 from rlzoo.rl.step_record import OldLogprobs, StepRecord, filled
 from rlzoo.rl.teacher import Teacher, distill_metrics
@@ -300,9 +300,12 @@ def evaluate(
     rewards = torch.tensor([v.reward for v in verdicts])
     verdict_correct = torch.tensor([bool(v.correct) for v in verdicts])
     correct = [int(part.sum()) for part in torch.split(verdict_correct, [len(g) for g in groups])]  # per prompt
+    named = verdict_parts(verdicts) or {}
     return {
         "eval/accuracy": verdict_correct.float().mean().item(),
         "eval/reward_mean": rewards.mean().item(),
+        # a weighted verifier's parts held out one by one (a judge's score beside a rule that guards it)
+        **{f"eval/reward_parts_{name}_mean": values.mean().item() for name, values in named.items()},
         "eval/verifier_errors": float(scores.failed),
         **mean_pass_at_k([len(g) for g in groups], correct, config.train.eval_pass_at_k),
         **{
