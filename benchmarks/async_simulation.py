@@ -3,6 +3,7 @@ long-tailed response-length distribution, set beside verl's published 2.35-2.67x
 
     python benchmarks/async_simulation.py                                    # verl's published phase times
     python benchmarks/async_simulation.py --measured docs/benchmarks/async_long.json   # rlzoo's, at `long`
+    python benchmarks/async_simulation.py --split 16 --split 128        # disaggregated: every G + T split of N
 
 The model, and nothing else (each assumption is a flag):
 
@@ -22,6 +23,12 @@ Schedules: ``sync`` (colocated, all N devices generate, then all train); ``async
 (rlzoo's ``rollout.max_staleness: k``: batch i starts once the trainer has reached step i - k; a batch waits for its
 slowest response); ``stream k`` (as async, with verl's streaming and partial rollouts: no tail; not built in
 rlzoo). Prints the predicted speedup over ``sync`` for each device count.
+
+Disaggregated phases (``--split``, issue 48's rollout servers: generation on G devices of its own, training on T):
+the same ``async``/``stream`` schedules at ``--k`` on G + T, each against ``sync`` colocated on all G + T devices,
+and the split that predicts the most. ``--split G:T`` is one split; ``--split N`` every G = N/8, 2N/8, ..., 7N/8.
+``--push-seconds`` adds a weight push to every training step of those schedules (the trainer waits for it; with the
+servers' gloo backend it goes through host memory), since colocated engines share the devices and copy in place.
 """
 
 from __future__ import annotations
@@ -81,11 +88,19 @@ def sync_time(batches: list[np.ndarray], devices: int, costs: Costs) -> float:
 
 
 def async_time(
-    batches: list[np.ndarray], gen_devices: int, train_devices: int, costs: Costs, k: int, stream: bool, old_pass: bool
+    batches: list[np.ndarray],
+    gen_devices: int,
+    train_devices: int,
+    costs: Costs,
+    k: int,
+    stream: bool,
+    old_pass: bool,
+    push: float = 0.0,
 ) -> float:
-    """The producer/consumer pipeline of rlzoo.rl.staleness_queue in simulated time: when the last step ends."""
+    """The producer/consumer pipeline of rlzoo.rl.staleness_queue in simulated time: when the last step ends.
+    ``push``: seconds each training step spends sending its weights to the generating devices."""
     gen = [phase_times(b, gen_devices, costs, stream, old_pass)[0] for b in batches]
-    train = [phase_times(b, train_devices, costs, stream, old_pass)[1] for b in batches]
+    train = [phase_times(b, train_devices, costs, stream, old_pass)[1] + push for b in batches]
     ready, done = [0.0] * len(batches), [0.0] * len(batches)
     generator_free = 0.0
     for i in range(len(batches)):
@@ -95,6 +110,63 @@ def async_time(
         generator_free = ready[i]
         done[i] = max(ready[i], done[i - 1] if i else 0.0) + train[i]
     return done[-1]
+
+
+def parse_split(spec: str) -> list[tuple[int, int]]:
+    """``G:T`` -> [(G, T)]; ``N`` -> every (G, N - G) with G a multiple of N/8 (of 1 below 8 devices)."""
+    try:
+        if ":" in spec:
+            g, t = (int(x) for x in spec.split(":"))
+            splits = [(g, t)]
+        else:
+            n = int(spec)
+            step = max(1, n // 8)
+            splits = [(g, n - g) for g in range(step, n, step)]
+    except ValueError:
+        raise SystemExit(f"--split {spec!r}: give G:T (devices generating : training) or a total N") from None
+    if not splits or min(min(s) for s in splits) < 1:
+        raise SystemExit(f"--split {spec!r}: generation and training need a device each at least")
+    return splits
+
+
+def split_rows(batches: list[np.ndarray], splits: list[tuple[int, int]], costs: Costs, k: int, push: float) -> list:
+    """Speedup of each disaggregated split over ``sync`` colocated on the same G + T devices, for both schedules
+    with and without the old-log-prob pass."""
+    rows, base = [], {}
+    for g, t in splits:
+        n = g + t
+        if n not in base:
+            base[n] = sync_time(batches, n, costs)
+        for mode in ("async", "stream"):
+            for old_pass in (True, False):
+                time = async_time(batches, g, t, costs, k, mode == "stream", old_pass, push)
+                rows.append(
+                    {"gen": g, "train": t, "schedule": f"{mode} k={k}", "old_pass": old_pass, "speedup": base[n] / time}
+                )
+    return rows
+
+
+def split_table(rows: list[dict]) -> list[str]:
+    """Markdown: one line per split, then the best split of each total for each schedule."""
+    columns = [(s, o) for s in dict.fromkeys(r["schedule"] for r in rows) for o in (True, False)]
+    head = " | ".join(f"{s}, old-log-prob pass {'yes' if o else 'no'}" for s, o in columns)
+    lines = [f"| N = G + T | G generate + T train | {head} |", "|---|---|" + "---|" * len(columns)]
+    speed = {(r["gen"], r["train"], r["schedule"], r["old_pass"]): r["speedup"] for r in rows}
+    for g, t in dict.fromkeys((r["gen"], r["train"]) for r in rows):
+        cells = " | ".join(f"{speed[g, t, s, o]:.2f}x" for s, o in columns)
+        lines.append(f"| {g + t} | {g} + {t} | {cells} |")
+    for n in dict.fromkeys(r["gen"] + r["train"] for r in rows):
+        best = []
+        for s, o in columns:
+            row = max(
+                (r for r in rows if r["gen"] + r["train"] == n and (r["schedule"], r["old_pass"]) == (s, o)),
+                key=lambda r: r["speedup"],
+            )
+            best.append(
+                f"{s} ({'with' if o else 'without'} old pass) {row['gen']} + {row['train']}: {row['speedup']:.2f}x"
+            )
+        lines.append(f"best split of {n} devices: " + "; ".join(best))
+    return lines
 
 
 def calibrate(phases: dict, lengths: list[np.ndarray], b_sat: float, serial: float) -> Costs:
@@ -137,6 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-serial-fraction", type=float, default=0.0)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--devices", default="16,128", help="total devices N; async splits them N/2 + N/2")
+    parser.add_argument(
+        "--split",
+        action="append",
+        default=[],
+        metavar="G:T|N",
+        help="disaggregated: generation on G devices, training on T (or every split of N), vs sync on G+T",
+    )
+    parser.add_argument("--k", type=int, default=1, help="--split: the staleness bound (rollout.max_staleness)")
+    parser.add_argument("--push-seconds", type=float, default=0.0, help="--split: a weight push per training step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -175,12 +256,26 @@ def main(argv: list[str] | None = None) -> int:
             f"| {n} vs {n // 2} + {n - n // 2} | {row['schedule']} | {'yes' if row['old_pass'] else 'no'} | "
             f"{row['speedup']:.2f}x |"
         )
+    splits, split = [split for spec in args.split for split in parse_split(spec)], []
+    if splits:
+        split = split_rows(lengths, splits, costs, args.k, args.push_seconds)
+        print(
+            f"\ndisaggregated (generation on G devices, training on T; push {args.push_seconds:g} s per step) "
+            "against sync colocated on G + T:"
+        )
+        print("\n".join(split_table(split)))
     if phases.get("published_speedup"):
         print(f"verl published: {phases['published_speedup']}")
     if args.out:
         args.out.write_text(
             json.dumps(
-                {"args": {k: str(v) for k, v in vars(args).items()}, "phases": phases, "tail": tail, "rows": rows},
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "phases": phases,
+                    "tail": tail,
+                    "rows": rows,
+                    "splits": split,
+                },
                 indent=1,
             )
         )

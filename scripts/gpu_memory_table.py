@@ -22,8 +22,8 @@ from rlzoo.util.units import GB, format_bytes, parse_bytes
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "examples" / "gpu").glob("*.yaml"))
 HEADER = [
-    "| recipe | processes | `trainer.device_memory` | estimate per rank | largest parts | on an 80 GB GPU |",
-    "|---|---|---|---|---|---|",
+    "| recipe | processes | rollout | `trainer.device_memory` | estimate per rank | largest parts | on an 80 GB GPU |",
+    "|---|---|---|---|---|---|---|",
 ]
 
 
@@ -40,9 +40,25 @@ def checks(recipe: Path) -> list[argparse.Namespace]:
 def on_80gb(config, memory) -> str:
     """Whether the run fits an 80 GB GPU; if not, the parts that cannot shrink enough."""
     limit, vllm = 80 * GB, memory.rollout_weights if memory.device_fraction else 0
-    if memory.fits(limit) and memory.device_fraction * limit > vllm:
+    if memory.fits(limit) and (not vllm or memory.device_fraction * limit > vllm):
         return "fits"
+    if not vllm:  # a pool on devices of its own: nothing of vLLM's on the trainer's
+        return f"no: training {format_bytes(memory.total())}"
     return f"no: training {format_bytes(memory.total())} + vLLM's weights {format_bytes(vllm)}"
+
+
+def processes(args: argparse.Namespace) -> str:
+    """The process count, and the check line's overrides but the device memory (a column of its own)."""
+    sets = [f"`{item}`" for item in args.set if not item.startswith("trainer.device_memory=")]
+    return f"{args.processes}" + (f" ({', '.join(sets)})" if sets else "")
+
+
+def rollout(config) -> str:
+    """Where the rollouts run: an engine on every rank's GPU, or a pool of servers on devices of their own."""
+    engine = config.rollout.engine.name
+    if engine == "vllm-server":
+        return "server pool, own devices"
+    return f"`{engine}` on every rank" if config.rollout.per_rank else f"`{engine}` on rank 0"
 
 
 def rows() -> list[str]:
@@ -54,7 +70,7 @@ def rows() -> list[str]:
             memory, device = estimate(config, shape, args.processes), parse_bytes(config.trainer.device_memory)
             largest = sorted(memory.bytes_on(device).items(), key=lambda item: -item[1])[:3]
             lines.append(
-                f"| `{recipe.name}` | {args.processes} | {config.trainer.device_memory} "
+                f"| `{recipe.name}` | {processes(args)} | {rollout(config)} | {config.trainer.device_memory} "
                 f"| {format_bytes(memory.total(device))} | {', '.join(f'{n} {format_bytes(b)}' for n, b in largest)} "
                 f"| {on_80gb(config, memory)} |"
             )

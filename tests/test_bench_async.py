@@ -138,3 +138,25 @@ def test_the_openmp_benchmark_prints_each_variant_against_alone():
     assert len(rows) == 4 and rows[0].split()[2] == "1.00x"
     bad = subprocess.run([sys.executable, str(script), "--repeats", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--repeats and --iterations must be at least 1" in bad.stderr
+
+
+def test_disaggregated_splits_against_sync_on_the_same_devices():
+    """``--split``: the half split is the N/2 + N/2 schedule, every split of N is compared with sync on N, a push
+    per step only slows it, and the best split is named per schedule."""
+    batches = _batches(3)
+    costs = sim.calibrate({"generate": 6.0, "old_logprobs": 1.0, "train": 3.0, "devices": 8}, batches, 32.0, 0.5)
+    assert sim.parse_split("8") == [(g, 8 - g) for g in range(1, 8)] and sim.parse_split("6:2") == [(6, 2)]
+    assert [g for g, _ in sim.parse_split("128")] == list(range(16, 128, 16))
+    for bad in ("0:8", "x", "1"):
+        with pytest.raises(SystemExit, match="--split"):
+            sim.parse_split(bad)
+    rows = sim.split_rows(batches, sim.parse_split("8"), costs, k=1, push=0.0)
+    half = next(r for r in rows if (r["gen"], r["schedule"], r["old_pass"]) == (4, "async k=1", True))
+    base = sim.sync_time(batches, 8, costs)
+    assert half["speedup"] == pytest.approx(base / sim.async_time(batches, 4, 4, costs, 1, False, True), rel=1e-12)
+    pushed = sim.split_rows(batches, [(4, 4)], costs, k=1, push=1.0)
+    assert all(p["speedup"] < r["speedup"] for p, r in zip(pushed, [r for r in rows if r["gen"] == 4], strict=True))
+    table = sim.split_table(rows)
+    assert len([line for line in table if line.startswith("| 8 |")]) == 7
+    best = max((r for r in rows if (r["schedule"], r["old_pass"]) == ("async k=1", False)), key=lambda r: r["speedup"])
+    assert f"async k=1 (without old pass) {best['gen']} + {best['train']}: {best['speedup']:.2f}x" in table[-1]

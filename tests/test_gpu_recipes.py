@@ -57,6 +57,7 @@ def test_there_are_recipes():
     assert {
         "qwen3_30b_a3b_gspo.yaml",
         "qwen3_30b_a3b_gspo_routing_replay.yaml",
+        "qwen3_30b_a3b_gspo_servers.yaml",
         "qwen3_moe_small_gspo.yaml",
         "qwen3_moe_small_grpo.yaml",
         "qwen3_1.7b_grpo.yaml",
@@ -82,7 +83,12 @@ def test_recipe_passes_config_check(recipe, data, tmp_path):
 
 def test_gspo_recipes_have_the_papers_settings():
     registry = default_registry()
-    for name in ("qwen3_30b_a3b_gspo", "qwen3_30b_a3b_gspo_routing_replay", "qwen3_moe_small_gspo"):
+    for name in (
+        "qwen3_30b_a3b_gspo",
+        "qwen3_30b_a3b_gspo_routing_replay",
+        "qwen3_30b_a3b_gspo_servers",
+        "qwen3_moe_small_gspo",
+    ):
         algo = load_config(REPO / "examples" / "gpu" / f"{name}.yaml", registry=registry).algorithm
         assert algo.ratio.name == "sequence" and algo.kl_coef == 0.0 and algo.minibatches_per_rollout == 4
         assert (algo.clipper.params["eps_low"], algo.clipper.params["eps_high"]) == (3e-4, 4e-4)
@@ -136,3 +142,20 @@ def test_cli_config_check_takes_model_config(data, tmp_path, capsys):
     assert "Qwen3-30B-A3B" in capsys.readouterr().out
     assert main(["config", "check", *common]) == 1  # without it the missing model folder is an error
     assert "model.path: models/Qwen3-30B-A3B does not exist" in capsys.readouterr().err
+
+
+def test_the_server_pool_recipe_takes_routing_replay_but_not_r3(data, tmp_path):
+    """qwen3_30b_a3b_gspo_servers.yaml's header: replay-old (the trainer's own routing) runs with the server pool;
+    R3 (the rollout's routing) is refused before the run, the servers recording none."""
+    registry = default_registry()
+    recipe = REPO / "examples" / "gpu" / "qwen3_30b_a3b_gspo_servers.yaml"
+    assert "can_record_routing false" in recipe.read_text()
+    overrides = [
+        f"task.path={data / 'train.parquet'}",
+        f"task.eval_path={data / 'test.parquet'}",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    model_config = REPO / "examples/gpu/models/qwen3-30b-a3b/config.json"
+    config = load_config(recipe, [*overrides, "algorithm.router={name: replay-rollout}"], registry)
+    with pytest.raises(ConfigError, match="'vllm-server' does not record MoE routing"):
+        preflight(config, registry, world=8, model_config=model_config)

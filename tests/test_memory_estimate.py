@@ -312,16 +312,25 @@ def recipe_checks(recipe: Path) -> list[argparse.Namespace]:
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
 def test_gpu_recipe_fits_its_device_memory(recipe):
     """Each recipe names its GPU's memory and fits it on every process count it is checked for; all but the 30B
-    ones name an 80 GB GPU (the 30B ones cannot: every rank holds a 61 GB rollout copy of the model)."""
+    ones name an 80 GB GPU. The in-process 30B ones cannot: every rank holds a 61 GB rollout copy of the model. The
+    server-pool one (``*_servers``) holds none on the trainer's GPUs, and fits 80 GB on 16 ranks."""
     registry = default_registry()
     config = load_config(recipe, registry=registry)
     device = parse_bytes(config.trainer.device_memory)
-    assert config.trainer.activation_checkpointing and config.rollout.engine.name == "vllm" and config.rollout.per_rank
+    servers = recipe.stem.endswith("_servers")
+    engine = "vllm-server" if servers else "vllm"
+    assert config.trainer.activation_checkpointing and config.rollout.engine.name == engine
+    assert config.rollout.per_rank is not servers  # in-process: an engine per rank; servers: rank 0 calls the pool
     for args in recipe_checks(recipe):
+        checked = load_config(recipe, args.set, registry)
         shape = ModelShape.from_hf(json.loads((REPO / args.model_config).read_text()))
-        memory = estimate(load_config(recipe, args.set, registry), shape, args.processes)
-        assert memory.fits(device), "\n".join(memory.lines(device))
-        if "30b" in recipe.stem:  # no gpu_memory_utilization fits: vLLM's weights alone leave too little
+        memory = estimate(checked, shape, args.processes)
+        limit = parse_bytes(checked.trainer.device_memory)
+        assert memory.fits(limit), "\n".join(memory.lines(limit))
+        if servers:  # nothing of vLLM's on the trainer's GPUs; the pool's lines say what each server holds
+            assert memory.rollout_weights == 0 and memory.parts["rollout"] == 0 and memory.rollout_pool
+            assert limit == 80 * GB or args.processes == 8
+        elif "30b" in recipe.stem:  # no gpu_memory_utilization fits: vLLM's weights alone leave too little
             vllm_weights = memory.rollout_weights
             assert memory.total() + vllm_weights > 80 * GB and vllm_weights > 60 * GB
         else:

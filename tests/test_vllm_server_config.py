@@ -274,3 +274,27 @@ def test_config_check_prints_the_rollout_pool_beside_the_trainers_estimate(tmp_p
     per_device = f"{format_bytes(weights // tp + 67108864)}: weights {format_bytes(weights // tp)} + KV cache {kv}"
     assert f"per server: weights {format_bytes(weights)} (float32)" in memory and per_device in memory, memory
     assert not [line for line in comments if line.startswith("#   rollout ")]  # nothing on the trainer's devices
+
+
+def test_the_pool_lines_give_each_devices_weights_for_a_gpu_pool():
+    """What ``rlzoo config check`` prints for a pool on GPUs: servers elsewhere, the weights per device at each
+    tensor-parallel size one would start them with; launched with ``gpu_memory_utilization``, the weights per device
+    and the KV cache that leaves on a device of ``trainer.device_memory``."""
+    from rlzoo.config.loading import read_yaml
+    from rlzoo.engines.vllm_server.options import Params
+    from rlzoo.engines.vllm_server.rollout import pool_lines
+    from rlzoo.models.memory import ModelShape, policy_bytes
+    from rlzoo.util.units import GB, format_bytes
+
+    config = build_config(read_yaml(EXAMPLE), ["trainer.device_memory=141GB"])
+    shape = ModelShape.from_tiny(config.model.tiny)
+    weights = policy_bytes(config, shape)
+    elsewhere = pool_lines(Params(servers=["http://a:8000", "http://b:8000"]), config, shape)
+    assert "2 started elsewhere (http://a:8000, http://b:8000)" in elsewhere[0]
+    assert f"tensor-parallel-size 1: {format_bytes(weights)}, 2: {format_bytes(weights // 2)}" in elsewhere[2]
+    assert f"8: {format_bytes(weights // 8)}" in elsewhere[2]
+    launch = LaunchParams(devices=["4,5,6,7"], tensor_parallel_size=4, gpu_memory_utilization=0.5)
+    placement, memory = pool_lines(Params(launch=launch), config, shape)
+    assert "1 server(s), tensor_parallel_size 4, devices 4,5,6,7" in placement
+    kv = format_bytes(int(0.5 * 141 * GB) - weights // 4)
+    assert f"weights {format_bytes(weights // 4)}, KV cache {kv} on a 141.0 GB device" in memory, memory

@@ -44,7 +44,7 @@ from rlzoo.engines.vllm_server.weights import GroupPushError, WeightGroup
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Problem, RunFacts
 from rlzoo.models.memory import ModelShape, RolloutMemory, policy_bytes
-from rlzoo.util.units import format_bytes
+from rlzoo.util.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
@@ -343,20 +343,27 @@ def node_command_for(engine: RolloutEngine, config: RunConfig, model: str, host:
 def pool_lines(p: options.Params, config: RunConfig, shape: ModelShape) -> tuple[str, ...]:
     """Where the servers are and what each holds: per device, the in-process engine's rule
     (:func:`rlzoo.engines.vllm.limits.rollout_memory`: the weights split over ``tensor_parallel_size`` devices, plus
-    the KV cache, or ``gpu_memory_utilization`` of the device)."""
+    the KV cache, or ``gpu_memory_utilization`` of the device). Servers started elsewhere: their tensor parallelism is
+    not in the config, so the weights per device for the sizes one would choose (to pick one that fits)."""
     weights = policy_bytes(config, shape)
     if p.launch is None:
         where = f"{len(p.servers)} started elsewhere ({', '.join(p.servers)})" if p.servers else "on a Ray cluster"
+        sizes = ", ".join(f"{tp}: {format_bytes(weights // tp)}" for tp in (1, 2, 4, 8))
         return (
             f"rollout pool (rollout.engine vllm-server), on devices of its own: {where}",
-            f"  per server: weights {format_bytes(weights)} ({config.model.dtype}, split over its tensor-parallel "
-            "devices), the KV cache it was started with",
+            f"  per server: weights {format_bytes(weights)} ({config.model.dtype}), the KV cache it was started with",
+            f"  weights per device by the servers' --tensor-parallel-size {sizes}",
         )
     launch = p.launch
     count = len(launch.devices) if launch.devices else launch.count
     per_device = limits.rollout_memory(launch, config, shape)  # LaunchParams: the in-process options' names
     if launch.gpu_memory_utilization is not None:
-        budget = f"{launch.gpu_memory_utilization:g} x its memory (gpu_memory_utilization: weights, KV cache)"
+        budget = f"{launch.gpu_memory_utilization:g} x its memory (gpu_memory_utilization): weights "
+        budget += format_bytes(per_device.weights)
+        device = parse_bytes(config.trainer.device_memory) if config.trainer.device_memory else None
+        if device:  # the pool's GPUs are not named in the config: say what a device like the trainer's leaves
+            kv = int(launch.gpu_memory_utilization * device) - per_device.weights
+            budget += f", KV cache {format_bytes(kv)} on a {format_bytes(device)} device (trainer.device_memory)"
     else:
         budget = f"{format_bytes(per_device.bytes)}: weights {format_bytes(per_device.weights)} + KV cache "
         budget += format_bytes(launch.kv_cache_memory_bytes)
