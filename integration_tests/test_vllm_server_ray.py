@@ -3,9 +3,10 @@ this test's own (a head on this machine, ``ray start --head --block`` in a sessi
 temporary folder of its own, stopped by its process group: never ``ray stop``, which stops every cluster of the
 machine). The run must sample from the server, push its weights to it (every request answered at the version the
 trainer pushed last) and, once it ended, leave neither a vLLM server process nor its placement group nor an actor on
-the cluster, which keeps running.
+the cluster, which keeps running. A trainer killed with SIGKILL (no ``finally``, no ``atexit``) leaves nothing
+either: Ray ends its actor and removes its placement group, and the server's detached supervisor stops the server.
 
-Slow: the head (~10-30 s) and a vLLM server (~50-120 s) start on two loaded cores.
+Slow: the head (~10-30 s) and a vLLM server each (~50-120 s) start on two loaded cores.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -32,6 +35,8 @@ from rlzoo.engines.vllm_server import ray_pool
 from rlzoo.engines.vllm_server.client import ServerClient
 from rlzoo.engines.vllm_server.gloo_group import free_port
 from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine
+from rlzoo.registry import default_registry
+from rlzoo.runtime.assembly import create, initial_model_dir
 from rlzoo.runtime.run import train
 
 #: the cluster asks its clients for this token (Ray turns token authentication on by itself when it finds one in
@@ -171,9 +176,7 @@ def test_a_run_places_its_server_on_ray_pushes_its_weights_and_leaves_nothing(
 
     ray_module.init(address=ray_head.address, log_to_driver=False, configure_logging=False)
     try:
-        groups = ray_module.util.placement_group_table().values()
-        ours = [g for g in groups if g["name"].startswith("rlzoo-rollout-") and g["state"] != "REMOVED"]
-        assert ours == [], ours
+        assert _our_groups(ray_module) == []
         from ray.util.state import list_actors
 
         with contextlib.suppress(Exception):  # the state API needs the dashboard, off here: checked when it answers
@@ -182,6 +185,57 @@ def test_a_run_places_its_server_on_ray_pushes_its_weights_and_leaves_nothing(
         assert ray_module.cluster_resources().get("CPU") == 2.0  # the cluster is still there, whole
     finally:
         ray_module.shutdown()
+
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from rlzoo.engines import EngineContext
+    from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine
+
+    ray = {"address": sys.argv[1], "host": "127.0.0.1", "max_model_len": 128, "kv_cache_memory_bytes": 16 * 2**20}
+    engine = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(ray=ray))
+    engine.start(EngineContext(model_dir=Path(sys.argv[2]), run_dir=Path(sys.argv[3])))
+    [server] = engine.pool.servers
+    print(server.launched.group, server.launched.port, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow  # a vLLM server of its own
+def test_a_trainer_killed_leaves_no_server_actor_or_placement_group(
+    plugin_path, ray_head, auth, cold_start_root, tmp_path
+):
+    config = make_config(tmp_path / "unused", cold_start_root)
+    registry = default_registry()
+    model_dir = initial_model_dir(config, create(registry, "task", config.task), registry, progress=False)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, ray_head.address, str(model_dir), str(tmp_path / "killed")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        group, port = (int(word) for word in trainer.stdout.readline().split())
+    finally:
+        trainer.kill()  # SIGKILL: nothing of the engine's close runs
+        trainer.wait()
+    assert not wait_gone(group, 60)
+    assert not [p for p in _processes_naming("vllm.entrypoints.openai.api_server") if f"--port {port} " in _command(p)]
+    import ray as ray_module
+
+    ray_module.init(address=ray_head.address, log_to_driver=False, configure_logging=False)
+    try:
+        deadline = time.monotonic() + 60
+        while _our_groups(ray_module) and time.monotonic() < deadline:  # Ray notices the dead driver
+            time.sleep(1.0)
+        assert _our_groups(ray_module) == []
+    finally:
+        ray_module.shutdown()
+
+
+def _our_groups(ray_module) -> list[dict]:
+    groups = ray_module.util.placement_group_table().values()
+    return [g for g in groups if g["name"].startswith("rlzoo-rollout-") and g["state"] != "REMOVED"]
 
 
 def _command(pid: int) -> str:

@@ -365,3 +365,13 @@ def test_config_check_prints_the_rollout_pool_beside_the_trainers_estimate(tmp_p
     per_device = f"{format_bytes(weights // tp + 67108864)}: weights {format_bytes(weights // tp)} + KV cache {kv}"
     assert f"per server: weights {format_bytes(weights)} (float32)" in memory and per_device in memory, memory
     assert not [line for line in comments if line.startswith("#   rollout ")]  # nothing on the trainer's devices
+
+
+def test_the_engine_and_its_checks_import_ray_only_when_a_ray_pool_starts():
+    """Ray is an optional extra: the engine, its checks and its Ray module load without it."""
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom rlzoo.engines.vllm_server import checks, ray_pool, rollout\nprint('ray' in sys.modules)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
