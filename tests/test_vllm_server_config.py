@@ -1,5 +1,6 @@
-"""The vllm-server engine's start-up check and its pure parts, without a server: one source of servers, ray refused
-as not implemented, tensor parallelism that fits the named devices, the features it does not have refused before
+"""The vllm-server engine's start-up check and its pure parts, without a server: one source of servers, a Ray
+cluster's options (its address, GPUs for tensor parallelism, a pool its nodes can place; a cluster that answers
+nothing, one line at start), tensor parallelism that fits the named devices, the features it does not have refused before
 the run by field (adapter sync to servers elsewhere without a shared folder), the command line a launched server
 runs (with LoRA; and ``rlzoo serve-rollouts`` prints), the pool that ``rlzoo config check`` prints, and one gloo
 broadcast reaching every other process of a group."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import shlex
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from rlzoo.config.resolution import build_config
+from rlzoo.engines import EngineContext
 from rlzoo.engines.vllm_server import gloo_group
 from rlzoo.engines.vllm_server.options import LaunchParams, server_arguments
 from rlzoo.engines.vllm_server.rollout import VllmServerRolloutEngine
@@ -25,15 +28,15 @@ from rlzoo.registry import default_registry
 
 def problems(tmp_path: Path, engine: dict, **sections) -> list[tuple[str, str]]:
     registry = default_registry()
-    config = build_config(
-        {
-            "output_dir": str(tmp_path / "run"),
-            "rollout": {"engine": {"name": "vllm-server", **engine}, **sections.pop("rollout", {})},
-            **sections,
-        },
-        registry=registry,
-    )
-    try:
+    try:  # the options' own validation (a missing field) or the start-up check
+        config = build_config(
+            {
+                "output_dir": str(tmp_path / "run"),
+                "rollout": {"engine": {"name": "vllm-server", **engine}, **sections.pop("rollout", {})},
+                **sections,
+            },
+            registry=registry,
+        )
         preflight(config, registry)
     except ConfigError as err:
         return list(err.problems)
@@ -53,7 +56,15 @@ def test_external_servers_pass_the_check(tmp_path):
     [
         ({}, "rollout.engine", "exactly one of launch, servers or ray"),
         ({"servers": ["http://a:1"], "launch": {}}, "rollout.engine", "got launch, servers"),
-        ({"ray": {"address": "auto"}}, "rollout.engine.ray", "not implemented yet"),
+        ({"ray": {}}, "rollout.engine.ray.address", "Field required"),
+        ({"ray": {"address": " "}}, "rollout.engine.ray.address", "names no cluster"),
+        (
+            {"ray": {"address": "h:1", "tensor_parallel_size": 2, "num_gpus": 0}},
+            "rollout.engine.ray.tensor_parallel_size",
+            "needs GPUs",
+        ),
+        ({"ray": {"address": "h:1", "tensor_parallel_size": 2, "num_gpus": 1}}, "rollout.engine.ray.num_gpus", "(2)"),
+        ({"ray": {"address": "h:1", "kv_cache_memory_bytes": 0}}, "rollout.engine.ray.kv_cache_memory_bytes", ""),
         ({"servers": ["a:8000"]}, "rollout.engine.servers", "not an http(s) URL"),
         (
             {"launch": {"devices": ["0,1", "2"], "tensor_parallel_size": 2}},
@@ -117,10 +128,90 @@ def test_a_launched_lora_server_is_built_for_the_adapters_rank_and_targets():
     assert "--enable-lora" not in " ".join(server_arguments(LaunchParams(), "/m", "float32", 0, 8123))
 
 
-def test_ray_is_refused_at_start_too():
-    engine = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(ray={}))
-    with pytest.raises(RlzooError, match="rollout.engine.ray: .*not implemented yet"):
-        engine.start(None)
+RAY = {"address": "127.0.0.1:6379", "count": 2, "max_model_len": 256, "kv_cache_memory_bytes": 33554432}
+
+
+def test_a_ray_pool_passes_the_check_and_config_check_describes_it(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'rlzoo[ray]')")
+    from rlzoo.engines.vllm_server.describe import pool_lines
+    from rlzoo.models.memory import ModelShape
+
+    assert problems(tmp_path, {"ray": RAY}) == []
+    config = build_config({"rollout": {"engine": {"name": "vllm-server", "ray": RAY}}})
+    params = VllmServerRolloutEngine.Params(ray=RAY)
+    placement, memory = pool_lines(params, config, ModelShape.from_tiny(config.model.tiny))
+    assert "rollout.engine.ray" in placement and "127.0.0.1:6379: 2 server(s), tensor_parallel_size 1" in placement
+    assert "placement_strategy PACK" in placement and "per device of a server:" in memory and "KV cache 34 MB" in memory
+
+
+def test_without_ray_the_ray_source_is_refused_naming_the_extra(tmp_path, monkeypatch):
+    from rlzoo.engines.vllm_server import checks
+
+    monkeypatch.setattr(checks, "find_spec", lambda name: None if name == "ray" else object())
+    found = [(f, m) for f, m in problems(tmp_path, {"ray": RAY}) if f == "rollout.engine.ray"]
+    assert found and "pip install 'rlzoo[ray]'" in found[0][1], found
+
+
+def test_adapter_sync_to_ray_servers_needs_a_shared_adapter_folder(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'rlzoo[ray]')")
+    found = problems(tmp_path, {"ray": RAY}, **ADAPTER_SYNC)
+    assert fields(found) == ["model.lora.sync"] and "rollout.engine.adapter_folder" in found[0][1], found
+    assert problems(tmp_path, {"ray": RAY, "adapter_folder": str(tmp_path)}, **ADAPTER_SYNC) == []
+
+
+def test_a_ray_cluster_that_answers_nothing_is_one_line_at_start(tmp_path):
+    """Before any training (the engine starts before the first step): the field and the address, no Ray call."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'rlzoo[ray]')")
+    address = f"127.0.0.1:{gloo_group.free_port()}"
+    engine = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(ray={"address": address}))
+    with pytest.raises(RlzooError) as caught:
+        engine.start(EngineContext(model_dir=tmp_path, run_dir=tmp_path))
+    [line] = str(caught.value).splitlines()
+    assert line.startswith(f"rollout.engine.ray.address: nothing answers at {address}") and "ray start" in line
+    assert engine.ray_pool is None and engine.pool is None
+
+
+class FakeRay:
+    """What :meth:`RayPool._bundle` asks of Ray: the cluster's nodes and their resources."""
+
+    def __init__(self, *nodes: dict[str, float]) -> None:
+        self._nodes = [{"Alive": True, "Resources": n} for n in nodes]
+
+    def nodes(self):
+        return self._nodes
+
+
+@pytest.mark.parametrize(
+    "ray, nodes, field, words",
+    [
+        ({"tensor_parallel_size": 4}, [{"CPU": 8, "GPU": 2}] * 2, "tensor_parallel_size", "4 GPUs on one node"),
+        ({"tensor_parallel_size": 2}, [{"CPU": 8}], "tensor_parallel_size", "needs GPUs"),
+        ({"num_cpus": 16}, [{"CPU": 8}], "num_cpus", "16 CPUs on one node"),
+        ({"count": 3}, [{"CPU": 2}], "count", "at most 2 server(s)"),
+        ({"count": 2, "placement_strategy": "STRICT_SPREAD"}, [{"CPU": 8}], "count", "at most 1 server(s)"),
+        ({"count": 2, "placement_strategy": "STRICT_PACK"}, [{"CPU": 1}] * 2, "count", "at most 1 server(s)"),
+    ],
+)
+def test_a_pool_the_clusters_nodes_cannot_hold_is_refused_naming_the_field(ray, nodes, field, words):
+    from rlzoo.engines.vllm_server.options import RayParams
+    from rlzoo.engines.vllm_server.ray_pool import RayPool
+
+    pool = RayPool(RayParams(address="h:1", **ray), EngineContext(model_dir=Path("/m")), Path("/logs"), "127.0.0.1")
+    with pytest.raises(RlzooError, match=rf"^rollout.engine.ray.{field}: .*{re.escape(words)}"):
+        pool._bundle(FakeRay(*nodes))
+
+
+def test_a_ray_server_reserves_its_tensor_parallel_gpus_on_a_gpu_cluster_and_none_on_cpus():
+    from rlzoo.engines.vllm_server.options import RayParams
+    from rlzoo.engines.vllm_server.ray_pool import RayPool
+
+    def bundle(nodes, **ray):
+        pool = RayPool(RayParams(address="h:1", **ray), EngineContext(model_dir=Path("/m")), Path("/l"), "10.0.0.1")
+        return pool._bundle(FakeRay(*nodes))
+
+    assert bundle([{"CPU": 8, "GPU": 8}], tensor_parallel_size=2, count=4) == {"CPU": 1.0, "GPU": 2.0}
+    assert bundle([{"CPU": 8}], num_cpus=2) == {"CPU": 2.0}
+    assert bundle([{"CPU": 8, "GPU": 8}], num_gpus=0) == {"CPU": 1.0}
 
 
 def test_a_launched_server_runs_vllms_module_with_raw_logprobs_and_the_gloo_backend():
@@ -281,8 +372,8 @@ def test_the_pool_lines_give_each_devices_weights_for_a_gpu_pool():
     tensor-parallel size one would start them with; launched with ``gpu_memory_utilization``, the weights per device
     and the KV cache that leaves on a device of ``trainer.device_memory``."""
     from rlzoo.config.loading import read_yaml
+    from rlzoo.engines.vllm_server.describe import pool_lines
     from rlzoo.engines.vllm_server.options import Params
-    from rlzoo.engines.vllm_server.rollout import pool_lines
     from rlzoo.models.memory import ModelShape, policy_bytes
     from rlzoo.util.units import GB, format_bytes
 
@@ -298,3 +389,13 @@ def test_the_pool_lines_give_each_devices_weights_for_a_gpu_pool():
     assert "1 server(s), tensor_parallel_size 4, devices 4,5,6,7" in placement
     kv = format_bytes(int(0.5 * 141 * GB) - weights // 4)
     assert f"weights {format_bytes(weights // 4)}, KV cache {kv} on a 141.0 GB device" in memory, memory
+
+
+def test_the_engine_and_its_checks_import_ray_only_when_a_ray_pool_starts():
+    """Ray is an optional extra: the engine, its checks and its Ray module load without it."""
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom rlzoo.engines.vllm_server import checks, ray_pool, rollout\nprint('ray' in sys.modules)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr

@@ -14,7 +14,9 @@ rlzoo's ``RLZOO_VLLM_CPU_MOE_LORA=1`` (:mod:`rlzoo.engines.vllm_server.adapters`
 rlzoo's gloo backend through the ``vllm.general_plugins`` entry point, which ``pip install -e .`` registers.
 
 :func:`node_command` is the same server as one shell line for another node (``rlzoo serve-rollouts``), built by the
-same :func:`~rlzoo.engines.vllm_server.options.server_arguments`.
+same :func:`~rlzoo.engines.vllm_server.options.server_arguments`. Servers on a Ray cluster
+(:mod:`rlzoo.engines.vllm_server.ray_pool`) are these servers too, each started by an actor on its node
+(``detached``), and :func:`launch` / :func:`wait_healthy` take the trainer's handles on them as they take launched ones.
 
 Reference: TRL's ``trl vllm-serve`` (a server the trainer reaches over HTTP); vLLM's own server tests start
 ``vllm serve`` as a subprocess and poll ``/health`` the same way.
@@ -29,15 +31,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Protocol
 
 from rlzoo.engines.base import EngineContext
 from rlzoo.engines.vllm.lora import CPU_MOE_LORA_ENV
 from rlzoo.engines.vllm_server.adapters import lora_arguments
 from rlzoo.engines.vllm_server.client import ServerClient
 from rlzoo.engines.vllm_server.gloo_group import free_port
-from rlzoo.engines.vllm_server.options import SERVER_ENV, LaunchParams, server_arguments
+from rlzoo.engines.vllm_server.options import SERVER_ENV, LaunchParams, ServerParams, server_arguments
+from rlzoo.engines.vllm_server.supervise import others_alive
 from rlzoo.errors import RlzooError
 
 logger = logging.getLogger(__name__)
@@ -57,17 +62,45 @@ def node_command(launch: LaunchParams, model: str, dtype: str, seed: int, port: 
     return f"{env} {shlex.join(server_arguments(launch, model, dtype, seed, port, python='python'))}"
 
 
+class StartedServer(Protocol):
+    """What :func:`launch` and :func:`wait_healthy` start and watch: a :class:`LaunchedServer`, or the trainer's
+    handle on a server a Ray actor starts on its node (:class:`rlzoo.engines.vllm_server.ray_pool.RayServer`)."""
+
+    index: int
+    port: int | None
+    log_path: Path
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def alive(self) -> bool: ...
+
+    def failed_start(self) -> RlzooError: ...
+
+    def stop(self) -> None: ...
+
+
 class PortTaken(RlzooError):
     """The server could not bind its port (another process took it between the choice and the bind)."""
 
 
 class LaunchedServer:
-    """Server ``index`` of ``launch``, serving ``context``'s model; its log in ``log_dir``."""
+    """Server ``index`` of ``launch``, serving ``context``'s model; its log in ``log_dir``. ``detached``: its
+    supervisor is no child of this process (a Ray actor's server: ``supervise --detach``), so it is watched and
+    stopped through its process group alone."""
 
     def __init__(
-        self, index: int, launch: LaunchParams, context: EngineContext, log_dir: Path, port: int | None = None
+        self,
+        index: int,
+        launch: ServerParams,
+        context: EngineContext,
+        log_dir: Path,
+        port: int | None = None,
+        detached: bool = False,
     ):
-        self.index, self.launch, self.context = index, launch, context
+        self.index, self.launch, self.context, self.detached = index, launch, context, detached
         self.log_path = log_dir / f"server_{index}.log"
         self.port = port
         self.process: subprocess.Popen | None = None
@@ -78,12 +111,13 @@ class LaunchedServer:
 
     def start(self) -> None:
         """Start the server (returns at once; :meth:`wait_healthy` waits), on ``port`` or a free one."""
+        assert self.launch.host is not None  # a Ray server's node sets it
         if self.port is None:
             self.port = free_port(self.launch.host)
         env = {**os.environ, **SERVER_ENV}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        if self.launch.devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.launch.devices[self.index]
+        if isinstance(self.launch, LaunchParams) and self.launch.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.launch.devices[self.index]  # a Ray server's: its actor's, from Ray
         lora = None
         if self.context.sends_adapters and self.context.lora is not None:
             lora = lora_arguments(self.context.lora)
@@ -96,16 +130,29 @@ class LaunchedServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n--- rlzoo: {' '.join(command)}\n".encode())
             log.flush()
+            detach = ["--detach"] if self.detached else []
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rlzoo.engines.vllm_server.supervise", str(os.getpid()), "--", *command],
+                [
+                    sys.executable,
+                    "-m",
+                    "rlzoo.engines.vllm_server.supervise",
+                    *detach,
+                    str(os.getpid()),
+                    "--",
+                    *command,
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
             )
+        if self.detached:
+            self.process.wait(60)  # it forks the supervisor and exits: reaped here, its PID stays the group's id
 
     def alive(self) -> bool:
+        if self.detached:
+            return self.process is not None and others_alive(self.process.pid)
         return self.process is not None and self.process.poll() is None
 
     def failed_start(self) -> RlzooError:
@@ -122,6 +169,9 @@ class LaunchedServer:
         """SIGTERM to the server's process group, SIGKILL after 15 s; the supervisor reaped."""
         process, self.process = self.process, None
         if process is None:
+            return
+        if self.detached:
+            _stop_group(process.pid)
             return
         for signum, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
             try:
@@ -141,6 +191,20 @@ class LaunchedServer:
         process.poll()
 
 
+def _stop_group(group: int) -> None:
+    """SIGTERM to ``group`` (its supervisor passes it on), SIGKILL after 15 s; returns once none of it runs."""
+    for signum, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(group, signum)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while others_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not others_alive(group):
+            return
+
+
 def _group_alive(group: int) -> bool:
     try:
         os.killpg(group, 0)
@@ -149,8 +213,9 @@ def _group_alive(group: int) -> bool:
     return True
 
 
-def wait_healthy(servers: list[LaunchedServer], timeout_s: float) -> None:
-    """Until every server answers ``/health``, a progress line every 15 s; a server that exits is an error."""
+def wait_healthy(servers: Sequence[StartedServer], timeout_s: float, at: str = "rollout.engine.launch") -> None:
+    """Until every server answers ``/health``, a progress line every 15 s; a server that exits is an error.
+    ``at``: the servers' options in the config, for the messages."""
     started, told = time.monotonic(), 0.0
     waiting = list(servers)
     clients = {id(s): ServerClient(s.url, 5.0) for s in servers}
@@ -165,8 +230,7 @@ def wait_healthy(servers: list[LaunchedServer], timeout_s: float) -> None:
             if waiting and elapsed > timeout_s:
                 names = ", ".join(f"{s.index} ({s.url}, log {s.log_path})" for s in waiting)
                 raise RlzooError(
-                    f"rollout.engine.launch.startup_timeout_s: rollout server(s) {names} did not answer "
-                    f"/health within {timeout_s:g} s"
+                    f"{at}.startup_timeout_s: rollout server(s) {names} did not answer /health within {timeout_s:g} s"
                 )
             if waiting and elapsed - told >= 15.0:
                 told = elapsed
@@ -182,13 +246,13 @@ def wait_healthy(servers: list[LaunchedServer], timeout_s: float) -> None:
             client.close()
 
 
-def launch(servers: list[LaunchedServer], timeout_s: float) -> None:
+def launch(servers: Sequence[StartedServer], timeout_s: float, at: str = "rollout.engine.launch") -> None:
     """Start ``servers`` and wait until all are healthy; one whose port was taken starts again on another port."""
     for server in servers:
         server.start()
     for attempt in range(PORT_TRIES):
         try:
-            wait_healthy(servers, timeout_s)
+            wait_healthy(servers, timeout_s, at)
             return
         except PortTaken as taken:
             if attempt + 1 == PORT_TRIES:

@@ -1,18 +1,20 @@
 """The ``vllm-server`` engine's options (``rollout.engine``): where its servers come from and how they are called.
 
 Exactly one of ``launch`` (rlzoo starts the servers as child processes, :mod:`rlzoo.engines.vllm_server.launcher`),
-``servers`` (URLs of servers started elsewhere) or ``ray`` (not implemented yet: refused by the start-up check). The
-launch options reuse the in-process engine's names (``kv_cache_memory_bytes``, ``max_model_len``,
+``servers`` (URLs of servers started elsewhere) or ``ray`` (rlzoo places the servers on a running Ray cluster,
+:mod:`rlzoo.engines.vllm_server.ray_pool`). ``launch`` and ``ray`` start the same server and share its options
+(:class:`ServerParams`), which reuse the in-process engine's names (``kv_cache_memory_bytes``, ``max_model_len``,
 ``tensor_parallel_size``, ``gpu_memory_utilization``), so its rules (:mod:`rlzoo.engines.vllm.limits`) apply as
 they are. :func:`server_arguments` and :data:`SERVER_ENV` are the command line and environment of one server: what
-the launcher runs and what ``rlzoo serve-rollouts`` prints for another node (one list of flags for both).
+the launcher runs (on this machine or, for ``ray``, on a node) and what ``rlzoo serve-rollouts`` prints for another
+node (one list of flags for all three).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -20,14 +22,8 @@ import rlzoo.interfaces
 from rlzoo.engines.vllm_server.gloo_group import BACKEND
 
 
-# VllmServerRolloutEngine.Params.launch; no docstring, so its schema has no description
-class LaunchParams(rlzoo.interfaces.Params):
-    count: int = Field(1, ge=1, description="servers to start on this machine (with devices: one per entry)")
-    devices: list[str] | None = Field(
-        None,
-        description="per server, the CUDA_VISIBLE_DEVICES it gets (e.g. ['0,1', '2,3']); each entry names "
-        "tensor_parallel_size devices. null: the servers inherit this process's devices (CPU: none)",
-    )
+# what launch and ray share: one server's vLLM options; no docstring, so its schema has no description
+class ServerParams(rlzoo.interfaces.Params):
     tensor_parallel_size: int = Field(1, ge=1, description="devices one server shards the policy over")
     kv_cache_memory_bytes: int = Field(64 * 2**20, gt=0, description="KV cache size in bytes (always explicit on CPU)")
     gpu_memory_utilization: float | None = Field(
@@ -35,10 +31,47 @@ class LaunchParams(rlzoo.interfaces.Params):
     )
     max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens; null: the model's own")
     enable_prefix_caching: bool = Field(False, description="reuse KV blocks of shared prompt prefixes")
-    host: str = Field("127.0.0.1", description="the address the servers listen on")
+    host: str | None = Field("127.0.0.1", description="the address the servers listen on")
     startup_timeout_s: float = Field(900.0, gt=0, description="seconds a server may take to answer /health")
     restarts: int = Field(2, ge=0, description="times a server that died is restarted (its requests resubmitted)")
     extra_args: list[str] = Field([], description="further arguments of vLLM's api_server, passed as they are")
+
+
+# VllmServerRolloutEngine.Params.launch
+class LaunchParams(ServerParams):
+    count: int = Field(1, ge=1, description="servers to start on this machine (with devices: one per entry)")
+    devices: list[str] | None = Field(
+        None,
+        description="per server, the CUDA_VISIBLE_DEVICES it gets (e.g. ['0,1', '2,3']); each entry names "
+        "tensor_parallel_size devices. null: the servers inherit this process's devices (CPU: none)",
+    )
+    host: str = Field("127.0.0.1", description="the address the servers listen on")
+
+
+# VllmServerRolloutEngine.Params.ray (rlzoo.engines.vllm_server.ray_pool)
+class RayParams(ServerParams):
+    address: str = Field(
+        description="the running Ray cluster to place the servers on (host:port of its head, as `ray start --head "
+        "--port PORT` printed; or auto): rlzoo connects to it and never starts or stops it"
+    )
+    count: int = Field(1, ge=1, description="servers to place on the cluster")
+    num_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="GPUs one server reserves (0 or tensor_parallel_size); null: tensor_parallel_size when the "
+        "cluster has GPUs, else 0",
+    )
+    num_cpus: float = Field(1.0, gt=0, description="CPUs one server reserves")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="how Ray places the servers' bundles (one per server, on one node) across nodes: PACK (few "
+        "nodes), SPREAD (many), STRICT_PACK (one node), STRICT_SPREAD (one server per node)",
+    )
+    host: str | None = Field(
+        None,
+        description="the address each server listens on: null: its node's address as Ray knows it; 127.0.0.1 "
+        "for a cluster of this machine only",
+    )
 
 
 # VllmServerRolloutEngine.Params, the engine's options (rollout.engine)
@@ -49,7 +82,10 @@ class Params(rlzoo.interfaces.Params):
         description="base URLs of servers started elsewhere (http://host:port), each with "
         "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"rlzoo-gloo\"}'",
     )
-    ray: dict[str, Any] | None = Field(None, description="servers on a Ray cluster: not implemented yet (refused)")
+    ray: RayParams | None = Field(
+        None,
+        description="rlzoo places the servers on a running Ray cluster's nodes (ray extra: pip install 'rlzoo[ray]')",
+    )
     weight_transfer: Literal["gloo"] = Field(
         "gloo",
         description="the backend weights are pushed with: gloo (rlzoo's vLLM plugin; any device). "
@@ -77,7 +113,7 @@ SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def server_arguments(
-    launch: LaunchParams,
+    launch: ServerParams,
     model: str,
     dtype: str,
     seed: int,
@@ -102,7 +138,7 @@ def server_arguments(
         "--seed",
         str(seed),
         "--host",
-        launch.host,
+        launch.host or "",  # None only in a Ray server's options, whose node sets it before its command is built
         "--port",
         str(port),
         "--enforce-eager",

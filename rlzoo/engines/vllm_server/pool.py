@@ -5,7 +5,7 @@ Each prompt group is one ``/v1/completions`` request (``n`` = the group's size) 
 a faster (or less loaded) server takes more groups. Before each request the server's weight version
 (``/weight_info``) is compared with the trainer's: a server that disagrees is refused with an error, never used.
 
-A server that stops answering: one rlzoo launched is restarted (``launch.restarts`` times in all), given the
+A server that stops answering: one rlzoo launched (or placed on a Ray cluster) is restarted (``restarts`` times in all), given the
 trainer's current weights again, and the group is sent again; one started elsewhere is left out for the rest of the
 run and the group goes to another server (``retries`` times), and when none is left the run stops with the error.
 
@@ -65,6 +65,7 @@ class ServerPool:
     ) -> None:
         self.servers, self.retries, self.max_restarts, self.restart = servers, retries, max_restarts, restart
         self.expected_version: str | None = None  # None: the servers' own (before the first push)
+        self.restarts_option = "rollout.engine.launch.restarts"  # the option that limits restarts (ray's too)
         self._choose = threading.Lock()
         self._threads = ThreadPoolExecutor(len(servers) * requests_per_server, thread_name_prefix="rlzoo-rollout")
 
@@ -117,7 +118,7 @@ class ServerPool:
                 server.dead = True
                 raise RlzooError(
                     f"rollout server {server.url} stopped answering and was restarted "
-                    f"{server.restarts} time(s) already (rollout.engine.launch.restarts): {exc}"
+                    f"{server.restarts} time(s) already ({self.restarts_option}): {exc}"
                 ) from exc
             server.restarts += 1
             logger.warning("rollout server %s stopped answering (%s): restarting it", server.url, exc)

@@ -6,8 +6,9 @@ Token ids in, token ids and raw log-probs out, through vLLM's OpenAI-compatible 
 weight-transfer API with rlzoo's gloo backend, one group for every server (:mod:`rlzoo.engines.vllm_server.weights`),
 each server then reporting the push's version, which every request checks. Under LoRA, when the run sends adapters,
 each sync loads the adapter on every server under a new name instead (:mod:`rlzoo.engines.vllm_server.adapters`).
-Where the servers come from: ``launch`` (child processes, :mod:`rlzoo.engines.vllm_server.launcher`) or ``servers``
-(URLs); ``ray`` is refused as not implemented yet.
+Where the servers come from: ``launch`` (child processes, :mod:`rlzoo.engines.vllm_server.launcher`), ``ray``
+(placed on a running Ray cluster's nodes, :mod:`rlzoo.engines.vllm_server.ray_pool`; treated as launched servers
+from then on) or ``servers`` (URLs).
 
 What this engine does not do yet, each refused before the run by the capability it declares (the start-up check
 names the field): recording MoE routing (R3), partial rollouts (``rollout.partial``), one engine per rank
@@ -15,9 +16,9 @@ names the field): recording MoE routing (R3), partial rollouts (``rollout.partia
 prompt as the in-process engine derives them, so a server's samples are reproducible for a given pool, but not
 bitwise the in-process engine's.
 
-Launch mode keeps a host copy of the last pushed weights, so that a server restarted after it died (its requests
-sent again) gets the trainer's current weights (or adapter) before it serves again; a push that did not complete on
-a launched server restarts it the same way (its weights are half loaded: never resumed).
+Launch and Ray modes keep a host copy of the last pushed weights, so that a server restarted after it died (its
+requests sent again) gets the trainer's current weights (or adapter) before it serves again; a push that did not
+complete on such a server restarts it the same way (its weights are half loaded: never resumed).
 """
 
 from __future__ import annotations
@@ -34,20 +35,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
-from rlzoo.engines.vllm import limits
 from rlzoo.engines.vllm_server import checks, options
 from rlzoo.engines.vllm_server.adapters import ServerAdapters
 from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
+from rlzoo.engines.vllm_server.describe import pool_lines
 from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch, node_command
 from rlzoo.engines.vllm_server.pool import Server, ServerPool
 from rlzoo.engines.vllm_server.weights import GroupPushError, WeightGroup
 from rlzoo.errors import RlzooError
 from rlzoo.interfaces import Problem, RunFacts
-from rlzoo.models.memory import ModelShape, RolloutMemory, policy_bytes
-from rlzoo.util.units import format_bytes, parse_bytes
+from rlzoo.models.memory import ModelShape, RolloutMemory
 
 if TYPE_CHECKING:
     from rlzoo.config.schema import RunConfig
+    from rlzoo.engines.vllm_server.ray_pool import RayPool
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,11 @@ class VllmServerRolloutEngine(RolloutEngine):
         self.adapters: ServerAdapters | None = None  # when the run sends LoRA adapters
         self._lock = threading.RLock()  # a push never runs beside a generation (a producer thread's)
         self._at_exit = False
+        self.ray_pool: RayPool | None = None  # ray: the placement group and the servers' actors
+        # the options that start servers (launch or ray) and their place in the config, for messages
+        self.source: options.ServerParams | None = self.params.launch or self.params.ray
+        self.source_at = f"rollout.engine.{'ray' if self.params.ray is not None else 'launch'}"
+        self.context_option = f"{self.source_at.rpartition('.')[2]}.max_model_len"
 
     # -- the start-up check ---------------------------------------------------------------------------------------
 
@@ -86,7 +92,7 @@ class VllmServerRolloutEngine(RolloutEngine):
         return checks.adapter_problem(self.params, targets)
 
     def context_tokens(self) -> int | None:
-        return self.params.launch.max_model_len if self.params.launch is not None else None
+        return self.source.max_model_len if self.source is not None else None
 
     def memory(self, config: RunConfig, shape: ModelShape, world: int) -> RolloutMemory:
         """Nothing on the trainer's devices; the pool's placement and each server's memory (``pool``, lines that
@@ -100,21 +106,15 @@ class VllmServerRolloutEngine(RolloutEngine):
 
     def start(self, context: EngineContext) -> None:
         self.context, p = context, self.params
-        if p.ray is not None:
-            raise RlzooError("rollout.engine.ray: servers on a Ray cluster are not implemented yet")
         launched: list[LaunchedServer | None]
-        if p.launch is not None:
-            count = len(p.launch.devices) if p.launch.devices else p.launch.count
+        if p.servers is None:
             log_dir = (context.run_dir or Path(tempfile.mkdtemp(prefix="rlzoo-servers-"))) / "rollout_servers"
-            launched = [LaunchedServer(i, p.launch, context, log_dir) for i in range(count)]
             atexit.register(self.close)
             self._at_exit = True
             try:
-                launch([s for s in launched if s is not None], p.launch.startup_timeout_s)
+                launched = list(self._start_servers(context, log_dir))
             except BaseException:  # an error, or SIGINT / SIGTERM while waiting: none is left running
-                self.close_servers(launched)
-                atexit.unregister(self.close)
-                self._at_exit = False
+                self.close()
                 raise
             urls = [s.url for s in launched if s is not None]
         else:
@@ -123,20 +123,36 @@ class VllmServerRolloutEngine(RolloutEngine):
         servers = [Server(ServerClient(url, p.request_timeout_s), s) for url, s in zip(urls, launched, strict=True)]
         self.group = WeightGroup(p.trainer_address, p.transfer_timeout_s)
         if context.sends_adapters:  # the run's one rule (rlzoo.engines.lora.sends_adapters)
-            self.adapters = ServerAdapters(
-                Path(p.adapter_folder) if p.servers is not None and p.adapter_folder else None
-            )
-        restarts = p.launch.restarts if p.launch is not None else 0
+            self.adapters = ServerAdapters(Path(p.adapter_folder) if p.launch is None and p.adapter_folder else None)
+        restarts = self.source.restarts if self.source is not None else 0
         self.pool = ServerPool(servers, p.requests_per_server, p.retries, restarts, self._restart)
+        self.pool.restarts_option = f"{self.source_at}.restarts"
         try:
             if p.servers is not None:
                 self._push_start_weights(context.model_dir)
-            else:  # launched from model_dir: the version they all report now (vLLM's initial one)
+            else:  # started from model_dir: the version they all report now (vLLM's initial one)
                 reported = {server.client.weight_version() for server in servers}
                 self.pool.expected_version = reported.pop() if len(reported) == 1 else None
         except BaseException:
             self.close()  # the run closes only an engine that started
             raise
+
+    def _start_servers(self, context: EngineContext, log_dir: Path) -> list[LaunchedServer]:
+        """Start the servers of ``launch`` (here) or ``ray`` (on the cluster), each answering ``/health``."""
+        p = self.params
+        if p.ray is not None:
+            from rlzoo.engines.vllm_server.ray_pool import RayPool  # Ray is imported there, and only when used
+
+            self.ray_pool = RayPool(p.ray, context, log_dir, p.trainer_address)
+            return self.ray_pool.start()  # type: ignore[return-value]  # RayServer stands for a LaunchedServer
+        count = len(p.launch.devices) if p.launch.devices else p.launch.count
+        launched = [LaunchedServer(i, p.launch, context, log_dir) for i in range(count)]
+        try:
+            launch(launched, p.launch.startup_timeout_s)
+        except BaseException:
+            self.close_servers(launched)
+            raise
+        return launched
 
     def _check_reachable(self, urls: list[str]) -> None:
         """Every named server answers ``/health`` now: before any training, one line naming the first that does not."""
@@ -152,7 +168,7 @@ class VllmServerRolloutEngine(RolloutEngine):
                 client.close()
 
     def _restart(self, server: Server) -> None:
-        """A launched server that died: started again and given the trainer's current weights (or adapter)."""
+        """A launched (or Ray) server that died: started again and given the trainer's current weights (or adapter)."""
         self._relaunch([server])
         if self.adapters is not None:
             self.adapters.catch_up(server.client, str(self.version))
@@ -163,17 +179,17 @@ class VllmServerRolloutEngine(RolloutEngine):
         """Stop ``servers`` for good (each its whole process group) and start them again, each on its port."""
         for server in servers:
             server.launched.stop()
-        launch([s.launched for s in servers], self.params.launch.startup_timeout_s)
+        launch([s.launched for s in servers], self.source.startup_timeout_s, self.source_at)
         for server in servers:  # a new client: the weight group sees a new member and is joined afresh
             server.client.close()
             server.client = ServerClient(server.launched.url, self.params.request_timeout_s)
 
     def _count_restart(self, server: Server, exc: Exception) -> None:
         """One more restart of ``server`` after ``exc``; past ``launch.restarts`` the run stops."""
-        if server.restarts >= self.params.launch.restarts:
+        if server.restarts >= self.source.restarts:
             raise RlzooError(
                 f"rollout server {server.url} failed: {exc} (restarted {server.restarts} time(s) already, "
-                "rollout.engine.launch.restarts)"
+                f"{self.source_at}.restarts)"
             ) from exc
         server.restarts += 1
 
@@ -182,17 +198,19 @@ class VllmServerRolloutEngine(RolloutEngine):
         if self._at_exit:
             atexit.unregister(self.close)
             self._at_exit = False
-        if pool is None:
-            return
-        pool.close()
-        for server in pool.servers:
-            server.client.close()
-        if self.group is not None:
-            self.group.close()
-        if self.adapters is not None:
-            self.adapters.close()
-            self.adapters = None
-        self.close_servers([s.launched for s in pool.servers])
+        if pool is not None:
+            pool.close()
+            for server in pool.servers:
+                server.client.close()
+            if self.group is not None:
+                self.group.close()
+            if self.adapters is not None:
+                self.adapters.close()
+                self.adapters = None
+            self.close_servers([s.launched for s in pool.servers])
+        ray_pool, self.ray_pool = self.ray_pool, None
+        if ray_pool is not None:  # also when the start failed: the actors and the placement group, never the cluster
+            ray_pool.close()
 
     @staticmethod
     def close_servers(launched: list[LaunchedServer | None]) -> None:
@@ -233,7 +251,7 @@ class VllmServerRolloutEngine(RolloutEngine):
 
     def _push_all(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         dtype = getattr(torch, self.context.dtype)
-        keep = self.params.launch is not None  # a restarted server needs them again
+        keep = self.source is not None  # a restarted server needs them again
         weights = [(name, t.detach().to("cpu", dtype=dtype, copy=keep)) for name, t in named_tensors]
         with self._lock:
             self._push_group(self.pool.servers, weights, str(version))
@@ -336,43 +354,10 @@ def node_command_for(engine: RolloutEngine, config: RunConfig, model: str, host:
             f"rollout.engine: serve-rollouts prints the command of a vllm-server engine's server, not of "
             f"{engine.name!r} (set rollout.engine: {{name: vllm-server, servers: [...]}})"
         )
-    launch = (engine.params.launch or options.LaunchParams()).model_copy(update={"host": host})
+    source = engine.source  # launch's or ray's server options (the same server); their defaults for servers
+    shared = source.model_dump(include=set(options.ServerParams.model_fields) - {"host"}) if source else {}
+    launch = options.LaunchParams(**shared, host=host)
     return node_command(launch, model, config.model.dtype, config.seed, port)
-
-
-def pool_lines(p: options.Params, config: RunConfig, shape: ModelShape) -> tuple[str, ...]:
-    """Where the servers are and what each holds: per device, the in-process engine's rule
-    (:func:`rlzoo.engines.vllm.limits.rollout_memory`: the weights split over ``tensor_parallel_size`` devices, plus
-    the KV cache, or ``gpu_memory_utilization`` of the device). Servers started elsewhere: their tensor parallelism is
-    not in the config, so the weights per device for the sizes one would choose (to pick one that fits)."""
-    weights = policy_bytes(config, shape)
-    if p.launch is None:
-        where = f"{len(p.servers)} started elsewhere ({', '.join(p.servers)})" if p.servers else "on a Ray cluster"
-        sizes = ", ".join(f"{tp}: {format_bytes(weights // tp)}" for tp in (1, 2, 4, 8))
-        return (
-            f"rollout pool (rollout.engine vllm-server), on devices of its own: {where}",
-            f"  per server: weights {format_bytes(weights)} ({config.model.dtype}), the KV cache it was started with",
-            f"  weights per device by the servers' --tensor-parallel-size {sizes}",
-        )
-    launch = p.launch
-    count = len(launch.devices) if launch.devices else launch.count
-    per_device = limits.rollout_memory(launch, config, shape)  # LaunchParams: the in-process options' names
-    if launch.gpu_memory_utilization is not None:
-        budget = f"{launch.gpu_memory_utilization:g} x its memory (gpu_memory_utilization): weights "
-        budget += format_bytes(per_device.weights)
-        device = parse_bytes(config.trainer.device_memory) if config.trainer.device_memory else None
-        if device:  # the pool's GPUs are not named in the config: say what a device like the trainer's leaves
-            kv = int(launch.gpu_memory_utilization * device) - per_device.weights
-            budget += f", KV cache {format_bytes(kv)} on a {format_bytes(device)} device (trainer.device_memory)"
-    else:
-        budget = f"{format_bytes(per_device.bytes)}: weights {format_bytes(per_device.weights)} + KV cache "
-        budget += format_bytes(launch.kv_cache_memory_bytes)
-    devices = " | ".join(launch.devices) if launch.devices else "not named (this machine's, inherited)"
-    return (
-        f"rollout pool (rollout.engine.launch), on devices of its own: {count} server(s), tensor_parallel_size "
-        f"{launch.tensor_parallel_size}, devices {devices}",
-        f"  per server: weights {format_bytes(weights)} ({config.model.dtype}); per device of a server: {budget}",
-    )
 
 
 def _generation(prompt: list[int], completion: Completion, eos: int) -> Generation:

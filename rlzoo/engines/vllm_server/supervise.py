@@ -8,11 +8,18 @@ the trainer is gone (killed with SIGKILL, no ``finally`` run), or on SIGTERM / S
 (SIGTERM, then SIGKILL after a grace period). A SIGKILL of vLLM's api_server alone would leave its engine core and
 workers running (seen with vLLM 0.32); ``PR_SET_PDEATHSIG`` is not used because it fires when the *thread* that
 started the child ends, and a server restarted from a pool thread would then die with that thread.
+
+``--detach`` (servers on a Ray cluster, :mod:`rlzoo.engines.vllm_server.ray_pool`): the watched process is a Ray
+actor, and Ray SIGKILLs an actor's direct children when the actor ends (the trainer died, ``ray.kill``), which would
+take this watcher down and leave vLLM's processes running (seen with Ray 2.60). So this process forks the watcher
+and exits at once: the watcher, no child of the actor, stays in the group (whose id is this process's PID), and it
+watches the actor through a pidfd opened before the fork (its PID may be reused; the pidfd's process cannot be).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,12 +38,12 @@ def stop_group(signum: int = signal.SIGTERM) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and _others_alive(group):
+    while time.monotonic() < deadline and others_alive(group):
         time.sleep(0.2)
     os.killpg(group, signal.SIGKILL)  # this process too: the group ends as one
 
 
-def _others_alive(group: int) -> bool:
+def others_alive(group: int) -> bool:
     """Whether a process of ``group`` other than this one is still running (zombies aside), read from /proc."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -53,14 +60,28 @@ def _others_alive(group: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    detach = argv[0] == "--detach"
+    argv = argv[1:] if detach else argv
     trainer, command = int(argv[0]), argv[argv.index("--") + 1 :]
     signal.signal(signal.SIGTERM, lambda *_: stop_group())
     signal.signal(signal.SIGINT, lambda *_: stop_group())
+    try:  # opened before the parent is checked: once it is, the pidfd is the trainer's
+        watched = os.pidfd_open(trainer) if detach else -1
+    except ProcessLookupError:
+        return 1
     if os.getppid() != trainer:  # the trainer died before this process could watch it
         return 1
+    if detach and os.fork():
+        os._exit(0)  # the group's id stays this PID: its members outlive it
+
+    def trainer_gone() -> bool:
+        if detach:  # a pidfd is readable once its process has ended
+            return bool(select.select([watched], [], [], 0)[0])
+        return os.getppid() != trainer
+
     server = subprocess.Popen(command)
     while server.poll() is None:
-        if os.getppid() != trainer:
+        if trainer_gone():
             stop_group()
         time.sleep(0.5)
     stop_group()  # the server ended by itself: what it started goes with it
