@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -33,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from results.make_table import provenance  # noqa: E402 - the repository root on the path first
+from results import sweeps  # noqa: E402 - the repository root on the path first
 from rlzoo.reporting.metrics_log import read_metrics  # noqa: E402
 from rlzoo.sweep.stats import mean_ci  # noqa: E402
 
@@ -73,23 +72,11 @@ def start_model(out: Path) -> Path:
 
 def run_cell(cell: str, start: Path, out: Path) -> int:
     sets = [f"model.path={start}", "cold_start.enabled=false", *CELLS[cell]]  # a path wins over `tiny`
-    command = [sys.executable, "-m", "rlzoo.cli", "ablate", str(BASE_CONFIG), *[x for s in sets for x in ("--set", s)]]
-    command += ["--seeds", str(SEEDS), "--jobs", "1", "--out", str(out / folder(cell)), "--drop-finished-checkpoints"]
-    print(f"== {cell}", flush=True)
-    return subprocess.run(command, cwd=ROOT).returncode
+    return sweeps.run_sweep(BASE_CONFIG, sets, SEEDS, out / folder(cell), cell)
 
 
 def archive_finished(cell: str, out: Path, note: str) -> None:
-    from rlzoo.sweep.jobs import is_finished
-
-    for run_dir in sorted((out / folder(cell)).glob("*/seed*")):
-        target = ARCHIVE / folder(cell) / run_dir.name
-        if not is_finished(run_dir) or (target / "metrics.jsonl").is_file():
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.yaml", "metrics.jsonl"):
-            shutil.copyfile(run_dir / name, target / name)
-        (target / "provenance.json").write_text(json.dumps(provenance(note), indent=1) + "\n")
+    sweeps.archive_finished(out / folder(cell), ARCHIVE / folder(cell), note)
 
 
 def run_values(run_dir: Path) -> dict[str, Any]:
@@ -223,7 +210,7 @@ def main() -> int:
         out = Path(args.out).resolve()
         start = start_model(out)
         for cell in CELLS:
-            if len(list((ARCHIVE / folder(cell)).glob("seed*/metrics.jsonl"))) >= SEEDS:
+            if sweeps.archived_seeds(ARCHIVE / folder(cell)) >= SEEDS:
                 continue
             if run_cell(cell, start, out) != 0:
                 failed.append(cell)

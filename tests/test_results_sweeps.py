@@ -1,0 +1,70 @@
+"""What the results scripts share (results/sweeps.py): a cell's ``rlzoo ablate`` command, and which of its runs are
+archived, with what (nothing is trained: the runs are fake folders, the sweep a recorded command)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from results import sweeps  # noqa: E402 - the repository root on the path first
+
+
+def fake_run(sweep: Path, seed: int, finished: bool) -> Path:
+    """A run folder as ``rlzoo ablate`` leaves it: finished when ``metrics.jsonl`` ends with the final evaluation."""
+    run_dir = sweep / "grpo" / f"seed{seed}"
+    (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
+    rows = [{"step": 0, "reward/mean": 0.5}, {"step": 1, "reward/mean": 0.6}]
+    if finished:
+        rows.append({"step": 2, "eval/accuracy": 0.3, "final": 1.0})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "config.yaml").write_text(f"seed: {seed}\n")
+    return run_dir
+
+
+def test_archive_copies_finished_runs_once_with_their_provenance(tmp_path):
+    sweep, archive = tmp_path / "runs" / "grpo_cell", tmp_path / "archive" / "grpo_cell"
+    finished = fake_run(sweep, 0, finished=True)
+    fake_run(sweep, 1, finished=False)
+
+    assert sweeps.archive_finished(sweep, archive, "nothing else ran") == 1
+    assert sorted(p.name for p in archive.iterdir()) == ["seed0"]  # the unfinished run is not archived
+    assert sorted(p.name for p in (archive / "seed0").iterdir()) == ["config.yaml", "metrics.jsonl", "provenance.json"]
+    for name in ("config.yaml", "metrics.jsonl"):
+        assert (archive / "seed0" / name).read_bytes() == (finished / name).read_bytes()
+    provenance = json.loads((archive / "seed0" / "provenance.json").read_text())
+    assert provenance["note"] == "nothing else ran"
+    assert {"archived_at", "machine", "python", "versions", "commit", "load_average_1_5_15"} <= set(provenance)
+    assert sweeps.archived_seeds(archive) == 1
+
+    # a second call archives nothing again: the archived run keeps the provenance of when it was archived
+    (archive / "seed0" / "provenance.json").write_text("{}")
+    assert sweeps.archive_finished(sweep, archive, "another note") == 0
+    assert (archive / "seed0" / "provenance.json").read_text() == "{}"
+
+
+def test_archive_of_a_sweep_not_started_is_empty(tmp_path):
+    assert sweeps.archive_finished(tmp_path / "none", tmp_path / "archive", "") == 0
+    assert sweeps.archived_seeds(tmp_path / "archive") == 0
+
+
+def test_a_cells_sweep_is_one_resumable_ablate_call(monkeypatch, capsys, tmp_path):
+    calls = []
+
+    def run(command, cwd):
+        calls.append((command, cwd))
+        return subprocess.CompletedProcess(command, 3)
+
+    monkeypatch.setattr(sweeps.subprocess, "run", run)
+    config, out = tmp_path / "base.yaml", tmp_path / "out"
+    assert sweeps.run_sweep(config, ["a=1", "b=2"], 3, out, "cell") == 3
+    assert sweeps.run_sweep(config, [], 2, out, "row", show_command=True) == 3
+    expected = [sys.executable, "-m", "rlzoo.cli", "ablate", str(config), "--set", "a=1", "--set", "b=2"]
+    expected += ["--seeds", "3", "--jobs", "1", "--out", str(out), "--drop-finished-checkpoints"]
+    assert calls[0] == (expected, ROOT)
+    shown = f"ablate {config} --seeds 2 --jobs 1 --out {out} --drop-finished-checkpoints"
+    assert capsys.readouterr().out == f"== cell\n== row: {shown}\n"
