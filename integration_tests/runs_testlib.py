@@ -1,7 +1,7 @@
-"""What the end-to-end tests share besides fixtures: the tiny main job's fast overrides, a config builder and
-metric checks. A plain module (imported as ``runs_testlib``; pytest puts this folder on ``sys.path``), not
-``conftest``: every test folder has a ``conftest.py``, and which of them ``import conftest`` finds depends on the
-order pytest loaded them in."""
+"""What the end-to-end tests share besides fixtures: the tiny main job's fast overrides (``FAST``, from
+``fast_job.py``), a config builder and metric checks. A plain module (imported as ``runs_testlib``; pytest puts this
+folder on ``sys.path``), not ``conftest``: every test folder has a ``conftest.py``, and which of them
+``import conftest`` finds depends on the order pytest loaded them in."""
 
 from __future__ import annotations
 
@@ -11,29 +11,16 @@ import os
 import time
 from pathlib import Path
 
+from fast_job import FAST
+
 from rlzoo.config.loading import read_yaml
 from rlzoo.config.resolution import build_config
 from rlzoo.reporting.metrics_log import read_metrics
 
-__all__ = ["read_yaml"]  # re-exported: the tests read the example through it
+__all__ = ["FAST", "read_yaml"]  # re-exported: the tests take the fast overrides and read the example through it
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "gspo_tiny_moe.yaml"
-
-# small enough for CI: a 2-layer MoE, a few SFT steps, a few RL steps with 4 prompts x 4 responses, on the
-# in-process engines (tests of vLLM and DeepSpeed select them explicitly)
-FAST = [
-    "rollout.engine={name: hf}",
-    "trainer.engine={name: torch}",
-    "cold_start.steps=40",
-    "cold_start.batch_size=16",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "train.steps=3",
-    "train.eval_every=2",
-    "train.eval_prompts=16",
-    "train.checkpoint_every=2",
-]
 
 
 # a preset whose advantage normalises the reward's named parts one by one (gdpo) needs a verifier that returns them

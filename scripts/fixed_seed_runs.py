@@ -4,7 +4,7 @@ the commit before and after, then compare the folders with ``scripts/compare_met
     python scripts/fixed_seed_runs.py OUT [--repo CHECKOUT] [--cold DIR] [--only NAME ...]
     python scripts/compare_metrics.py OUT_BEFORE OUT_AFTER
 
-Each run is the integration tests' fast main job (``integration_tests/conftest.py`` ``FAST`` on
+Each run is the integration tests' fast main job (``integration_tests/fast_job.py`` ``FAST`` on
 ``examples/gspo_tiny_moe.yaml``, hf rollouts and torch training) with a variant's overrides: ``main`` as is, ``ppo``
 and ``lora`` as ``integration_tests/test_resume.py`` sets them, ``correction`` a rejection correction with importance
 weights (its reports in both the old pass and the loss mask), ``overlap`` (``rollout.overlap: 1``, the batch sampled
@@ -24,18 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = [
-    "rollout.engine={name: hf}",
-    "trainer.engine={name: torch}",
-    "cold_start.steps=40",
-    "cold_start.batch_size=16",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "train.steps=3",
-    "train.eval_every=2",
-    "train.eval_prompts=16",
-    "train.checkpoint_every=2",
-]
+sys.path.insert(0, str(ROOT / "integration_tests"))  # a folder of plain modules, not a package
+
+from fast_job import FAST  # noqa: E402 - the integration tests' folder on the path first
+
 PPO = ["algorithm.preset=ppo", "algorithm.kl_in_reward={name: adaptive, coef: 0.05, target: 0.01, horizon: 100}"]
 LORA = [
     "model.lora={rank: 4, alpha: 16, target_modules: [q_proj, v_proj, o_proj, experts.down_proj]}",
