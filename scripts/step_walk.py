@@ -25,13 +25,14 @@ From the walk's files in call order, consecutive repeats collapsed:
   after a call down, or a call back up through an injected callable: either way the reader climbs back up).
 
 The layers are the one declared order of ``tests/test_structure.py`` (``LAYERS``, lowest first; docs/architecture.md,
-"The layout: layers, lowest first", lists the same), copied below and held equal to it by ``tests/test_step_walk.py``;
-the plugins sit above the whole core (they import its public API, never the other way).
+"The layout: layers, lowest first", lists the same), read from that file; the plugins sit above the whole core (they
+import its public API, never the other way).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import sys
 import tempfile
@@ -47,30 +48,24 @@ CORE = ROOT / "rlzoo"
 PLUGIN_ROOTS = {ROOT / "estimators": "estimators", ROOT / "verifiers": "verifiers"} | {
     p: p.name for p in sorted((ROOT / "plugins").iterdir()) if p.is_dir()
 }
-#: tests/test_structure.py ``LAYERS`` (the one declared order, lowest first; docs/architecture.md's layer table)
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rlzoo.errors", "rlzoo.util"),
-    ("rlzoo.hookspecs",),
-    ("rlzoo.config",),
-    ("rlzoo.runtime.distributed",),
-    ("rlzoo.runtime.checkpoint.files",),
-    ("rlzoo.moe",),
-    ("rlzoo.models",),
-    ("rlzoo.interfaces", "rlzoo.tools"),
-    ("rlzoo.services",),
-    ("rlzoo.component_errors",),
-    ("rlzoo.registry", "rlzoo.local_plugins"),
-    ("rlzoo.config.resolution",),
-    ("rlzoo.engines",),
-    ("rlzoo.episodes",),
-    ("rlzoo.rl",),
-    ("rlzoo.preflight",),
-    ("rlzoo.reporting",),
-    ("rlzoo.runtime",),
-    ("rlzoo.mismatch",),
-    ("rlzoo.sweep",),
-    ("rlzoo.cli", "rlzoo"),
-)
+STRUCTURE_TEST = ROOT / "tests" / "test_structure.py"
+
+
+def declared_layers(path: Path = STRUCTURE_TEST) -> tuple[tuple[str, ...], ...]:
+    """``LAYERS`` as ``tests/test_structure.py`` declares it (lowest first; docs/architecture.md's layer table).
+
+    Read from its source, not imported: importing a test module would put ``tests/`` (not a package) on the path of
+    the step it measures and load pytest; the list is a literal, so its value is the same either way."""
+    for node in ast.parse(path.read_text()).body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == "LAYERS" for t in targets):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{path} declares no LAYERS")
+
+
+LAYERS = declared_layers()
 PLUGIN_LAYER = len(LAYERS)  # above the core: a plugin imports rlzoo's public API, rlzoo never imports a plugin
 #: what is followed: a name -> the class's ``module.qualname`` (matched by name, so an older checkout without the
 #: class runs too)
