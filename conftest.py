@@ -48,3 +48,21 @@ def smollm2_import(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_import) -> Path:
     return smollm2_import[0]
+
+
+#: the default suite's longest files (`--durations` of a fresh-clone run: vLLM server starts, two-rank runs, kill and
+#: resume, the real model), handed to the xdist workers first. `--dist loadfile` deals files out in collection order,
+#: and alphabetical order left these for the end, where one of them ran alone for the last two minutes.
+LONGEST_FIRST = (
+    "integration_tests/test_vllm_server.py",
+    "integration_tests/test_multiprocess.py",
+    "integration_tests/test_vllm_server_lora.py",
+    "integration_tests/test_real_model.py",
+    "integration_tests/test_signals.py",
+    "integration_tests/test_resume.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(os.path.relpath(item.path, config.rootpath)).as_posix(), len(rank)))

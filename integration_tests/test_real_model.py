@@ -104,6 +104,9 @@ def test_router_replay_on_the_dense_model_is_refused(tmp_path, smollm2_dir):
     assert "algorithm.router" in message and "dense" in message
 
 
+# slow (~36 s, three config checks on copies of the real model): the same refusals are unit tests on a tiny model,
+# tests/test_prompts.py (no chat template) and tests/test_bad_configs.py (a vocabulary the tokenizer overruns)
+@pytest.mark.slow
 def test_bad_real_model_folders_are_named(tmp_path, smollm2_dir):
     no_template = copy_model(smollm2_dir, tmp_path / "no-template")
     (no_template / "chat_template.jinja").unlink()
