@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["rollout", "verify", "old_logprobs", "train", "sync"]
 # whole specs, so a config's parameters for another engine never leak into this one
@@ -28,21 +30,10 @@ ENGINES = {
     "torch": "{name: torch}",
     "deepspeed": "{name: deepspeed, zero_stage: 2, moe: deepspeed}",
 }
-# vLLM's own logging at ERROR: its INFO lines would fill the logs of short runs
-# the tiny Qwen3-MoE of the server benchmarks (the main job's shape)
-MOE = dict(
-    architecture="qwen3_moe",
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    intermediate_size=128,
-    moe_intermediate_size=64,
-    num_experts=8,
-    num_experts_per_tok=2,
-)
+#: the tiny Qwen3-MoE of the benchmarks: the main job's model, read from its config so that the two cannot drift apart
+MOE: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "gspo_tiny_moe.yaml").read_text())["model"]["tiny"]
 
+# vLLM's own logging at ERROR: its INFO lines would fill the logs of short runs
 QUIET = {"VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
 
 

@@ -46,20 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import ENGINES, QUIET, ROOT, available  # benchmarks/ is the script's directory, first on sys.path
+from _common import ENGINES, MOE, QUIET, ROOT, available  # benchmarks/ is the script's directory, first on sys.path
 
-TINY_MOE = {  # the main job's model (examples/gspo_tiny_moe.yaml)
-    "architecture": "qwen3_moe",
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 64,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-}
 MODES = ("batched", "per-episode")
 
 
@@ -69,7 +57,7 @@ def build_run_config(args: argparse.Namespace, registry: Any) -> Any:
     data = {
         "seed": 0,
         "output_dir": str(args.work),
-        "model": {"path": None, "dtype": "float32", "tiny": TINY_MOE},
+        "model": {"path": None, "dtype": "float32", "tiny": MOE},
         "task": {"name": "calculator-arithmetic", "digits": 3, "operations": ["*"], "tool_demonstrations": 0.8},
         "episode": {
             "environment": {"name": "tools"},
