@@ -237,6 +237,17 @@ def cmd_serve_verifier(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_verifier(args: argparse.Namespace) -> int:
+    """The config's verifier scored on pairs of a better and a worse response (rlzoo.verifier_check)."""
+    from rlzoo.verifier_check import check, checked_verifier, read_pairs, table
+
+    pairs = read_pairs(Path(args.pairs))
+    verifier = checked_verifier(_load(args), _registry())
+    rows, errors = check(verifier, pairs)
+    print(table(rows, errors, verifier.name))
+    return 0
+
+
 def cmd_serve_rollouts(args: argparse.Namespace) -> int:
     """The command that starts one of the config's vLLM servers (``rollout.engine: vllm-server``) on another node:
     stdout is that one line; how to use it goes to stderr."""
@@ -335,6 +346,7 @@ def parser() -> argparse.ArgumentParser:
         "export": cmd_export,
         "model_import": cmd_model_import,
         "serve_verifier": cmd_serve_verifier,
+        "check_verifier": cmd_check_verifier,
         "serve_rollouts": cmd_serve_rollouts,
         "plot": cmd_plot,
         "mismatch": cmd_mismatch,

@@ -175,6 +175,17 @@ def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) ->
     )
     served.set_defaults(func=commands["serve_verifier"])
 
+    checked = with_config(
+        sub.add_parser(
+            "check-verifier",
+            help="does the config's verifier score the better response of each pair higher? (pairwise accuracy)",
+        )
+    )
+    checked.add_argument(
+        "pairs", help='JSON Lines: {"prompt", "chosen", "rejected"} a line, optional "answer" and "kind"'
+    )
+    checked.set_defaults(func=commands["check_verifier"])
+
     rollouts = with_config(
         sub.add_parser(
             "serve-rollouts",

@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlzoo.runtime",),
     ("rlzoo.mismatch",),  # rlzoo mismatch: a run's set-up (rlzoo.runtime), measured instead of trained
     ("rlzoo.sweep",),
+    ("rlzoo.verifier_check",),  # rlzoo check-verifier: a run's verifier (rlzoo.runtime) scored on labelled pairs
     ("rlzoo.cli", "rlzoo"),
 )
 
