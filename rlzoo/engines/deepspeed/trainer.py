@@ -9,8 +9,8 @@ Processes. In one process the engine sets up a world of one (:mod:`rlzoo.engines
 ``torchrun``/``deepspeed`` every rank starts its own engine with its own share of the batch; DeepSpeed averages the
 gradients over the ranks, so a loss that is a mean over equally sized per-rank shares gives the gradient of the
 global batch. Every method except :meth:`logprobs`-free bookkeeping is a collective: all ranks must call
-``train_step``, ``logprobs`` (when MoE layers are expert-parallel), ``named_weights``, ``save`` and ``load_state``
-in the same order.
+``train_step``, ``logprobs`` (when MoE layers are expert-parallel), ``named_weights`` (at ZeRO-3 an iterator
+gathering one layer per step, which every rank consumes to the end), ``save`` and ``load_state`` in the same order.
 
 DeepSpeed-MoE (``moe: deepspeed``) converts the model's sparse MoE blocks with
 :func:`rlzoo.models.deepspeed_moe.convert_to_deepspeed_moe`: DeepSpeed's expert dispatch (all-to-all over
