@@ -167,6 +167,37 @@ def reload_sync(case: Case) -> None:
     case.engine.llm.reset_prefix_cache()
 
 
+def test_reload_sync_streams_a_lazy_iterator(case, monkeypatch):
+    """``weight_sync: reload`` hands the trainer's iterator to vLLM's layerwise reload as it comes (a ZeRO-3 trainer
+    gathers one layer per step of it): each tensor is taken after vLLM loaded the one before, never all first."""
+    monkeypatch.setattr(case.engine, "_direct_sync", False)
+    sampling = SamplingSettings(n=N, max_new_tokens=MAX_NEW, seed=29)
+    perturb(case.model)
+    taken, loaded_before = [0], []
+    vllm_model = case.engine.llm.collective_rpc(lambda worker: worker.model_runner.model)[0]  # in-process
+    load = vllm_model.load_weights
+
+    def counting_load(weights):
+        def counted():
+            for item in weights:
+                loaded_before.append(taken[0])
+                yield item
+
+        return load(counted())
+
+    monkeypatch.setattr(vllm_model, "load_weights", counting_load)
+
+    def lazy():
+        for item in checkpoint_weights(case.model):
+            taken[0] += 1
+            yield item
+
+    case.engine.sync_weights(lazy())
+    assert "copied_tensors" not in case.engine.last_sync_info
+    assert loaded_before == list(range(1, taken[0] + 1))  # the k-th tensor was taken just before vLLM read it
+    assert max_logp_gap(case.model, flat(case.engine.generate(case.prompts, sampling))) < TOL
+
+
 def test_direct_and_reload_sync_agree_bit_for_bit(case):
     """The direct copies give vLLM exactly the weights the reload path gives: same samples, same log-probs."""
     sampling = SamplingSettings(n=N, max_new_tokens=MAX_NEW, seed=23)

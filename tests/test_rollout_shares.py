@@ -205,3 +205,32 @@ def test_push_weights_reaches_every_ranks_engine_when_each_samples(rank, every_r
     receiver = _Receiver()
     Learner(_Weights(), Dist(rank=rank, world=2)).push_weights(receiver, every_rank=every_rank)
     assert receiver.synced == synced
+
+
+class _LazyCollectiveWeights(TrainingEngine):
+    """A ZeRO-3-like engine: named_weights is a lazy iterator whose every step is a gather all ranks take part in."""
+
+    name = "lazy-collective"
+    collective_weights = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gathered = 0
+
+    def named_weights(self):
+        for name in ("a", "b", "c"):
+            self.gathered += 1
+            yield name, torch.ones(1)
+
+
+@pytest.mark.parametrize("rank, every_rank", [(0, False), (1, False), (1, True)])
+def test_every_rank_steps_through_a_collective_weight_iterator(rank, every_rank):
+    # a rank that receives nothing must still take each gather, or the receiving rank's next one waits forever
+    engine, receiver = _LazyCollectiveWeights(), _Receiver()
+    learner = Learner(engine, Dist(rank=rank, world=2))
+    learner.push_weights(receiver, every_rank=every_rank)
+    assert engine.gathered == 3
+    receives = rank == 0 or every_rank
+    assert receiver.synced == (3 if receives else 0)
+    update = learner.capture_weights(every_rank=every_rank)
+    assert engine.gathered == 6 and (update is not None) == receives

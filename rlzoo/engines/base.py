@@ -229,7 +229,8 @@ class TrainingEngine(Component):
     - ``data_parallel``: trains one model across the processes of a launcher (each rank passes its share of a
       minibatch to :meth:`train_step`; gradients are averaged over ranks). Otherwise the engine is one process.
     - ``collective_weights``: :meth:`named_weights` is a collective (ZeRO-3, expert parallelism): every rank
-      must call it, although only rank 0's rollout engine receives the weights.
+      must call it, although only rank 0's rollout engine receives the weights, and consume it to the end in
+      lockstep (ZeRO-3 gathers one layer per step of the iterator, :mod:`rlzoo.engines.deepspeed.layerwise`).
     - ``trains_values``: can be started with ``EngineContext.head = "value"`` to train a critic: :meth:`values`
       then gives the per-token values and :meth:`train_step`'s ``loss_fn`` receives values instead of log-probs.
     - ``trains_adapters``: can be started with ``EngineContext.lora`` (``model.lora``) to train LoRA adapters only:

@@ -29,7 +29,8 @@ The training engines keep fp32 master weights and run the forward under bf16 aut
     gradients     4 x (shard if s >= 2 else local)
     optimizer     8 x (shard if s >= 1 else local)     AdamW's two moments, fp32
     gathered      ZeRO-3 only: 4 x 2 x the largest module (a decoder layer, the embedding or the output layer),
-                  the one computing and the one prefetched
+                  the one computing and the one prefetched; it also covers the weight push, which gathers one such
+                  module at a time plus the copy of one tensor (:mod:`rlzoo.engines.deepspeed.layerwise`)
     weight_copies bfloat16 only: 2 x the non-expert weights (autocast caches the bf16 cast of every fp32 weight
                   it uses until the forward ends, whatever ZeRO partitions), plus 2 x the expert weights that
                   stay alive: all local experts with ``moe: deepspeed`` (its experts are Linear modules, cached

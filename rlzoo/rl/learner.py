@@ -28,7 +28,7 @@ values) and the weight pushes and captures, where the rollout engine's weight sy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -153,8 +153,11 @@ class Learner:
                 update = WeightsUpdate(adapter=self.engine.adapter(self._adapter_version))  # a CPU copy already
             else:
                 weights = self.engine.named_weights()  # on every rank: a gather of partitioned weights (ZeRO-3)
-                copies = [(name, t.detach().clone()) for name, t in weights] if receives else None
-                update = WeightsUpdate(weights=copies)
+                if receives:
+                    update = WeightsUpdate(weights=[(name, t.detach().clone()) for name, t in weights])
+                else:
+                    _drain(weights)  # each step of it may be a gather the receiving rank waits on
+                    update = None
         return update if receives else None
 
     def push_weights(self, rollout: RolloutEngine, every_rank: bool = False) -> None:
@@ -173,9 +176,19 @@ class Learner:
                 weights = self.engine.named_weights()
                 if receives:
                     rollout.sync_weights(weights)
+                else:
+                    _drain(weights)
 
     def step_metrics(self) -> dict[str, float]:
         """Diagnostics of the rollout batch just trained on (none for a dense policy), and the engines' reports
         since the last call outside the updates (the whole-batch passes, the weight push)."""
         reports, self.reports = self.reports, {}
         return reports
+
+
+def _drain(weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Take part in the gathers of a lazy, collective weight iterator without keeping anything: a ZeRO-3 push gathers
+    one layer per step of the iteration (:mod:`rlzoo.engines.deepspeed.layerwise`), and the ranks that receive
+    nothing must step through it in lockstep with the one that does, or the receiver's next gather waits forever."""
+    for _ in weights:
+        pass

@@ -9,8 +9,8 @@ Processes. In one process the engine sets up a world of one (:mod:`rlzoo.engines
 ``torchrun``/``deepspeed`` every rank starts its own engine with its own share of the batch; DeepSpeed averages the
 gradients over the ranks, so a loss that is a mean over equally sized per-rank shares gives the gradient of the
 global batch. Every method except :meth:`logprobs`-free bookkeeping is a collective: all ranks must call
-``train_step``, ``logprobs`` (when MoE layers are expert-parallel), ``named_weights``, ``save`` and ``load_state``
-in the same order.
+``train_step``, ``logprobs`` (when MoE layers are expert-parallel), ``named_weights`` (at ZeRO-3 an iterator
+gathering one layer per step, which every rank consumes to the end), ``save`` and ``load_state`` in the same order.
 
 DeepSpeed-MoE (``moe: deepspeed``) converts the model's sparse MoE blocks with
 :func:`rlzoo.models.deepspeed_moe.convert_to_deepspeed_moe`: DeepSpeed's expert dispatch (all-to-all over
@@ -284,13 +284,21 @@ class DeepSpeedTrainingEngine(ModuleTrainingEngine):
     # -- weights ---------------------------------------------------------------------------------------------
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """Checkpoint-format weights. A collective under ZeRO-3 and expert parallelism (all ranks call it)."""
+        """Checkpoint-format weights. A collective under ZeRO-3 and expert parallelism (all ranks call it).
+
+        ZeRO-3 (full fine-tuning): a lazy iterator that gathers one decoder layer at a time
+        (:func:`rlzoo.engines.deepspeed.layerwise.layerwise_weights`); every rank must consume it to the end, in
+        lockstep. LoRA's merged weights at ZeRO-3 (refused by :meth:`preflight`) and DeepSpeed-MoE's swapped-back
+        experts (ZeRO 0-2, all blocks swapped at once) keep the whole-model view, as copies."""
+        from rlzoo.engines.deepspeed.layerwise import layerwise_weights
         from rlzoo.engines.lora import merged_weights
         from rlzoo.models.export import checkpoint_weights
 
         weights = merged_weights if self.lora else checkpoint_weights
         if self.params.zero_stage < 3 and self.moe_blocks.in_checkpoint_layout:
             return weights(self.engine.module)  # views of the live (full) parameters, as the torch engine
+        if self.params.zero_stage == 3 and not self.lora:
+            return layerwise_weights(self.engine.module)  # at most one layer gathered at a time
         with hf_model(self.engine, self.placement) as model:
             # copies: gathered ZeRO-3 parameters are released and swapped-in expert tensors dropped on exit
             return [(name, tensor.clone()) for name, tensor in weights(model)]

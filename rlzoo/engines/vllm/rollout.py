@@ -349,9 +349,14 @@ class VLLMRolloutEngine(RolloutEngine):
             raise RuntimeError("VLLMRolloutEngine.sync_weights() before start()")
         started = time.perf_counter()
         dtype = getattr(torch, self.context.dtype)
-        weights = [(name, t.detach().to(dtype=dtype)) for name, t in named_tensors]
-        info = self._copy_weights(weights) if self._direct_sync else None
+        weights: Iterable[tuple[str, torch.Tensor]] = ((name, t.detach().to(dtype=dtype)) for name, t in named_tensors)
+        info = None
+        if self._direct_sync:  # CPU only: it maps every name before writing any, and may fall back to reload
+            weights = list(weights)
+            info = self._copy_weights(weights)
         if info is None:
+            # streamed into vLLM's layerwise reload (in-process: no pickling), one tensor at a time: a ZeRO-3 trainer
+            # gathers one layer per step of the iterator, and no whole copy in the rollout dtype is built here
             info = self.llm.collective_rpc("rlzoo_load_weights", kwargs=dict(weights=weights))[0]
         self.last_sync_info = info
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights

@@ -24,6 +24,12 @@ group of its own for each restarted server kept from then on, would send each te
 which is what one group is for. Gloo connects every pair of ranks: servers on several machines must reach each other,
 not only the trainer.
 
+The trainer's weights arrive as an iterator (a ZeRO-3 trainer gathers one layer per step of it,
+:mod:`rlzoo.engines.deepspeed.layerwise`); :class:`~rlzoo.engines.vllm_server.rollout.VllmServerRolloutEngine` copies
+each tensor to host memory as it comes and hands the list here, so the trainer's device never holds the whole model.
+vLLM accepts several ``/update_weights`` chunks in one update (``Worker.update_weights``: "one weight update chunk");
+one request per push is kept because launched servers need the whole host copy again after a restart anyway.
+
 Reference: ``NCCLTrainerWeightTransferEngine.send_weights`` and ``worker_init_process_group``
 (``vllm/distributed/weight_transfer/nccl_engine.py``, ``nccl_common.py``).
 """
