@@ -71,6 +71,7 @@ def _check(layerwise, whole, record) -> None:
     assert 0 < record["layerwise_peak"] <= record["largest_unit"] < record["total"] / 5
 
 
+@pytest.mark.slow  # the two-process test below makes the same checks on weights split over ranks
 def test_one_process_layer_by_layer_equals_the_whole_gather(model_dir, tokenizer):
     engine = DeepSpeedTrainingEngine(DeepSpeedTrainingEngine.Params(zero_stage=3))
     context = EngineContext(model_dir, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
