@@ -108,6 +108,18 @@ class ServerClient:
             for c in choices
         ]
 
+    def pause_abort(self) -> None:
+        """Stop sampling: vLLM aborts the requests it runs (each answers with ``finish_reason`` ``abort`` and what
+        it sampled so far), queues new ones until :meth:`resume`, and drops its KV / prefix cache."""
+        self.call("POST", "/pause?mode=abort")
+
+    def abort_all(self) -> None:
+        """Abort every request the server holds (``/abort_requests`` without ids), queued ones included."""
+        self.call("POST", "/abort_requests", {})
+
+    def resume(self) -> None:
+        self.call("POST", "/resume")
+
     def weight_version(self) -> str | None:
         return self.call("GET", "/weight_info")["weight_version"]
 

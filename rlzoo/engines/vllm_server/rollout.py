@@ -10,9 +10,10 @@ Where the servers come from: ``launch`` (child processes, :mod:`rlzoo.engines.vl
 (placed on a running Ray cluster's nodes, :mod:`rlzoo.engines.vllm_server.ray_pool`; treated as launched servers
 from then on) or ``servers`` (URLs).
 
+With ``rollout.partial: continue|restart`` a generation follows weight updates in flight: every server paused with
+its requests aborted, the push, resumed, the unfinished responses sent again (:mod:`rlzoo.engines.vllm_server.partial`).
 What this engine does not do yet, each refused before the run by the capability it declares (the start-up check
-names the field): recording MoE routing (R3), partial rollouts (``rollout.partial``), one engine per rank
-(``rollout.per_rank``). Evaluation and multi-turn episodes use :meth:`generate` as any step does. Seeds: one per
+names the field): recording MoE routing (R3), one engine per rank (``rollout.per_rank``). Evaluation and multi-turn episodes use :meth:`generate` as any step does. Seeds: one per
 prompt as the in-process engine derives them, so a server's samples are reproducible for a given pool, but not
 bitwise the in-process engine's.
 
@@ -34,8 +35,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
-from rlzoo.engines.vllm_server import checks, options
+from rlzoo.engines.base import (
+    Adapter,
+    EngineContext,
+    Generation,
+    InFlightUpdates,
+    RolloutEngine,
+    SamplingSettings,
+)
+from rlzoo.engines.vllm_server import checks, options, partial
 from rlzoo.engines.vllm_server.adapters import ServerAdapters
 from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
 from rlzoo.engines.vllm_server.describe import pool_lines
@@ -61,7 +69,7 @@ class VllmServerRolloutEngine(RolloutEngine):
     runs_per_rank = False
     can_record_routing = False
     loads_adapters = True  # through /v1/load_lora_adapter (servers: with adapter_folder)
-    updates_in_flight = False
+    updates_in_flight = True  # /pause?mode=abort, push, /resume, and the unfinished responses sent again (partial.py)
     context_option = "launch.max_model_len"
 
     Params = options.Params
@@ -74,7 +82,10 @@ class VllmServerRolloutEngine(RolloutEngine):
         self._weights: list[tuple[str, torch.Tensor]] | None = None  # launch: the last push, for a restarted server
         self.group: WeightGroup | None = None  # the one gloo group of the trainer and every server
         self.adapters: ServerAdapters | None = None  # when the run sends LoRA adapters
-        self._lock = threading.RLock()  # a push never runs beside a generation (a producer thread's)
+        self._updates: InFlightUpdates | None = None  # rollout.partial: set by follow_updates
+        # a push never runs beside a generation (a producer thread's); under rollout.partial the generation's own
+        # thread pushes, between its requests (re-entered)
+        self._lock = threading.RLock()
         self._at_exit = False
         self.ray_pool: RayPool | None = None  # ray: the placement group and the servers' actors
         # the options that start servers (launch or ray) and their place in the config, for messages
@@ -225,19 +236,55 @@ class VllmServerRolloutEngine(RolloutEngine):
             raise RuntimeError("VllmServerRolloutEngine.generate() before start()")
         eos = self.context.eos_token_id
         with self._lock:  # the adapter named is the one the servers hold until the next sync, which waits for this
-            model = self.adapters.model if self.adapters is not None else SERVED_MODEL
+            if self._updates is not None:  # rollout.partial: loads (this thread, the lock held) between requests
+                return self._generate_following(prompts, sampling, self._updates)
+            model = self._model()
             groups = self.pool.map([self._job(list(p), sampling, index, model) for index, p in enumerate(prompts)])
         return [[_generation(prompt, c, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
 
-    def _job(self, prompt: list[int], sampling: SamplingSettings, index: int, model: str):
-        body = {
+    def _model(self) -> str:
+        return self.adapters.model if self.adapters is not None else SERVED_MODEL
+
+    def _body(self, sampling: SamplingSettings) -> dict:
+        return {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "stop_token_ids": [self.context.eos_token_id],
         }
-        if sampling.seed is not None:  # one seed per prompt, as the in-process engine derives it
-            body["seed"] = (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
+
+    def _seed(self, sampling: SamplingSettings, index: int) -> int | None:
+        """One seed per prompt, as the in-process engine derives it."""
+        return None if sampling.seed is None else (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
+
+    def _job(self, prompt: list[int], sampling: SamplingSettings, index: int, model: str):
+        body = self._body(sampling)
+        if sampling.seed is not None:
+            body["seed"] = self._seed(sampling, index)
         return lambda client: client.complete(prompt, sampling.n, sampling.max_new_tokens, body, model)
+
+    def follow_updates(self, updates: InFlightUpdates | None) -> None:
+        self._updates = updates
+
+    def _generate_following(
+        self, prompts: list[list[int]], sampling: SamplingSettings, updates: InFlightUpdates
+    ) -> list[list[Generation]]:
+        """One request per response, stopped and sent again when newer weights are published (:mod:`.partial`)."""
+        budget = sampling.max_new_tokens
+        groups = partial.responses_for(prompts, sampling.n, [self._seed(sampling, i) for i in range(len(prompts))])
+
+        def job(response: partial.Response, stop: threading.Event):  # after each load: the adapter may be new
+            return partial.sender(response, stop, budget, self._body(sampling), self._model())
+
+        return partial.generate_following(
+            self.pool, groups, updates, budget, self.context.eos_token_id, job, self._reported_now
+        )
+
+    def _reported_now(self) -> str | None:
+        """The weight version every live server reports now: the trainer's last push, or before any the servers'
+        own (asked of one)."""
+        if self.pool.expected_version is not None:
+            return self.pool.expected_version
+        return next(s for s in self.pool.servers if not s.dead).client.weight_version()
 
     # -- weights --------------------------------------------------------------------------------------------------
 
