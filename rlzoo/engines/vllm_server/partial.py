@@ -36,7 +36,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlzoo.engines.base import Generation, InFlightUpdates
+from rlzoo.engines.base import Generation, InFlightUpdates, SamplingSettings
 from rlzoo.engines.vllm_server.client import Completion, ServerClient, ServerError
 from rlzoo.engines.vllm_server.pool import Server, ServerPool
 from rlzoo.errors import RlzooError
@@ -114,9 +114,6 @@ def generation(response: Response) -> Generation:
     )
 
 
-Job = Callable[[Response, threading.Event], Callable]
-
-
 def sender(response: Response, stop: threading.Event, budget: int, body: dict[str, Any], model: str) -> Callable:
     """The pool job (``job(client, reported)``) that sends ``response``'s next request to ``model`` with the sampling
     ``body``, unless ``stop`` is set by then (an update is on its way: it is sent after it); ``(url, reported,
@@ -134,23 +131,27 @@ def sender(response: Response, stop: threading.Event, budget: int, body: dict[st
 
 def generate_following(
     pool: ServerPool,
-    groups: list[list[Response]],
+    prompts: list[list[int]],
+    sampling: SamplingSettings,
+    seeds: list[int | None],
     updates: InFlightUpdates,
-    budget: int,
     eos: int,
-    job: Job,
+    options: Callable[[], tuple[dict[str, Any], str]],
     reported_now: Callable[[], str | None],
     poll_s: float = 0.05,
 ) -> list[list[Generation]]:
-    """Sample ``groups`` on ``pool`` following ``updates`` in flight. ``job(response, stop)``: the pool job that sends
-    ``response``'s next request (built after each load: the adapter to name may have changed) unless ``stop`` is
-    set; it returns ``(url, reported version, completion)`` or ``None`` when not sent. ``reported_now()``: the version string the
-    servers report now (the trainer's after a push)."""
+    """``sampling.n`` generations per prompt on ``pool`` following ``updates`` in flight. ``seeds``: each prompt's
+    (response j: + j); ``options()``: the sampling body and the model to name, asked again after each load (the
+    adapter may be new); ``reported_now()``: the version string the servers report now (the trainer's after a
+    push)."""
+    budget = sampling.max_new_tokens
+    groups = responses_for(prompts, sampling.n, seeds)
     responses = [r for group in groups for r in group]
     known = {reported_now(): updates.version()}
     while todo := [r for r in responses if not r.done]:
         stop = threading.Event()
-        futures = pool.submit([job(r, stop) for r in todo], with_version=True)
+        body, model = options()
+        futures = pool.submit([sender(r, stop, budget, body, model) for r in todo], with_version=True)
         interrupted = _wait_or_pending(futures, updates, poll_s)
         paused: list[Server] = []
         try:

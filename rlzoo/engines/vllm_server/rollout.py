@@ -45,7 +45,7 @@ from rlzoo.engines.base import (
 )
 from rlzoo.engines.vllm_server import checks, options, partial
 from rlzoo.engines.vllm_server.adapters import ServerAdapters
-from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
+from rlzoo.engines.vllm_server.client import SERVED_MODEL, ServerClient, ServerError
 from rlzoo.engines.vllm_server.describe import pool_lines
 from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch, node_command
 from rlzoo.engines.vllm_server.pool import Server, ServerPool
@@ -237,47 +237,36 @@ class VllmServerRolloutEngine(RolloutEngine):
         eos = self.context.eos_token_id
         with self._lock:  # the adapter named is the one the servers hold until the next sync, which waits for this
             if self._updates is not None:  # rollout.partial: loads (this thread, the lock held) between requests
-                return self._generate_following(prompts, sampling, self._updates)
-            model = self._model()
-            groups = self.pool.map([self._job(list(p), sampling, index, model) for index, p in enumerate(prompts)])
-        return [[_generation(prompt, c, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
+                seeds = [self._seed(sampling, i) for i in range(len(prompts))]
+                options = lambda: (self._body(sampling), self._model())  # noqa: E731  # after a load: a new adapter
+                return partial.generate_following(
+                    self.pool, prompts, sampling, seeds, self._updates, eos, options, self._reported_now
+                )
+            body, model, n = self._body(sampling), self._model(), sampling.n
+            jobs = [
+                self._job(list(p), n, sampling.max_new_tokens, body, self._seed(sampling, i), model)
+                for i, p in enumerate(prompts)
+            ]
+            groups = self.pool.map(jobs)
+        return [[c.generation(prompt, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
 
     def _model(self) -> str:
         return self.adapters.model if self.adapters is not None else SERVED_MODEL
 
     def _body(self, sampling: SamplingSettings) -> dict:
-        return {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "stop_token_ids": [self.context.eos_token_id],
-        }
+        return dict(temperature=sampling.temperature, top_p=sampling.top_p, stop_token_ids=[self.context.eos_token_id])
 
     def _seed(self, sampling: SamplingSettings, index: int) -> int | None:
         """One seed per prompt, as the in-process engine derives it."""
         return None if sampling.seed is None else (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
 
-    def _job(self, prompt: list[int], sampling: SamplingSettings, index: int, model: str):
-        body = self._body(sampling)
-        if sampling.seed is not None:
-            body["seed"] = self._seed(sampling, index)
-        return lambda client: client.complete(prompt, sampling.n, sampling.max_new_tokens, body, model)
+    @staticmethod
+    def _job(prompt: list[int], n: int, max_tokens: int, body: dict, seed: int | None, model: str):
+        body = body if seed is None else {**body, "seed": seed}
+        return lambda client: client.complete(prompt, n, max_tokens, body, model)
 
     def follow_updates(self, updates: InFlightUpdates | None) -> None:
         self._updates = updates
-
-    def _generate_following(
-        self, prompts: list[list[int]], sampling: SamplingSettings, updates: InFlightUpdates
-    ) -> list[list[Generation]]:
-        """One request per response, stopped and sent again when newer weights are published (:mod:`.partial`)."""
-        budget = sampling.max_new_tokens
-        groups = partial.responses_for(prompts, sampling.n, [self._seed(sampling, i) for i in range(len(prompts))])
-
-        def job(response: partial.Response, stop: threading.Event):  # after each load: the adapter may be new
-            return partial.sender(response, stop, budget, self._body(sampling), self._model())
-
-        return partial.generate_following(
-            self.pool, groups, updates, budget, self.context.eos_token_id, job, self._reported_now
-        )
 
     def _reported_now(self) -> str | None:
         """The weight version every live server reports now: the trainer's last push, or before any the servers'
@@ -405,11 +394,3 @@ def node_command_for(engine: RolloutEngine, config: RunConfig, model: str, host:
     shared = source.model_dump(include=set(options.ServerParams.model_fields) - {"host"}) if source else {}
     launch = options.LaunchParams(**shared, host=host)
     return node_command(launch, model, config.model.dtype, config.seed, port)
-
-
-def _generation(prompt: list[int], completion: Completion, eos: int) -> Generation:
-    tokens = completion.token_ids
-    if len(completion.logprobs) != len(tokens):
-        raise RlzooError(f"a rollout server returned {len(tokens)} tokens but {len(completion.logprobs)} log-probs")
-    finished = completion.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
-    return Generation(list(prompt), list(tokens), list(completion.logprobs), finished)
