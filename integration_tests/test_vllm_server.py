@@ -238,7 +238,7 @@ class ScriptedUpdate:
 
 def follow_one_update(engine, model_dir, mode: str):
     """Plain generations by ``old`` (long ones: weights moved far from the trained model's short answers), then the
-    same call following one update to ``new``, published a third of the plain call's time into it."""
+    same call following one update to ``new``, published a quarter of the (warm) plain call's time into it."""
     old = moved(model_dir, 0.3)
     new = copy.deepcopy(old)
     with torch.no_grad():
@@ -247,9 +247,10 @@ def follow_one_update(engine, model_dir, mode: str):
     engine.sync_weights(checkpoint_weights(old))
     prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
     sampling = SamplingSettings(n=4, max_new_tokens=40, temperature=1.0, seed=3)
+    engine.generate(prompts, sampling)  # warm: the first call after the servers start is slower (the timing below)
     started = time.monotonic()
     plain = [g for group in engine.generate(prompts, sampling) for g in group]
-    engine.follow_updates(ScriptedUpdate(engine, new, mode, (time.monotonic() - started) / 3))
+    engine.follow_updates(ScriptedUpdate(engine, new, mode, (time.monotonic() - started) / 4))
     try:
         followed = [g for group in engine.generate(prompts, sampling) for g in group]
     finally:
@@ -285,7 +286,7 @@ def test_partial_rollouts_continue_a_response_under_the_weights_pushed_mid_gener
         before = g.versions.count(0)
         assert g.response_ids[:before] == p.response_ids[:before]
     assert versions_logp_gap([old, new], followed) < TOL
-    assert max_logp_gap(old, mixed) > 10 * TOL  # the tokens after the update are not the old weights'
+    assert max_logp_gap(old, [mixed]) > 10 * TOL  # the tokens after the update are not the old weights'
 
 
 def test_partial_rollouts_restart_samples_an_unfinished_response_again_by_the_new_weights(engine, model_dir):
