@@ -215,17 +215,28 @@ def perturbed(model_dir, scale: float = 0.05):
     return model
 
 
-class ScriptedUpdate:
-    """rollout.partial's updates as the producer sees them (rlzoo.engines.InFlightUpdates): one, published
-    ``after_s`` into the generation, which pushes ``model`` to both servers as the trainer's version 1."""
+def generated_tokens(engine) -> float:
+    """Tokens the pool's servers have sampled since they started (vLLM's Prometheus counter, GET /metrics)."""
+    total = 0.0
+    for server in engine.pool.servers:
+        for line in httpx.get(f"{server.url}/metrics", timeout=10.0).text.splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
-    def __init__(self, engine, model, mode: str, after_s: float) -> None:
-        self.engine, self.model, self.mode, self.after_s = engine, model, mode, after_s
-        self.started, self.held = None, 0
+
+class ScriptedUpdate:
+    """rollout.partial's updates as the producer sees them (rlzoo.engines.InFlightUpdates): one, published once the
+    servers have sampled ``after_tokens`` tokens of the generation (their own counter: a clock would land the update
+    before the first token or after the last under a loaded machine's timing), which pushes ``model`` to both
+    servers as the trainer's version 1."""
+
+    def __init__(self, engine, model, mode: str, after_tokens: int) -> None:
+        self.engine, self.model, self.mode, self.after_tokens = engine, model, mode, after_tokens
+        self.start, self.held = generated_tokens(engine), 0
 
     def pending(self) -> bool:
-        self.started = self.started or time.monotonic()
-        return self.held == 0 and time.monotonic() - self.started > self.after_s
+        return self.held == 0 and generated_tokens(self.engine) - self.start >= self.after_tokens
 
     def load(self) -> int:
         self.engine.sync_weights(checkpoint_weights(self.model))
@@ -238,7 +249,7 @@ class ScriptedUpdate:
 
 def follow_one_update(engine, model_dir, mode: str):
     """Plain generations by ``old`` (long ones: weights moved far from the trained model's short answers), then the
-    same call following one update to ``new``, published a quarter of the (warm) plain call's time into it."""
+    same call following one update to ``new``, published once about 4 tokens a response were sampled."""
     old = moved(model_dir, 0.3)
     new = copy.deepcopy(old)
     with torch.no_grad():
@@ -246,11 +257,12 @@ def follow_one_update(engine, model_dir, mode: str):
             p.add_(torch.randn_like(p) * 0.05)
     engine.sync_weights(checkpoint_weights(old))
     prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
-    sampling = SamplingSettings(n=4, max_new_tokens=40, temperature=1.0, seed=3)
-    engine.generate(prompts, sampling)  # warm: the first call after the servers start is slower (the timing below)
-    started = time.monotonic()
+    # long responses (up to 100 tokens; max_model_len 128): a loaded server answers GET /metrics late, so the
+    # update lands well after the counter crossed the mark, and must still land before the responses end
+    sampling = SamplingSettings(n=4, max_new_tokens=100, temperature=1.0, seed=3)
     plain = [g for group in engine.generate(prompts, sampling) for g in group]
-    engine.follow_updates(ScriptedUpdate(engine, new, mode, (time.monotonic() - started) / 4))
+    # published when the responses hold about 4 of their up to 100 tokens each
+    engine.follow_updates(ScriptedUpdate(engine, new, mode, after_tokens=4 * len(plain)))
     try:
         followed = [g for group in engine.generate(prompts, sampling) for g in group]
     finally:

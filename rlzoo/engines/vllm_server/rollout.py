@@ -13,9 +13,9 @@ from then on) or ``servers`` (URLs).
 With ``rollout.partial: continue|restart`` a generation follows weight updates in flight: every server paused with
 its requests aborted, the push, resumed, the unfinished responses sent again (:mod:`rlzoo.engines.vllm_server.partial`).
 What this engine does not do yet, each refused before the run by the capability it declares (the start-up check
-names the field): recording MoE routing (R3), one engine per rank (``rollout.per_rank``). Evaluation and multi-turn episodes use :meth:`generate` as any step does. Seeds: one per
-prompt as the in-process engine derives them, so a server's samples are reproducible for a given pool, but not
-bitwise the in-process engine's.
+names the field): recording MoE routing (R3), one engine per rank (``rollout.per_rank``). Evaluation and multi-turn
+episodes use :meth:`generate` as any step does. Seeds: one per prompt as the in-process engine derives them, so a
+server's samples are reproducible for a given pool, but not bitwise the in-process engine's.
 
 Launch and Ray modes keep a host copy of the last pushed weights, so that a server restarted after it died (its
 requests sent again) gets the trainer's current weights (or adapter) before it serves again; a push that did not
