@@ -12,6 +12,7 @@ started without ``VLLM_SERVER_DEV_MODE``, answers the (slow) test of a server wi
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import socket
@@ -212,6 +213,103 @@ def perturbed(model_dir, scale: float = 0.05):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * scale)
     return model
+
+
+def generated_tokens(engine) -> float:
+    """Tokens the pool's servers have sampled since they started (vLLM's Prometheus counter, GET /metrics)."""
+    total = 0.0
+    for server in engine.pool.servers:
+        for line in httpx.get(f"{server.url}/metrics", timeout=10.0).text.splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class ScriptedUpdate:
+    """rollout.partial's updates as the producer sees them (rlzoo.engines.InFlightUpdates): one, published once the
+    servers have sampled ``after_tokens`` tokens of the generation (their own counter: a clock would land the update
+    before the first token or after the last under a loaded machine's timing), which pushes ``model`` to both
+    servers as the trainer's version 1."""
+
+    def __init__(self, engine, model, mode: str, after_tokens: int) -> None:
+        self.engine, self.model, self.mode, self.after_tokens = engine, model, mode, after_tokens
+        self.start, self.held = generated_tokens(engine), 0
+
+    def pending(self) -> bool:
+        return self.held == 0 and generated_tokens(self.engine) - self.start >= self.after_tokens
+
+    def load(self) -> int:
+        self.engine.sync_weights(checkpoint_weights(self.model))
+        self.held = 1
+        return 1
+
+    def version(self) -> int:
+        return self.held
+
+
+def follow_one_update(engine, model_dir, mode: str):
+    """Plain generations by ``old`` (long ones: weights moved far from the trained model's short answers), then the
+    same call following one update to ``new``, published once about 4 tokens a response were sampled."""
+    old = moved(model_dir, 0.3)
+    new = copy.deepcopy(old)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.sync_weights(checkpoint_weights(old))
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    # long responses (up to 100 tokens; max_model_len 128): a loaded server answers GET /metrics late, so the
+    # update lands well after the counter crossed the mark, and must still land before the responses end
+    sampling = SamplingSettings(n=4, max_new_tokens=100, temperature=1.0, seed=3)
+    plain = [g for group in engine.generate(prompts, sampling) for g in group]
+    # published when the responses hold about 4 of their up to 100 tokens each
+    engine.follow_updates(ScriptedUpdate(engine, new, mode, after_tokens=4 * len(plain)))
+    try:
+        followed = [g for group in engine.generate(prompts, sampling) for g in group]
+    finally:
+        engine.follow_updates(None)
+    assert [s.client.call("GET", "/is_paused")["is_paused"] for s in engine.pool.servers] == [False, False]
+    return plain, followed, old, new
+
+
+@torch.no_grad()
+def versions_logp_gap(models, generations) -> float:
+    """The largest |rollout log-prob - its own version's model's| over every token (``models[v]``: version v's)."""
+    worst = 0.0
+    for g in generations:
+        ids = torch.tensor([g.prompt_ids + g.response_ids])
+        for version, model in enumerate(models):
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            reference = logp.gather(1, ids[0, 1:, None])[:, 0][len(g.prompt_ids) - 1 :]
+            mine = torch.tensor([v == version for v in g.versions])
+            if mine.any():
+                worst = max(worst, (reference - torch.tensor(g.response_logprobs))[mine].abs().max().item())
+    return worst
+
+
+def test_partial_rollouts_continue_a_response_under_the_weights_pushed_mid_generation(engine, model_dir):
+    """Both servers paused with their requests aborted, the push, resumed; each unfinished response continued from
+    its prefix: versions change mid-response, the tokens before the update are plain generate()'s (same seeds), and
+    every token's log-prob is its own version's weights' (a transformers forward of each)."""
+    plain, followed, old, new = follow_one_update(engine, model_dir, "continue")
+    mixed = [g for g in followed if 0 in g.versions and 1 in g.versions]
+    assert mixed, [g.versions for g in followed]
+    assert all(g.versions == sorted(g.versions) and len(g.versions) == len(g.response_ids) for g in followed)
+    for p, g in zip(plain, followed):
+        before = g.versions.count(0)
+        assert g.response_ids[:before] == p.response_ids[:before]
+    assert versions_logp_gap([old, new], followed) < TOL
+    assert max_logp_gap(old, [mixed]) > 10 * TOL  # the tokens after the update are not the old weights'
+
+
+def test_partial_rollouts_restart_samples_an_unfinished_response_again_by_the_new_weights(engine, model_dir):
+    plain, followed, old, new = follow_one_update(engine, model_dir, "restart")
+    assert all(len(set(g.versions)) == 1 for g in followed), [g.versions for g in followed]  # one version each
+    restarted = [g for g in followed if g.versions[0] == 1]
+    assert restarted, [g.versions for g in followed]
+    for p, g in zip(plain, followed):
+        if g.versions[0] == 0:  # finished before the update: plain generate()'s
+            assert (g.response_ids, g.finished) == (p.response_ids, p.finished)
+    assert versions_logp_gap([old, new], followed) < TOL
 
 
 # slow (89-170 s: both servers of the group restart). The default suite keeps a failed push part-way on an external

@@ -73,15 +73,18 @@ def trained_prompts(rows: list[dict]) -> list[Counter]:
 
 
 @pytest.mark.slow  # three runs, each with its own server; default: test_async_end_to_end.py's killed async run
+@pytest.mark.parametrize("partial", ["off", "continue"])
 def test_an_async_run_on_launched_servers_killed_and_resumed_trains_each_prompt_as_often(
-    plugin_path, tmp_path, cold_start_root
+    plugin_path, tmp_path, cold_start_root, partial
 ):
     """``max_staleness: 1``: when the trainer dies, the producer has sampled (or is sampling) the next step's batch
-    ahead; the resumed run samples it again with the checkpoint's weights and trains every step's prompts once."""
+    ahead; the resumed run samples it again with the checkpoint's weights and trains every step's prompts once.
+    With ``rollout.partial: continue`` the batch in flight also takes up each push (servers paused, responses
+    continued): what the resumed run trains on is still each step's prompts, once."""
     config = write_config(
         tmp_path / "run.yaml",
         cold_start_root / "arithmetic",
-        [LAUNCH, "rollout.max_staleness=1", "verifier={name: prompt-ids}"],
+        [LAUNCH, "rollout.max_staleness=1", f"rollout.partial={partial}", "verifier={name: prompt-ids}"],
     )
     expected, actual = (trained_prompts(rows) for rows in killed_and_resumed(tmp_path, config, "--plugin", str(PLUGIN)))
     assert len(expected) == STEPS and all(sum(step.values()) == PROMPTS_PER_STEP for step in expected)

@@ -82,13 +82,20 @@ def test_a_bad_source_of_servers_is_one_problem_naming_its_field(tmp_path, engin
 @pytest.mark.parametrize(
     "sections, field",
     [
-        ({"rollout": {"partial": "continue", "max_staleness": 1}}, "rollout.partial"),
         ({"model": {"lora": {"rank": 1024, "sync": "adapter"}}}, "model.lora.rank"),
     ],
 )
 def test_what_the_engine_cannot_do_is_refused_before_the_run(tmp_path, sections, field):
     found = problems(tmp_path, {"servers": ["http://127.0.0.1:8000"], "adapter_folder": "/shared"}, **sections)
     assert field in fields(found), found
+
+
+@pytest.mark.parametrize("mode", ["continue", "restart"])
+def test_partial_rollouts_pass_the_check(tmp_path, mode):
+    """The engine declares updates_in_flight (/pause?mode=abort, push, /resume: partial.py)."""
+    assert (
+        problems(tmp_path, {"servers": ["http://127.0.0.1:8000"]}, rollout={"partial": mode, "max_staleness": 1}) == []
+    )
 
 
 ADAPTER_SYNC = {"model": {"lora": {"rank": 4, "sync": "adapter"}}}

@@ -224,7 +224,7 @@ class RolloutConfig(Section):
         "off",
         description="with max_staleness: off finishes a generation in flight by the weights it started with; "
         "continue stops it at newer weights, loads them and goes on from each response's prefix; restart samples the "
-        "unfinished responses again (an engine that declares updates_in_flight: hf, vllm)",
+        "unfinished responses again (an engine that declares updates_in_flight: hf, vllm, vllm-server)",
     )
     per_rank: bool = Field(
         True,

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from rlzoo.engines.base import Generation
 from rlzoo.errors import RlzooError
 
 SERVED_MODEL = "policy"  # --served-model-name of a launched server: requests without an adapter name it
@@ -37,6 +38,15 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str | None
+
+    def generation(self, prompt: list[int], eos: int) -> Generation:
+        """The response to ``prompt`` as the engine returns it; finished when it ended at ``eos``."""
+        if len(self.logprobs) != len(self.token_ids):
+            raise RlzooError(
+                f"a rollout server returned {len(self.token_ids)} tokens but {len(self.logprobs)} log-probs"
+            )
+        finished = self.finish_reason == "stop" and bool(self.token_ids) and self.token_ids[-1] == eos
+        return Generation(list(prompt), list(self.token_ids), list(self.logprobs), finished)
 
 
 class ServerClient:
@@ -107,6 +117,18 @@ class ServerClient:
             Completion(list(c["token_ids"]), [float(x) for x in c["logprobs"]["token_logprobs"]], c["finish_reason"])
             for c in choices
         ]
+
+    def pause_abort(self) -> None:
+        """Stop sampling: vLLM aborts the requests it runs (each answers with ``finish_reason`` ``abort`` and what
+        it sampled so far), queues new ones until :meth:`resume`, and drops its KV / prefix cache."""
+        self.call("POST", "/pause?mode=abort")
+
+    def abort_all(self) -> None:
+        """Abort every request the server holds (``/abort_requests`` without ids), queued ones included."""
+        self.call("POST", "/abort_requests", {})
+
+    def resume(self) -> None:
+        self.call("POST", "/resume")
 
     def weight_version(self) -> str | None:
         return self.call("GET", "/weight_info")["weight_version"]

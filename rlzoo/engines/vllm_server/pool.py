@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -71,17 +71,21 @@ class ServerPool:
 
     def map(self, jobs: list[Callable[[ServerClient], T]]) -> list[T]:
         """Each job run against a server of the pool, concurrently; the results in order (the first error raised)."""
-        futures = [self._threads.submit(self._run, job) for job in jobs]
-        return [f.result() for f in futures]
+        return [f.result() for f in self.submit(jobs)]
 
-    def _run(self, job: Callable[[ServerClient], T]) -> T:
+    def submit(self, jobs: list[Callable[..., T]], with_version: bool = False) -> list[Future[T]]:
+        """Each job started against a server of the pool; ``with_version``: called as ``job(client, reported)``,
+        ``reported`` the weight version the server reported just before (checked as always)."""
+        return [self._threads.submit(self._run, job, with_version) for job in jobs]
+
+    def _run(self, job: Callable[..., T], with_version: bool = False) -> T:
         failures = 0
         while True:
             server = self._acquire()
             generation = server.generation
             try:
-                self.check_version(server)
-                result = job(server.client)
+                reported = self.check_version(server, with_version)
+                result = job(server.client, reported) if with_version else job(server.client)
                 server.served += 1
                 return result
             except ServerError as exc:
@@ -125,17 +129,21 @@ class ServerPool:
             self.restart(server)
             server.generation += 1
 
-    def check_version(self, server: Server) -> None:
-        """Refuse ``server`` when its weight version is not the one the trainer pushed last."""
-        if self.expected_version is None:
-            return
+    def check_version(self, server: Server, always: bool = False) -> str | None:
+        """Refuse ``server`` when its weight version is not the one the trainer pushed last; the version it reported
+        (``None`` when nothing was pushed yet, unless asked ``always``)."""
+        if self.expected_version is None and not always:
+            return None
         reported = server.client.weight_version()
+        if self.expected_version is None:
+            return reported
         if reported != self.expected_version:
             raise VersionMismatch(
                 f"rollout server {server.url} reports weight version {reported!r}, the trainer "
                 f"pushed {self.expected_version!r}: refused (another trainer or a restart without "
                 "weights changed it)"
             )
+        return reported
 
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)

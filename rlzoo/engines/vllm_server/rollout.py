@@ -10,11 +10,12 @@ Where the servers come from: ``launch`` (child processes, :mod:`rlzoo.engines.vl
 (placed on a running Ray cluster's nodes, :mod:`rlzoo.engines.vllm_server.ray_pool`; treated as launched servers
 from then on) or ``servers`` (URLs).
 
+With ``rollout.partial: continue|restart`` a generation follows weight updates in flight: every server paused with
+its requests aborted, the push, resumed, the unfinished responses sent again (:mod:`rlzoo.engines.vllm_server.partial`).
 What this engine does not do yet, each refused before the run by the capability it declares (the start-up check
-names the field): recording MoE routing (R3), partial rollouts (``rollout.partial``), one engine per rank
-(``rollout.per_rank``). Evaluation and multi-turn episodes use :meth:`generate` as any step does. Seeds: one per
-prompt as the in-process engine derives them, so a server's samples are reproducible for a given pool, but not
-bitwise the in-process engine's.
+names the field): recording MoE routing (R3), one engine per rank (``rollout.per_rank``). Evaluation and multi-turn
+episodes use :meth:`generate` as any step does. Seeds: one per prompt as the in-process engine derives them, so a
+server's samples are reproducible for a given pool, but not bitwise the in-process engine's.
 
 Launch and Ray modes keep a host copy of the last pushed weights, so that a server restarted after it died (its
 requests sent again) gets the trainer's current weights (or adapter) before it serves again; a push that did not
@@ -34,10 +35,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlzoo.engines.base import Adapter, EngineContext, Generation, RolloutEngine, SamplingSettings
-from rlzoo.engines.vllm_server import checks, options
+from rlzoo.engines.base import (
+    Adapter,
+    EngineContext,
+    Generation,
+    InFlightUpdates,
+    RolloutEngine,
+    SamplingSettings,
+)
+from rlzoo.engines.vllm_server import checks, options, partial
 from rlzoo.engines.vllm_server.adapters import ServerAdapters
-from rlzoo.engines.vllm_server.client import SERVED_MODEL, Completion, ServerClient, ServerError
+from rlzoo.engines.vllm_server.client import SERVED_MODEL, ServerClient, ServerError
 from rlzoo.engines.vllm_server.describe import pool_lines
 from rlzoo.engines.vllm_server.launcher import LaunchedServer, launch, node_command
 from rlzoo.engines.vllm_server.pool import Server, ServerPool
@@ -61,7 +69,7 @@ class VllmServerRolloutEngine(RolloutEngine):
     runs_per_rank = False
     can_record_routing = False
     loads_adapters = True  # through /v1/load_lora_adapter (servers: with adapter_folder)
-    updates_in_flight = False
+    updates_in_flight = True  # /pause?mode=abort, push, /resume, and the unfinished responses sent again (partial.py)
     context_option = "launch.max_model_len"
 
     Params = options.Params
@@ -74,7 +82,10 @@ class VllmServerRolloutEngine(RolloutEngine):
         self._weights: list[tuple[str, torch.Tensor]] | None = None  # launch: the last push, for a restarted server
         self.group: WeightGroup | None = None  # the one gloo group of the trainer and every server
         self.adapters: ServerAdapters | None = None  # when the run sends LoRA adapters
-        self._lock = threading.RLock()  # a push never runs beside a generation (a producer thread's)
+        self._updates: InFlightUpdates | None = None  # rollout.partial: set by follow_updates
+        # a push never runs beside a generation (a producer thread's); under rollout.partial the generation's own
+        # thread pushes, between its requests (re-entered)
+        self._lock = threading.RLock()
         self._at_exit = False
         self.ray_pool: RayPool | None = None  # ray: the placement group and the servers' actors
         # the options that start servers (launch or ray) and their place in the config, for messages
@@ -225,19 +236,44 @@ class VllmServerRolloutEngine(RolloutEngine):
             raise RuntimeError("VllmServerRolloutEngine.generate() before start()")
         eos = self.context.eos_token_id
         with self._lock:  # the adapter named is the one the servers hold until the next sync, which waits for this
-            model = self.adapters.model if self.adapters is not None else SERVED_MODEL
-            groups = self.pool.map([self._job(list(p), sampling, index, model) for index, p in enumerate(prompts)])
-        return [[_generation(prompt, c, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
+            if self._updates is not None:  # rollout.partial: loads (this thread, the lock held) between requests
+                seeds = [self._seed(sampling, i) for i in range(len(prompts))]
+                options = lambda: (self._body(sampling), self._model())  # noqa: E731  # after a load: a new adapter
+                return partial.generate_following(
+                    self.pool, prompts, sampling, seeds, self._updates, eos, options, self._reported_now
+                )
+            body, model, n = self._body(sampling), self._model(), sampling.n
+            jobs = [
+                self._job(list(p), n, sampling.max_new_tokens, body, self._seed(sampling, i), model)
+                for i, p in enumerate(prompts)
+            ]
+            groups = self.pool.map(jobs)
+        return [[c.generation(prompt, eos) for c in group] for prompt, group in zip(prompts, groups, strict=True)]
 
-    def _job(self, prompt: list[int], sampling: SamplingSettings, index: int, model: str):
-        body = {
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "stop_token_ids": [self.context.eos_token_id],
-        }
-        if sampling.seed is not None:  # one seed per prompt, as the in-process engine derives it
-            body["seed"] = (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
-        return lambda client: client.complete(prompt, sampling.n, sampling.max_new_tokens, body, model)
+    def _model(self) -> str:
+        return self.adapters.model if self.adapters is not None else SERVED_MODEL
+
+    def _body(self, sampling: SamplingSettings) -> dict:
+        return dict(temperature=sampling.temperature, top_p=sampling.top_p, stop_token_ids=[self.context.eos_token_id])
+
+    def _seed(self, sampling: SamplingSettings, index: int) -> int | None:
+        """One seed per prompt, as the in-process engine derives it."""
+        return None if sampling.seed is None else (sampling.seed * 1_000_003 + index * sampling.n) % 2**63
+
+    @staticmethod
+    def _job(prompt: list[int], n: int, max_tokens: int, body: dict, seed: int | None, model: str):
+        body = body if seed is None else {**body, "seed": seed}
+        return lambda client: client.complete(prompt, n, max_tokens, body, model)
+
+    def follow_updates(self, updates: InFlightUpdates | None) -> None:
+        self._updates = updates
+
+    def _reported_now(self) -> str | None:
+        """The weight version every live server reports now: the trainer's last push, or before any the servers'
+        own (asked of one)."""
+        if self.pool.expected_version is not None:
+            return self.pool.expected_version
+        return next(s for s in self.pool.servers if not s.dead).client.weight_version()
 
     # -- weights --------------------------------------------------------------------------------------------------
 
@@ -358,11 +394,3 @@ def node_command_for(engine: RolloutEngine, config: RunConfig, model: str, host:
     shared = source.model_dump(include=set(options.ServerParams.model_fields) - {"host"}) if source else {}
     launch = options.LaunchParams(**shared, host=host)
     return node_command(launch, model, config.model.dtype, config.seed, port)
-
-
-def _generation(prompt: list[int], completion: Completion, eos: int) -> Generation:
-    tokens = completion.token_ids
-    if len(completion.logprobs) != len(tokens):
-        raise RlzooError(f"a rollout server returned {len(tokens)} tokens but {len(completion.logprobs)} log-probs")
-    finished = completion.finish_reason == "stop" and bool(tokens) and tokens[-1] == eos
-    return Generation(list(prompt), list(tokens), list(completion.logprobs), finished)
