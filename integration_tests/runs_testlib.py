@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -82,3 +85,47 @@ def wait_gone(group: int, seconds: float) -> list[int]:
     while group_processes(group) and time.monotonic() < deadline:
         time.sleep(0.5)
     return group_processes(group)
+
+
+# what torchrun sets for its workers: a test run from inside a launched process must not hand them down
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+
+
+def torchrun(processes: int, *target: str) -> list[str]:
+    """The command that runs ``target`` (a script and its arguments, or ``-m module ...``) in ``processes``
+    processes on a free port of this machine."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--master_port",
+        str(free_port()),
+        *target,
+    ]
+
+
+def run_two_processes(script: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``script`` under torchrun in two processes (gloo, one thread each); asserts it exited 0.
+
+    Tried twice, each on a fresh port: the port is chosen free, then bound by torchrun, and once in the full suite
+    (vLLM servers starting in the other process) a run failed there and passed alone; a real fault fails twice."""
+    env = {**launcher_env(), "OMP_NUM_THREADS": "1"}
+    for _ in range(2):
+        command = torchrun(2, str(script), *args)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if result.returncode == 0:
+            break
+    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    return result

@@ -22,10 +22,6 @@ at every step, 3 steps); the tolerances below leave a 5-20x margin:
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +31,7 @@ from pydantic import ValidationError
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8)")
 
 import ds_two_process as helper  # noqa: E402  (integration_tests/ is on sys.path: pytest's rootdir-relative import)
+from runs_testlib import run_two_processes  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from rlzoo.config.schema import TinyModelConfig
@@ -339,33 +336,10 @@ TWO_PROCESS_RUNS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_process_results(model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("two_process")
-    launcher_owned = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher_owned}
-    env["OMP_NUM_THREADS"] = "1"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-        str(HELPER),
-        str(model_dir),
-        str(out),
-        json.dumps(TWO_PROCESS_RUNS),
-    ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    run_two_processes(HELPER, str(model_dir), str(out), json.dumps(TWO_PROCESS_RUNS), timeout=400)
     return out
 
 

@@ -9,9 +9,6 @@ where the whole-model gather holds every element. The tiny model has 12 layers s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install
 
 import ds_layerwise as helper  # noqa: E402  (integration_tests/ is on sys.path)
 import ds_two_process  # noqa: E402
+from runs_testlib import run_two_processes  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from rlzoo.config.schema import TinyModelConfig  # noqa: E402
@@ -83,25 +81,7 @@ def test_one_process_layer_by_layer_equals_the_whole_gather(model_dir, tokenizer
 
 
 def test_two_processes_layer_by_layer_equals_the_whole_gather(model_dir, tmp_path):
-    from test_deepspeed_engine import _free_port
-
-    launcher_owned = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher_owned}
-    env["OMP_NUM_THREADS"] = "1"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-        str(HELPER),
-        str(model_dir),
-        str(tmp_path),
-    ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    run_two_processes(HELPER, str(model_dir), str(tmp_path), timeout=400)
     record = json.loads((tmp_path / "record.json").read_text())
     layerwise = load_file(str(tmp_path / "layerwise.safetensors"))
     whole = load_file(str(tmp_path / "whole.safetensors"))

@@ -6,13 +6,10 @@ and 2. The single-process cases are in tests/test_micro_batches.py."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from runs_testlib import run_two_processes
 
 pytest.importorskip("deepspeed")
 
@@ -31,41 +28,13 @@ OBJECTIVES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("micro_two")
     tokenizer = build_char_tokenizer("0123456789+=")
     tiny = TinyModelConfig(architecture="qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=2)
     save_model(build_tiny_model(tiny, tokenizer), tokenizer, root / "model")
-    launcher_owned = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in launcher_owned}
-    env["OMP_NUM_THREADS"] = "1"
-    # a second try on a fresh port: the port is chosen free, then bound by torchrun, and once in the full suite
-    # (vLLM servers starting in the other process) the run failed there and passed alone; a real fault fails twice
-    for _ in range(2):
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(_free_port()),
-            str(HELPER),
-            str(root / "model"),
-            str(root),
-            json.dumps(OBJECTIVES),
-        ]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        if result.returncode == 0:
-            break
-    assert result.returncode == 0, (result.stdout[-4000:], result.stderr[-4000:])
+    run_two_processes(HELPER, str(root / "model"), str(root), json.dumps(OBJECTIVES), timeout=600)
     return root
 
 

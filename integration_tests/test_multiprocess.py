@@ -30,7 +30,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runs_testlib import EXAMPLE, FAST, metrics_without_times
+from runs_testlib import EXAMPLE, FAST, launcher_env, metrics_without_times, torchrun
 
 from rlzoo.config.loading import apply_overrides, read_yaml
 from rlzoo.reporting.metrics_log import read_metrics
@@ -50,7 +49,6 @@ TRAIN_TOL = 1e-4  # absolute, for every training metric (losses, ratios, clip fr
 MOE_TOL = 1e-2  # flip rates: a router tie within float rounding would flip a few of ~500 slots (measured: 0)
 AUX_RTOL = 5e-2  # train/aux_loss: a mean of per-rank losses (measured 1.1e-2 relative)
 EXACT = ("reward/", "response/", "advantage/", "verifier/", "eval/", "train/nonfinite_steps", "final", "step")
-LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT = 300
 
 ZERO2 = "trainer.engine={name: deepspeed, zero_stage: 2}"
@@ -93,31 +91,12 @@ def config_file(tmp_path_factory, cold_start_root) -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(processes: int, config: Path, *args: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    env = launcher_env()
     if processes == 1:
         command = [sys.executable, "-m", "rlzoo.cli", "train", str(config), *args]
     else:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(processes),
-            "--master_port",
-            str(_free_port()),
-            "-m",
-            "rlzoo.cli",
-            "train",
-            str(config),
-            *args,
-        ]
+        command = torchrun(processes, "-m", "rlzoo.cli", "train", str(config), *args)
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
