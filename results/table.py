@@ -6,7 +6,9 @@ Per run (:func:`rlzoo.sweep.summary.run_values` where it has the value):
     accuracy AUC     the area under the held-out accuracy curve over the run's steps, divided by the steps: the
                      mean held-out accuracy over training (trapezoids between the evaluations at 0, 10, ..., 40)
     tokens / step    response tokens sampled per step: response/length_mean x responses per step, mean over steps
-    s / step         the step's time/* phases summed, mean over steps (evaluation excluded)
+    s / step         the step's time/* phases summed (evaluation excluded), median over steps: a run paused while
+                     the machine ran a check, or slowed for a while by other work, has a few steps hours long that
+                     would move a mean by tens of seconds and leave the median where the run's own pace is
 
 Per row: mean ± the half-width of the 95% Student t interval over its seeds (:func:`rlzoo.sweep.stats.mean_ci`);
 against the baseline row: the paired difference per seed (same seed: same prompts drawn, same starting model),
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,11 @@ def accuracy_auc(evals: list[tuple[int, float]]) -> float:
     return area / (evals[-1][0] - evals[0][0])
 
 
+def step_seconds(row: dict[str, float]) -> float:
+    """A training step's phases summed (``time/*``; the evaluation is logged as ``eval/*``, not a phase)."""
+    return sum(v for k, v in row.items() if k.startswith("time/"))
+
+
 def values_of(run_dir: Path) -> dict[str, Any]:
     rows = read_metrics(run_dir / "metrics.jsonl")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -54,7 +62,7 @@ def values_of(run_dir: Path) -> dict[str, Any]:
         "final accuracy": summary.get("final eval/accuracy", math.nan),
         "accuracy AUC": accuracy_auc(evals),
         "tokens / step": sum(r["response/length_mean"] * responses for r in train) / len(train),
-        "s / step": summary.get("s/step", math.nan),
+        "s / step": statistics.median(step_seconds(r) for r in train) if train else math.nan,
         "curve": evals,
         "provenance": json.loads((run_dir / "provenance.json").read_text()),
     }
@@ -258,8 +266,9 @@ def write_results(archive_dir: Path, docs: Path) -> list[Path]:
         "- accuracy AUC: the area under the held-out accuracy curve divided by the steps (the mean held-out accuracy",
         "  over training);",
         "- tokens / step: response tokens sampled per step (mean response length x responses);",
-        "- s / step: the step's phases summed, evaluation excluded. Runs shared the machine with other work",
-        "  (below), so compare seconds within a row's seeds with care.",
+        "- s / step: the median step's phases summed, evaluation excluded (a median: a run paused during a check",
+        "  has one step as long as the pause). Runs shared the machine with other work for stretches (below), so",
+        "  compare seconds within a row's seeds with care.",
         "",
         "Where each run was archived (machine, versions, commit of the archiving process, what else ran):",
         "",

@@ -17,13 +17,17 @@ from results.cells import CELLS, folder_name  # noqa: E402 - the repository root
 from results.table import accuracy_auc, load_archive, paired, write_results  # noqa: E402
 
 
-def fake_run(archive: Path, cell: str, seed: int, accuracies: list[float], length: float = 10.0) -> None:
-    """A finished run every 10 steps evaluated (steps 0..40), training rows with a response length and times."""
+def fake_run(
+    archive: Path, cell: str, seed: int, accuracies: list[float], length: float = 10.0, paused: float = 0.0
+) -> None:
+    """A finished run every 10 steps evaluated (steps 0..40), training rows with a response length and times; step 7
+    lasts ``paused`` seconds more (the run stopped while the machine ran something else)."""
     run_dir = archive / folder_name(next(c for c in CELLS if c.name == cell)) / f"seed{seed}"
     run_dir.mkdir(parents=True)
     rows = []
     for step in range(40):
         row = {"step": step, "reward/mean": 0.5, "response/length_mean": length, "time/rollout": 2.0, "time/train": 1}
+        row["time/rollout"] += paused if step == 7 else 0.0
         if step % 10 == 0:
             row["eval/accuracy"] = accuracies[step // 10]
         rows.append(row)
@@ -59,12 +63,13 @@ def test_paired_difference_matches_seeds_not_positions():
 def test_generated_page_has_complete_rows_paired_columns_and_pending_ones(tmp_path):
     archive, docs = tmp_path / "runs", tmp_path / "docs"
     for seed, shift in enumerate((0.0, 0.1, 0.2)):
-        fake_run(archive, "grpo", seed, [0.1, 0.2 + shift, 0.3, 0.4, 0.5])
+        fake_run(archive, "grpo", seed, [0.1, 0.2 + shift, 0.3, 0.4, 0.5], paused=1600.0 * (seed == 0))
         fake_run(archive, "gspo", seed, [0.1, 0.3 + shift, 0.4, 0.5, 0.7], length=12.0)
     fake_run(archive, "dapo", 0, [0.1, 0.1, 0.1, 0.1, 0.1])  # one seed of three: shown without an interval, pending
     values = load_archive(archive)
     assert [v["seed"] for v in values["gspo"]] == [0, 1, 2]
     assert values["gspo"][0]["tokens / step"] == pytest.approx(12.0 * 32)
+    # the median step: seed 0's step paused for 1,600 s would make a mean 43 s
     assert values["grpo"][0]["s / step"] == pytest.approx(3.0)
     page, figure = write_results(archive, docs)
     text = page.read_text()
