@@ -57,6 +57,10 @@ def k0_run(config_file, tmp_path_factory):
     return folder
 
 
+# slow (~70 s, two 2-process runs): k = 0 is the synchronous loop bit for bit in one process by default
+# (tests/test_async_rollouts.py), and two ranks' producers gathering their shares in the side group run by default
+# in test_k2_partial_under_zero3_stays_within_two_versions
+@pytest.mark.slow
 def test_k0_on_two_ranks_is_the_synchronous_run(config_file, k0_run, tmp_path):
     sync = _train(config_file, tmp_path / "sync", ZERO2)
     k0 = read_metrics(k0_run / "metrics.jsonl")

@@ -236,15 +236,17 @@ def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tm
     """SIGKILL to rank 1 alone, at a seeded random moment after the first checkpoint (or, if that comes first,
     while rank 0 is writing the second, held there by the RLZOO_TEST_CHECKPOINT_PAUSE hook): the launcher ends
     rank 0 within a minute (a rank stuck at a collective would give up after RLZOO_DIST_TIMEOUT_S), the first
-    checkpoint is the latest, and the resumed run logs the uninterrupted run's metrics."""
+    checkpoint is the latest, and the resumed run logs the uninterrupted run's metrics. The run is moe-ep2's
+    (each rank holds half the experts and their optimizer state), so the uninterrupted run is the one
+    test_two_processes_log_the_metrics_of_one already trained."""
     from rlzoo.runtime.checkpoint.store import PAUSE_ENV
 
-    reference = run("zero2", 2)
+    reference = run("moe-ep2", 2)
     marker = tmp_path / "half-written"
     monkeypatch.setenv("RLZOO_DIST_TIMEOUT_S", "120")
     monkeypatch.setenv(PAUSE_ENV, str(marker))
     killed_dir = tmp_path / "killed"
-    victim = launch(2, config_file, "--set", ZERO2, "--set", f"output_dir={killed_dir}")
+    victim = launch(2, config_file, "--set", EP2, "--set", f"output_dir={killed_dir}")
     deadline = time.time() + TIMEOUT
     try:
         while not marker.exists():  # the first checkpoint, let through
@@ -266,7 +268,7 @@ def test_a_run_killed_on_one_rank_stops_and_resumes_exactly(config_file, run, tm
     assert (killed_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
 
     monkeypatch.delenv(PAUSE_ENV)
-    finish(launch(2, config_file, "--set", ZERO2, "--resume", str(killed_dir)))
+    finish(launch(2, config_file, "--set", EP2, "--resume", str(killed_dir)))
     expected = metrics_without_times(read_metrics(reference / "metrics.jsonl"))
     actual = metrics_without_times(read_metrics(killed_dir / "metrics.jsonl"))
     assert [r["step"] for r in actual] == list(range(STEPS + 1))

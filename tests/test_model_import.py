@@ -92,15 +92,19 @@ def test_a_bfloat16_import(smollm2_dir, tmp_path):  # smollm2_dir: skipped witho
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_one_line(tmp_path, capsys):  # in-process: the real command's console is checked above
     text = tmp_path / "notes.gguf"
     text.write_text("not a model")
-    assert "is not a GGUF file" in one_line_error(rlzoo("model", "import", str(text), str(tmp_path / "a")))
-    assert "does not exist" in one_line_error(rlzoo("model", "import", str(tmp_path / "x.gguf"), str(tmp_path / "a")))
-    message = one_line_error(rlzoo("model", "import", "no_such_package_here", str(tmp_path / "a")))
+    assert "is not a GGUF file" in import_in_process(capsys, str(text), str(tmp_path / "a"))
+    assert "does not exist" in import_in_process(capsys, str(tmp_path / "x.gguf"), str(tmp_path / "a"))
+    message = import_in_process(capsys, "no_such_package_here", str(tmp_path / "a"))
     assert "neither a file nor an installed package" in message
-    proc = rlzoo("model", "import", str(text), str(tmp_path / "a"), "--dtype", "int8")
-    assert proc.returncode == 2 and "--dtype" in proc.stderr and "float32" in proc.stderr  # argparse names the choices
+    from rlzoo.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["model", "import", str(text), str(tmp_path / "a"), "--dtype", "int8"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--dtype" in err and "float32" in err  # argparse names the choices
 
 
 def test_an_architecture_transformers_cannot_read_is_refused(tmp_path):
