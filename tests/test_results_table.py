@@ -85,3 +85,10 @@ def test_generated_page_has_complete_rows_paired_columns_and_pending_ones(tmp_pa
     assert "dapo (1/3 seeds)" in text and "No row of this group has a finished run yet." in text
     assert "test cpu, 2 cores" in text and "nothing else ran" in text
     assert figure.stat().st_size > 10_000
+
+
+def test_the_committed_page_is_the_one_the_archive_generates(tmp_path):
+    """docs/results.md is generated, never edited by hand: rebuilt from the committed archive it is the same text
+    (after archiving runs: ``python results/make_table.py --table``)."""
+    page, _ = write_results(ROOT / "results" / "runs", tmp_path / "docs")
+    assert page.read_text() == (ROOT / "docs" / "results.md").read_text()
