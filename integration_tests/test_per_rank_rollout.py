@@ -27,6 +27,11 @@ from rlzoo.runtime.distributed import Dist
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed==0.19.8)")
 
+# slow (~45 s, a 1-process and a 2-process run): by default two ranks sample their shares with hf in
+# test_async_multiprocess.py::test_k2_partial_under_zero3_stays_within_two_versions, with vLLM in
+# test_vllm_per_rank.py, and the dynamic-sampling batches' split over ranks in tests/test_rollout_shares.py
+pytestmark = pytest.mark.slow
+
 STEPS = 3
 ZERO2 = "trainer.engine={name: deepspeed, zero_stage: 2}"
 FILTER = "algorithm.batch_filter={name: dynamic-sampling, max_gen_batches: 3}"
