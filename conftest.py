@@ -11,6 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (seeded by a hash of each test function): a commit that
+# passed passes again, and a check that the examples reached both sides of a clip cannot fail by chance (one did,
+# once in a fresh-clone run, with 40 random examples of 1e-3 log-ratio perturbations). New examples on purpose:
+# `pytest --hypothesis-profile=explore`.
+settings.register_profile("rlzoo", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("rlzoo")
 
 # The suite runs two xdist workers on two cores, each starting torch (and vLLM) processes whose OpenMP teams have a
 # thread per core. libgomp's default wait policy keeps idle threads spinning at each parallel region's end, taking
