@@ -2,18 +2,19 @@
 one shared cold start): DPPO (the ``dppo-tv`` preset: its trust region, TIS truncation and the rollout engine's
 log-probs as the old ones), GDPO with the ``weighted`` verifier's reward parts, ReMax with its greedy baselines, the
 optimal token baseline with the training engine's sum_v pi(v)^2, and GDPO with a verifier that returns no parts and
-does not declare it, which stops at the first step with one line."""
+does not declare it, which stops at the first step with one line. In this process (tests/cli_testlib.py's
+``run_cli``): a new process per run would only add its imports."""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from test_cli import REPO, TINY_RUN, _rlzoo_command
+from cli_testlib import CliResult, run_cli
+from test_cli import REPO, TINY_RUN
 
 WEIGHTED = (
     "verifier={name: weighted, verifiers: [{name: exact, label: correct}, "
@@ -29,7 +30,7 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+def runs(tmp_path_factory) -> dict[str, tuple[CliResult, Path]]:
     root = tmp_path_factory.mktemp("zoo2026")
     out = {}
     for name, extra in RUNS.items():  # one after the other: the first builds the cold start, the others reuse it
@@ -41,13 +42,8 @@ def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]
             f"output_dir={run_dir}",
             *extra,
         ]
-        command = [
-            *_rlzoo_command(),
-            "train",
-            str(REPO / "examples" / "gspo_tiny_moe.yaml"),
-            *[a for o in overrides for a in ("--set", o)],
-        ]
-        out[name] = (subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=root), run_dir)
+        argv = ["train", str(REPO / "examples" / "gspo_tiny_moe.yaml"), *[a for o in overrides for a in ("--set", o)]]
+        out[name] = (run_cli(argv, root), run_dir)
     return out
 
 
