@@ -14,14 +14,13 @@ import json
 import logging
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from cli_testlib import CliResult, run_cli
 from safetensors.torch import load_file
-from test_cli import _rlzoo_command
 
 from rlzoo.config.loading import apply_overrides, read_yaml
 from rlzoo.config.resolution import build_config
@@ -75,13 +74,7 @@ def reference(tmp_path_factory) -> tuple[Path, Path]:
     data = apply_overrides(read_yaml(EXAMPLE), [*TINY, f"cold_start.output_dir={root / 'cold'}"])
     config.write_text(yaml.safe_dump(data))
     run_dir = root / "reference"
-    proc = subprocess.run(
-        [*_rlzoo_command(), "train", str(config), "--set", f"output_dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=root,
-    )
+    proc = run_cli(["train", str(config), "--set", f"output_dir={run_dir}"], root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "latest",
@@ -324,14 +317,8 @@ def test_the_digests_are_written_last_and_newer_checkpoints_of_an_abandoned_run_
 # -- the real CLI -----------------------------------------------------------------------------------------------
 
 
-def _resume(config: Path, run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*_rlzoo_command(), "train", str(config), "--resume", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=run_dir.parent,
-    )
+def _resume(config: Path, run_dir: Path) -> CliResult:
+    return run_cli(["train", str(config), "--resume", str(run_dir)], run_dir.parent)
 
 
 def _metrics(run_dir: Path) -> list[dict]:

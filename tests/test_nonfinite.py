@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_cli import TINY_RUN, _rlzoo_command
+from cli_testlib import run_cli
+from test_cli import TINY_RUN
 
 from rlzoo.config.base import ComponentSpec, Section
 from rlzoo.config.loading import apply_overrides, read_yaml
@@ -85,22 +86,8 @@ def test_every_section_and_every_components_parameters_refuse_non_finite_numbers
 
 
 def test_config_check_refuses_inf_through_set(tmp_path):
-    proc = subprocess.run(
-        [
-            *_rlzoo_command(),
-            "config",
-            "check",
-            str(EXAMPLE),
-            "--set",
-            "trainer.lr=inf",
-            "--set",
-            "algorithm.kl_coef=nan",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    argv = ["config", "check", str(EXAMPLE), "--set", "trainer.lr=inf", "--set", "algorithm.kl_coef=nan"]
+    proc = run_cli(argv, tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "trainer.lr: Input should be a finite number" in proc.stderr, proc.stderr
@@ -192,13 +179,8 @@ def test_the_deepspeed_engine_checks_its_zero3_partition(tmp_path):
     assert "before True" in proc.stdout and "after False" in proc.stdout, proc.stdout
 
 
-# `rlzoo` with the policy's weights turned NaN after step 1's update (its metrics were finite)
-RLZOO_POISONED = textwrap.dedent(
-    """
-    import sys
-
-    import torch
-
+def poison_after_step_one(monkeypatch) -> None:
+    """The policy's weights turned NaN after step 1's update (its metrics were finite)."""
     import rlzoo.rl.loop as loop
 
     real_step = loop.rl_step
@@ -210,23 +192,20 @@ RLZOO_POISONED = textwrap.dedent(
                 next(components.learner.engine.model.parameters()).view(-1)[0] = float("nan")
         return metrics
 
-    loop.rl_step = rl_step
-    from rlzoo.cli import main
+    monkeypatch.setattr(loop, "rl_step", rl_step)
 
-    sys.exit(main(sys.argv[1:]))
-    """
-)
+
 TINY = ["rollout.engine={name: hf}", "trainer.engine={name: torch}", *TINY_RUN, "train.steps=3", "train.eval_every=10"]
 
 
-def test_non_finite_weights_stop_the_run_before_their_checkpoint(tmp_path):
+def test_non_finite_weights_stop_the_run_before_their_checkpoint(tmp_path, monkeypatch):
     config = tmp_path / "run.yaml"
     config.write_text(
         yaml.safe_dump(apply_overrides(read_yaml(EXAMPLE), [*TINY, f"cold_start.output_dir={tmp_path / 'cold'}"]))
     )
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-c", RLZOO_POISONED, "train", str(config), "--set", f"output_dir={run_dir}"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    poison_after_step_one(monkeypatch)
+    proc = run_cli(["train", str(config), "--set", f"output_dir={run_dir}"], tmp_path)
 
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -4,12 +4,12 @@ goes ahead with ``--allow-changes`` and records what changed; ``config.yaml`` is
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from test_cli import TINY_RUN, _rlzoo_command
+from cli_testlib import run_cli
+from test_cli import TINY_RUN
 
 from rlzoo.config.loading import dump_config
 from rlzoo.config.schema import RunConfig
@@ -75,12 +75,12 @@ def test_a_component_parameter_added_since_the_run_started_is_no_change_at_its_d
 
 def _train(tmp_path: Path, run_dir: Path, *sets: str, resume: bool = False, allow: tuple[str, ...] = ()):
     overrides = [*TINY_RUN, *ENGINES, f"cold_start.output_dir={tmp_path / 'cold'}", f"output_dir={run_dir}", *sets]
-    command = [*_rlzoo_command(), "train", str(CONFIG), *(a for o in overrides for a in ("--set", o))]
+    argv = ["train", str(CONFIG), *(a for o in overrides for a in ("--set", o))]
     if resume:
-        command += ["--resume", str(run_dir)]
+        argv += ["--resume", str(run_dir)]
     if allow:
-        command += ["--allow-changes", *allow]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        argv += ["--allow-changes", *allow]
+    return run_cli(argv, tmp_path)
 
 
 def test_resume_with_changed_math_is_refused_then_allowed_and_recorded(tmp_path):
@@ -113,7 +113,7 @@ def test_config_check_names_a_changed_shape_or_algorithm(tmp_path, change):
     run_dir = tmp_path / "run"
     assert _train(tmp_path, run_dir).returncode == 0
     overrides = [*TINY_RUN, *ENGINES, f"cold_start.output_dir={tmp_path / 'cold'}", change]
-    command = [*_rlzoo_command(), "config", "check", str(CONFIG), *(a for o in overrides for a in ("--set", o))]
-    proc = subprocess.run([*command, "--resume", str(run_dir)], capture_output=True, text=True, timeout=300)
+    argv = ["config", "check", str(CONFIG), *(a for o in overrides for a in ("--set", o))]
+    proc = run_cli([*argv, "--resume", str(run_dir)], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert change.split("=")[0].rsplit(".", 1)[0] in proc.stderr and "changed since the run started" in proc.stderr
