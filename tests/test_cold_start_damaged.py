@@ -6,29 +6,23 @@ the next ``rlzoo sft`` warns once, naming the damaged file, rebuilds it and exit
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from cli_testlib import CliResult, run_cli
 from safetensors.torch import load_file
-from test_cli import TINY_RUN, _rlzoo_command
+from test_cli import TINY_RUN
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gspo_tiny_moe.yaml"
 
 
-def sft(run_dir: Path) -> subprocess.CompletedProcess:
+def sft(run_dir: Path) -> CliResult:
     overrides = [
         arg
         for item in [*TINY_RUN, f"output_dir={run_dir}", "rollout.engine={name: hf}", "trainer.engine={name: torch}"]
         for arg in ("--set", item)
     ]
-    return subprocess.run(
-        [*_rlzoo_command(), "sft", str(EXAMPLE), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=run_dir.parent,
-    )
+    return run_cli(["sft", str(EXAMPLE), *overrides], run_dir.parent)
 
 
 def truncate_weights(folder: Path) -> str:

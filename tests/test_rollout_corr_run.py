@@ -9,11 +9,11 @@ left and the step must still complete."""
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
-from test_cli import TINY_RUN, _rlzoo_command
+from cli_testlib import run_cli
+from test_cli import TINY_RUN
 
 from rlzoo.reporting.metrics_log import read_metrics
 
@@ -34,10 +34,8 @@ def run(root: Path, name: str, criteria: str) -> list[dict]:
         f"output_dir={root / name}",
         correction,
     ]
-    command = [*_rlzoo_command(), "train", str(REPO / "examples" / "gspo_tiny_moe.yaml")]
-    proc = subprocess.run(
-        [*command, *(a for o in overrides for a in ("--set", o))], capture_output=True, text=True, timeout=900, cwd=root
-    )
+    argv = ["train", str(REPO / "examples" / "gspo_tiny_moe.yaml"), *(a for o in overrides for a in ("--set", o))]
+    proc = run_cli(argv, root)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     steps = [row for row in read_metrics(root / name / "metrics.jsonl") if "loss/policy" in row]
     assert len(steps) == 2
