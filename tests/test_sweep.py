@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_testlib import CliResult, run_cli
 
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.registry import default_registry
@@ -135,10 +135,8 @@ def test_compare_loose_run_folders(tmp_path):
     assert "| lr=0.0001 | 2 | 0.6 ± " in (tmp_path / "cmp" / "summary.md").read_text()
 
 
-def _rlzoo(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rlzoo.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
+def _rlzoo(*args: str, cwd: Path) -> CliResult:
+    return run_cli(args, cwd)
 
 
 def test_cli_bad_input_is_one_line_and_touches_nothing(tmp_path):
