@@ -162,7 +162,7 @@ def provenance_lines(archive: dict[str, list[dict[str, Any]]]) -> list[str]:
                 f"; {p['note']}" if p["note"] else ""
             )
             seen[key].append(f"{name}/seed{run['seed']}")
-    return [f"- {key}: {len(runs)} runs ({', '.join(runs)})" for key, runs in seen.items()]
+    return [f"- {key}: {len(runs)} run{'s' * (len(runs) != 1)} ({', '.join(runs)})" for key, runs in seen.items()]
 
 
 def task_section() -> list[str]:
