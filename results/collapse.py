@@ -75,10 +75,6 @@ def run_cell(cell: str, start: Path, out: Path) -> int:
     return sweeps.run_sweep(BASE_CONFIG, sets, SEEDS, out / folder(cell), cell)
 
 
-def archive_finished(cell: str, out: Path, note: str) -> None:
-    sweeps.archive_finished(out / folder(cell), ARCHIVE / folder(cell), note)
-
-
 def run_values(run_dir: Path) -> dict[str, Any]:
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [(int(r["step"]), float(r["eval/accuracy"])) for r in rows if "eval/accuracy" in r]
@@ -209,18 +205,15 @@ def main() -> int:
     if not args.table:
         out = Path(args.out).resolve()
         start = start_model(out)
-        for cell in CELLS:
-            if sweeps.archived_seeds(ARCHIVE / folder(cell)) >= SEEDS:
-                continue
-            if run_cell(cell, start, out) != 0:
-                failed.append(cell)
-            archive_finished(cell, out, args.note)
-    for path in write_page(ARCHIVE, ROOT / "docs"):
-        print(f"wrote {path.relative_to(ROOT)}")
-    if failed:
-        print(f"error: these cells did not finish: {', '.join(failed)}; run the same command again", file=sys.stderr)
-        return 1
-    return 0
+        failed = sweeps.run_missing(
+            CELLS,
+            SEEDS,
+            run=lambda cell: run_cell(cell, start, out),
+            sweep=lambda cell: out / folder(cell),
+            archive=lambda cell: ARCHIVE / folder(cell),
+            note=args.note,
+        )
+    return sweeps.report(write_page(ARCHIVE, ROOT / "docs"), failed, "cells that did not finish")
 
 
 if __name__ == "__main__":

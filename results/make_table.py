@@ -39,15 +39,6 @@ def run_cell(cell: Cell, out: Path) -> int:
     return sweeps.run_sweep(BASE_CONFIG, cell.sets, SEEDS, sweep_folder(out, cell), cell.name, show_command=True)
 
 
-def archive_finished(cell: Cell, out: Path, note: str) -> int:
-    """Copy the row's newly finished runs into the archive; how many were new."""
-    return sweeps.archive_finished(sweep_folder(out, cell), ARCHIVE / folder_name(cell), note)
-
-
-def archived_seeds(cell: Cell) -> int:
-    return sweeps.archived_seeds(ARCHIVE / folder_name(cell))
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", help="comma-separated row names (default: every row); the baseline runs first")
@@ -64,22 +55,17 @@ def main() -> int:
     failed = []
     if not args.table:
         out = Path(args.out).resolve()
-        order = sorted(names, key=lambda n: n != BASELINE)
-        for cell in (by_name[n] for n in order):
-            if archived_seeds(cell) >= SEEDS:
-                continue
-            code = run_cell(cell, out)
-            archive_finished(cell, out, args.note)
-            if code != 0:
-                failed.append(cell.name)
+        failed = sweeps.run_missing(
+            sorted(names, key=lambda n: n != BASELINE),
+            SEEDS,
+            run=lambda name: run_cell(by_name[name], out),
+            sweep=lambda name: sweep_folder(out, by_name[name]),
+            archive=lambda name: ARCHIVE / folder_name(by_name[name]),
+            note=args.note,
+        )
     from results.table import write_results
 
-    for path in write_results(ARCHIVE, ROOT / "docs"):
-        print(f"wrote {path.relative_to(ROOT)}")
-    if failed:
-        print(f"error: rows with failed runs (rerun to retry): {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return sweeps.report(write_results(ARCHIVE, ROOT / "docs"), failed, "rows with failed runs")
 
 
 if __name__ == "__main__":

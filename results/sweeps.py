@@ -1,4 +1,5 @@
-"""What the results scripts share: run one cell's ``rlzoo ablate`` sweep, archive its finished runs with provenance.
+"""What the results scripts share: run one cell's ``rlzoo ablate`` sweep, archive its finished runs with provenance,
+the loop over the cells that still miss seeds, and the closing report.
 
 ``results/make_table.py`` (the results table) and ``results/collapse.py`` (issue 50's experiment) run the same
 loop: a cell is one resumable ``rlzoo ablate`` sweep in its own folder, and each run of it that has finished is
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 
@@ -94,3 +96,34 @@ def archive_finished(sweep: Path, archive: Path, note: str) -> int:
 def archived_seeds(archive: Path) -> int:
     """How many seeds of a cell the archive holds (``archive/seed<S>/metrics.jsonl``)."""
     return len(list(archive.glob("seed*/metrics.jsonl")))
+
+
+def run_missing(
+    cells: Iterable[str],
+    seeds: int,
+    run: Callable[[str], int],
+    sweep: Callable[[str], Path],
+    archive: Callable[[str], Path],
+    note: str,
+) -> list[str]:
+    """Each cell whose archive holds fewer than ``seeds`` seeds: ``run`` it (its sweep, resumed where it stopped),
+    then archive its finished runs, even after a failure (the runs that did finish count). The cells that failed."""
+    failed = []
+    for cell in cells:
+        if archived_seeds(archive(cell)) >= seeds:
+            continue
+        code = run(cell)
+        archive_finished(sweep(cell), archive(cell), note)
+        if code != 0:
+            failed.append(cell)
+    return failed
+
+
+def report(pages: list[Path], failed: list[str], what: str) -> int:
+    """Name the pages written, then the cells that failed (``what``: how the error line calls them); the exit status."""
+    for page in pages:
+        print(f"wrote {page.relative_to(ROOT)}")
+    if failed:
+        print(f"error: {what}: {', '.join(failed)}; run the same command again to retry them", file=sys.stderr)
+        return 1
+    return 0

@@ -68,3 +68,34 @@ def test_a_cells_sweep_is_one_resumable_ablate_call(monkeypatch, capsys, tmp_pat
     assert calls[0] == (expected, ROOT)
     shown = f"ablate {config} --seeds 2 --jobs 1 --out {out} --drop-finished-checkpoints"
     assert capsys.readouterr().out == f"== cell\n== row: {shown}\n"
+
+
+def test_run_missing_skips_complete_cells_and_archives_a_failed_cells_finished_runs(tmp_path, capsys):
+    archive, ran = tmp_path / "archive", []
+    complete = archive / "done"
+    for seed in range(2):
+        (complete / f"seed{seed}").mkdir(parents=True)
+        (complete / f"seed{seed}" / "metrics.jsonl").write_text("{}\n")
+
+    def run(cell: str) -> int:  # "broken" finishes one run of two, then fails
+        ran.append(cell)
+        fake_run(tmp_path / "sweeps" / cell, 0, finished=True)
+        return 1 if cell == "broken" else 0
+
+    failed = sweeps.run_missing(
+        ["done", "broken", "fine"],
+        2,
+        run=run,
+        sweep=lambda cell: tmp_path / "sweeps" / cell,
+        archive=lambda cell: archive / cell,
+        note="",
+    )
+    assert (ran, failed) == (["broken", "fine"], ["broken"])
+    assert sweeps.archived_seeds(archive / "broken") == 1 and sweeps.archived_seeds(archive / "fine") == 1
+
+    page = sweeps.ROOT / "docs" / "results.md"
+    assert sweeps.report([page], failed, "rows with failed runs") == 1
+    out, err = capsys.readouterr()
+    assert out == "wrote docs/results.md\n"
+    assert err == "error: rows with failed runs: broken; run the same command again to retry them\n"
+    assert sweeps.report([page], [], "rows with failed runs") == 0
