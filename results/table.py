@@ -12,7 +12,8 @@ Per run (:func:`rlzoo.sweep.summary.run_values` where it has the value):
 
 Per row: mean ± the half-width of the 95% Student t interval over its seeds (:func:`rlzoo.sweep.stats.mean_ci`);
 against the baseline row: the paired difference per seed (same seed: same prompts drawn, same starting model),
-then its mean ± 95% CI. Only rows with every seed archived enter the tables; the others are listed as pending.
+then its mean ± 95% CI. A row with fewer seeds than every seed shows what it has (its seeds column says how many)
+and is listed as pending; only complete rows count among the differences that exclude 0.
 """
 
 from __future__ import annotations
@@ -105,6 +106,26 @@ def group_table(group: str, archive: dict[str, list[dict[str, Any]]]) -> list[st
         diffs = [_pm(*paired(runs, base, k)) if cell.name != BASELINE else "" for k in PAIRED]
         lines.append(f"| {cell.name} | {len(runs)} | " + " | ".join(stats + diffs) + " |")
     return lines if len(lines) > 2 else ["No row of this group has a finished run yet."]
+
+
+def excluding_zero(archive: dict[str, list[dict[str, Any]]], complete: list[str]) -> list[str]:
+    """The paired differences of the complete rows whose 95% interval excludes 0, against how many were compared
+    and how many would exclude 0 by chance alone (5% of them) if no row differed from the baseline."""
+    base = archive.get(BASELINE, [])
+    compared, found = 0, []
+    for name in (n for n in complete if n != BASELINE):
+        for key in PAIRED:
+            mean, half = paired(archive[name], base, key)
+            compared += 1
+            if math.isfinite(half) and abs(mean) > half:
+                found.append(f"**{name}** Δ {key} {_pm(mean, half)}")
+    if not compared:
+        return ["No complete row to compare with GRPO yet."]
+    return [
+        f"Of the {compared} paired intervals of the complete rows, {len(found)} exclude{'s' * (len(found) == 1)} 0 (about "
+        f"{0.05 * compared:.1f} would by chance alone if no row differed from GRPO)"
+        + (": " + "; ".join(found) + "." if found else ".")
+    ]
 
 
 def plot(archive: dict[str, list[dict[str, Any]]], path: Path) -> Path:
@@ -250,6 +271,10 @@ def write_results(archive_dir: Path, docs: Path) -> list[Path]:
         "## One component of GRPO changed",
         "",
         *group_table("components", archive),
+        "",
+        "## Differences from GRPO that exclude 0",
+        "",
+        *excluding_zero(archive, complete),
         "",
         "What each row changes:",
         "",

@@ -65,6 +65,8 @@ def test_generated_page_has_complete_rows_paired_columns_and_pending_ones(tmp_pa
     for seed, shift in enumerate((0.0, 0.1, 0.2)):
         fake_run(archive, "grpo", seed, [0.1, 0.2 + shift, 0.3, 0.4, 0.5], paused=1600.0 * (seed == 0))
         fake_run(archive, "gspo", seed, [0.1, 0.3 + shift, 0.4, 0.5, 0.7], length=12.0)
+        # grpo's curve but the final evaluation: differences -0.1, 0, +0.2, an interval around 0
+        fake_run(archive, "cispo", seed, [0.1, 0.2 + shift, 0.3, 0.4, (0.4, 0.5, 0.7)[seed]])
     fake_run(archive, "dapo", 0, [0.1, 0.1, 0.1, 0.1, 0.1])  # one seed of three: shown without an interval, pending
     values = load_archive(archive)
     assert [v["seed"] for v in values["gspo"]] == [0, 1, 2]
@@ -82,6 +84,11 @@ def test_generated_page_has_complete_rows_paired_columns_and_pending_ones(tmp_pa
     assert "| grpo | 3 |" in text
     # dapo's one seed: its values without an interval; its paired difference over the one seed it shares with grpo
     assert "| dapo | 1 | 0.100 | 0.100 |" in text and "| -0.400 | -0.200 |" in text
+    # the complete rows' four intervals: gspo's two exclude 0, cispo's do not, dapo's one seed is not counted
+    assert (
+        "Of the 4 paired intervals of the complete rows, 2 exclude 0 (about 0.2 would by chance alone if no row "
+        "differed from GRPO): **gspo** Δ final accuracy 0.200 ± 0.000; **gspo** Δ accuracy AUC 0.100 ± 0.000."
+    ) in text
     assert "dapo (1/3 seeds)" in text and "No row of this group has a finished run yet." in text
     assert "test cpu, 2 cores" in text and "nothing else ran" in text
     assert figure.stat().st_size > 10_000
