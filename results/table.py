@@ -128,47 +128,62 @@ def excluding_zero(archive: dict[str, list[dict[str, Any]]], complete: list[str]
     ]
 
 
+def mean_band(runs: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """A row's held-out curve: the steps, the mean over seeds and its 95% CI band, clipped to accuracy's [0, 1]."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        for step, accuracy in run["curve"]:
+            by_step[step].append(accuracy)
+    steps = sorted(by_step)
+    stats = [mean_ci(by_step[s]) for s in steps]
+    means = [m for m, _ in stats]
+    half = [h if math.isfinite(h) else 0.0 for _, h in stats]
+    low = [max(0.0, m - h) for m, h in zip(means, half)]
+    high = [min(1.0, m + h) for m, h in zip(means, half)]
+    return steps, means, low, high
+
+
 def plot(archive: dict[str, list[dict[str, Any]]], path: Path) -> Path:
-    """Held-out accuracy against step, one panel per row group: each row's mean over seeds and its 95% CI band."""
+    """Held-out accuracy against step, one panel per row beside the baseline: each curve is the mean over seeds
+    with its 95% CI band (one panel for all would hide every row under the others' bands)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = ("presets", "components")
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
-    for ax, group in zip(axes, groups):
-        names = [c.name for c in CELLS if c.group == group or (group == "components" and c.name == BASELINE)]
-        for name in names:
+    rows = [c for c in CELLS if c.name != BASELINE]
+    columns = 4
+    fig, axes = plt.subplots(
+        -(-len(rows) // columns), columns, figsize=(14, 2.7 * -(-len(rows) // columns)), sharex=True, sharey=True
+    )
+    flat = list(axes.flat)
+    for ax, cell in zip(flat, rows):
+        for name, color, width in ((BASELINE, "black", 1.6), (cell.name, "tab:blue", 2.0)):
             runs = archive.get(name, [])
             if not runs:
                 continue
-            by_step: dict[int, list[float]] = defaultdict(list)
-            for run in runs:
-                for step, accuracy in run["curve"]:
-                    by_step[step].append(accuracy)
-            steps = sorted(by_step)
-            stats = [mean_ci(by_step[s]) for s in steps]
-            means = [m for m, _ in stats]
-            half = [0.0 if not math.isfinite(h) else h for _, h in stats]
-            style = {"linewidth": 2.5, "color": "black"} if name == BASELINE else {"linewidth": 1.3}
-            (line,) = ax.plot(steps, means, label=name, **style)
-            ax.fill_between(
-                steps,
-                [m - h for m, h in zip(means, half)],
-                [m + h for m, h in zip(means, half)],
-                alpha=0.12,
-                color=line.get_color(),
+            steps, means, low, high = mean_band(runs)
+            ax.plot(
+                steps, means, color=color, linewidth=width, label=f"{name} ({len(runs)} seed{'s' * (len(runs) != 1)})"
             )
-        ax.set_title(f"{group}: held-out accuracy, mean and 95% CI over seeds")
-        ax.set_xlabel("step")
+            ax.fill_between(steps, low, high, alpha=0.15, color=color)
+        if not archive.get(cell.name):
+            ax.text(0.5, 0.5, "not measured yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+        ax.set_title(f"{cell.name} ({cell.group})", fontsize=9)
+        ax.set_ylim(0.0, 1.0)
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(fontsize=7, ncol=2)
-    axes[0].set_ylabel("held-out accuracy")
+            ax.legend(fontsize=7, loc="lower right")
+    for ax in flat[len(rows) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out accuracy")
+    for ax in axes[-1, :]:
+        ax.set_xlabel("step")
+    fig.suptitle("Held-out accuracy: each row (blue) beside GRPO (black), mean and 95% CI over seeds", fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 
