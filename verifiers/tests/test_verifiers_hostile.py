@@ -219,15 +219,30 @@ def _fill(template: str, world: dict, port: int) -> str:
     return template
 
 
+def _parent(pid: int) -> int:
+    try:  # the fourth field of /proc/<pid>/stat, after a command name that may itself hold spaces or parentheses
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _is_sandboxed(pid: int) -> bool:
+    try:
+        return b"/sandbox/runner.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _sandbox_processes() -> list[int]:
+    """Sandboxed processes that belong to this test: ones whose first ancestor outside a sandbox is this process,
+    or init (an escaped, re-parented one). Another xdist worker's sandboxes, alive at the same moment, are its own."""
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"/sandbox/runner.py" in cmdline:
+        if entry.isdigit() and _is_sandboxed(int(entry)):
+            owner = _parent(int(entry))
+            while owner > 1 and _is_sandboxed(owner):
+                owner = _parent(owner)
+            if owner in (os.getpid(), 1):
                 found.append(int(entry))
     return found
 
