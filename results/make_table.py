@@ -7,7 +7,8 @@ summarised by one command that resumes whatever an earlier call left unfinished.
 
 Each row is one ``rlzoo ablate`` sweep of ``results/smollm2.yaml`` with the row's ``--set`` overrides, in
 ``--out``/<row> (``runs/results`` by default): rerunning resumes it (finished runs kept and verified, an
-interrupted one resumed from its checkpoint; docs/ablation.md). A finished run is archived in
+interrupted one resumed from its checkpoint; docs/ablation.md); where that folder is gone (another machine),
+the row starts from the seeds the archive holds (``sweeps.restore_archived``). A finished run is archived in
 ``results/runs/<row>/seed<S>/`` (its ``metrics.jsonl``, ``config.yaml`` and ``provenance.json``: machine, versions,
 commit, the load on the machine and ``--note``, what else ran), which is committed: the table is rebuilt from the
 archive alone (:mod:`results.table`), never edited by hand.
@@ -36,7 +37,15 @@ def sweep_folder(out: Path, cell: Cell) -> Path:
 
 def run_cell(cell: Cell, out: Path) -> int:
     """``rlzoo ablate`` for the row (resumes a partial one); its exit status."""
-    return sweeps.run_sweep(BASE_CONFIG, cell.sets, SEEDS, sweep_folder(out, cell), cell.name, show_command=True)
+    return sweeps.run_sweep(
+        BASE_CONFIG,
+        cell.sets,
+        SEEDS,
+        sweep_folder(out, cell),
+        cell.name,
+        show_command=True,
+        archive=ARCHIVE / folder_name(cell),
+    )
 
 
 def main() -> int:

