@@ -12,7 +12,7 @@ Per run (:func:`rlzoo.sweep.summary.run_values` where it has the value):
 
 Per row: mean ± the half-width of the 95% Student t interval over its seeds (:func:`rlzoo.sweep.stats.mean_ci`);
 against the baseline row: the paired difference per seed (same seed: same prompts drawn, same starting model),
-then its mean ± 95% CI. A row with fewer seeds than every seed shows what it has (its seeds column says how many)
+then its mean ± 95% CI. A row with fewer than ``SEEDS`` seeds shows what it has (its seeds column says how many)
 and is listed as pending; only complete rows count among the differences that exclude 0.
 """
 
@@ -36,6 +36,7 @@ from rlzoo.sweep.summary import RunRecord, run_values
 COLUMNS = ("final accuracy", "accuracy AUC", "tokens / step", "s / step")
 PAIRED = ("final accuracy", "accuracy AUC")
 HERE = Path(__file__).resolve().parent
+FALSE_POSITIVE_RATE = 0.05  # of a 95% interval: how often it excludes 0 when the true difference is 0
 
 
 def accuracy_auc(evals: list[tuple[int, float]]) -> float:
@@ -123,7 +124,7 @@ def excluding_zero(archive: dict[str, list[dict[str, Any]]], complete: list[str]
         return ["No complete row to compare with GRPO yet."]
     return [
         f"Of the {compared} paired intervals of the complete rows, {len(found)} exclude{'s' * (len(found) == 1)} 0 (about "
-        f"{0.05 * compared:.1f} would by chance alone if no row differed from GRPO)"
+        f"{FALSE_POSITIVE_RATE * compared:.1f} would by chance alone if no row differed from GRPO)"
         + (": " + "; ".join(found) + "." if found else ".")
     ]
 
@@ -153,9 +154,8 @@ def plot(archive: dict[str, list[dict[str, Any]]], path: Path) -> Path:
 
     rows = [c for c in CELLS if c.name != BASELINE]
     columns = 4
-    fig, axes = plt.subplots(
-        -(-len(rows) // columns), columns, figsize=(14, 2.7 * -(-len(rows) // columns)), sharex=True, sharey=True
-    )
+    panel_rows = math.ceil(len(rows) / columns)
+    fig, axes = plt.subplots(panel_rows, columns, figsize=(14, 2.7 * panel_rows), sharex=True, sharey=True)
     flat = list(axes.flat)
     for ax, cell in zip(flat, rows):
         for name, color, width in ((BASELINE, "black", 1.6), (cell.name, "tab:blue", 2.0)):
@@ -313,7 +313,7 @@ def write_results(archive_dir: Path, docs: Path) -> list[Path]:
         "  has one step as long as the pause). Runs shared the machine with other work for stretches (below), so",
         "  compare seconds within a row's seeds with care.",
         f"- Δ columns: each interval alone holds the true difference with 95% confidence; the table has {compared}",
-        f"  of them ({len(CELLS) - 1} rows x {len(PAIRED)} columns), so about {0.05 * compared:.1f} would exclude 0 by chance if no",
+        f"  of them ({len(CELLS) - 1} rows x {len(PAIRED)} columns), so about {FALSE_POSITIVE_RATE * compared:.1f} would exclude 0 by chance if no",
         "  row differed from GRPO at all. An interval that excludes 0 is a lead for more seeds, not a finding on its",
         f"  own. With {SEEDS} seeds an interval reaches {t_quantile:.2f} standard errors to each side (Student t, "
         f"{SEEDS - 1} degrees of freedom).",
