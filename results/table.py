@@ -299,7 +299,10 @@ def write_results(archive_dir: Path, docs: Path) -> list[Path]:
         "",
     ]
     if pending:
-        lines += [f"**Not measured yet** ({len(pending)} rows): " + ", ".join(pending) + ".", ""]
+        lines += [
+            f"**Not measured yet** ({len(pending)} row{'s' * (len(pending) != 1)}): " + ", ".join(pending) + ".",
+            "",
+        ]
     lines += [
         "## How it was measured",
         "",
